@@ -1,0 +1,41 @@
+"""attn_np: attention in transformers, in NumPy, with hand-written backpropagation.
+
+The library behind the book *Learning Attention*. Every forward function has a backward twin
+(``thing_forward(...) -> (out, cache)``, ``thing_backward(dout, cache) -> grads``); layer classes are
+thin shells over them with ``params`` and ``grads`` dicts that share their keys.
+"""
+
+from .attention import AttentionCache, attention_backward, attention_forward, causal_mask, unbroadcast
+from .gradcheck import (
+    TOLERANCE,
+    check_gradients,
+    check_layer_gradients,
+    format_errors,
+    numerical_gradient,
+    rel_error,
+)
+from .kv_cache import KVCache
+from .layers import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
+from .softmax import SoftmaxCache, softmax, softmax_backward, softmax_forward
+
+__all__ = [
+    "AttentionCache",
+    "GroupedQueryAttention",
+    "KVCache",
+    "MultiHeadAttention",
+    "MultiQueryAttention",
+    "SoftmaxCache",
+    "TOLERANCE",
+    "attention_backward",
+    "attention_forward",
+    "causal_mask",
+    "check_gradients",
+    "check_layer_gradients",
+    "format_errors",
+    "numerical_gradient",
+    "rel_error",
+    "softmax",
+    "softmax_backward",
+    "softmax_forward",
+    "unbroadcast",
+]

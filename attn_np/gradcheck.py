@@ -1,0 +1,114 @@
+"""Gradient checking by central finite differences (shared by the tests and the notebooks).
+
+The standard the book holds every backward pass to:
+
+* float64 throughout, step ``h = 1e-5``;
+* a *random* upstream gradient ``dout`` (all ones would hide errors that cancel, e.g. a softmax
+  backward that forgets the ``- sum(p * dp)`` term still passes with ``dout = 1``);
+* the relative error ``max|a - b| / max(1e-8, max(|a| + |b|))`` below ``1e-7`` for every input and
+  every parameter.
+
+For a scalar loss ``f(x) = sum(F(x) * dout)`` the central difference is::
+
+    df/dx_i ~ (f(x + h e_i) - f(x - h e_i)) / (2 h)       error O(h^2)
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+TOLERANCE = 1e-7
+
+
+def rel_error(a, b) -> float:
+    """``max|a - b| / max(1e-8, max(|a| + |b|))``: the book's relative error between two arrays."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"a and b must have the same shape, got {a.shape} and {b.shape}")
+    if a.size == 0:
+        return 0.0
+    return float(np.max(np.abs(a - b)) / max(1e-8, float(np.max(np.abs(a) + np.abs(b)))))
+
+
+def numerical_gradient(f: Callable[[], np.ndarray], x: np.ndarray, dout: np.ndarray, h: float = 1e-5) -> np.ndarray:
+    """Central-difference gradient of ``sum(f() * dout)`` with respect to ``x``.
+
+    ``f`` takes no arguments and reads ``x``, which is perturbed in place one entry at a time and
+    restored afterwards.
+    """
+    if x.dtype != np.float64 or np.asarray(dout).dtype != np.float64:
+        raise TypeError(
+            f"gradient checks run in float64, got x of dtype {x.dtype} and dout of dtype "
+            f"{np.asarray(dout).dtype}"
+        )
+    grad = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        old = x[idx]
+        x[idx] = old + h
+        f_plus = np.sum(f() * dout)
+        x[idx] = old - h
+        f_minus = np.sum(f() * dout)
+        x[idx] = old
+        grad[idx] = (f_plus - f_minus) / (2 * h)
+    return grad
+
+
+def check_gradients(forward, backward, inputs: dict[str, np.ndarray], *, seed: int = 0, h: float = 1e-5, **kwargs) -> dict[str, float]:
+    """Check a ``forward(**inputs, **kwargs) -> (out, cache)`` / ``backward(dout, cache)`` pair.
+
+    ``backward`` returns the gradients in the order of ``inputs`` (a tuple) or a single array.
+    Returns ``{name: relative error}`` for every input.
+    """
+    arrays = {name: np.array(val, dtype=np.float64) for name, val in inputs.items()}  # copies we may perturb
+    out, cache = forward(**arrays, **kwargs)
+    dout = np.random.default_rng(seed).standard_normal(out.shape)
+    analytic = backward(dout, cache)
+    if isinstance(analytic, np.ndarray):
+        analytic = (analytic,)
+    if len(analytic) != len(arrays):
+        raise ValueError(f"backward returned {len(analytic)} gradients for {len(arrays)} inputs")
+    errors = {}
+    for (name, x), g in zip(arrays.items(), analytic):
+        num = numerical_gradient(lambda: forward(**arrays, **kwargs)[0], x, dout, h)
+        errors[name] = rel_error(g, num)
+    return errors
+
+
+def check_layer_gradients(layer, x, *, seed: int = 0, h: float = 1e-5, **forward_kwargs) -> dict[str, float]:
+    """Check a layer's ``backward`` for its input (when it is a float array) and every parameter.
+
+    The layer follows the book's protocol: ``forward(x, **kw) -> y``, ``backward(dy) -> dx`` (``None``
+    for integer inputs such as token ids), and ``params`` / ``grads`` dicts with the same keys.
+    Returns ``{"x": err, "<param>": err, ...}``.
+    """
+    for name, p in layer.params.items():
+        if p.dtype != np.float64:
+            raise TypeError(f"gradient checks run in float64, got parameter {name} of dtype {p.dtype}")
+    x = np.array(x)  # a copy we may perturb
+    y = layer.forward(x, **forward_kwargs)
+    dy = np.random.default_rng(seed).standard_normal(y.shape)
+    dx = layer.backward(dy)
+    analytic = {name: g.copy() for name, g in layer.grads.items()}
+
+    def f():
+        return layer.forward(x, **forward_kwargs)
+
+    errors = {}
+    if np.issubdtype(x.dtype, np.floating):
+        errors["x"] = rel_error(dx, numerical_gradient(f, x, dy, h))
+    for name, p in layer.params.items():
+        errors[name] = rel_error(analytic[name], numerical_gradient(f, p, dy, h))
+    return errors
+
+
+def format_errors(errors: dict[str, float]) -> str:
+    """One line per checked array, for notebooks: ``name  rel. error  ok``."""
+    width = max(len(n) for n in errors)
+    lines = [
+        f"{name:<{width}}  rel. error {err:.1e}  {'ok' if err < TOLERANCE else 'FAILED'}"
+        for name, err in errors.items()
+    ]
+    return "\n".join(lines)
