@@ -16,12 +16,16 @@ from .gradcheck import (
 )
 from .kv_cache import KVCache
 from .layers import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
+from . import memory
+from .memory import MODELS, ModelConfig, kv_bytes_per_token, kv_cache_bytes
 from .softmax import SoftmaxCache, softmax, softmax_backward, softmax_forward
 
 __all__ = [
     "AttentionCache",
     "GroupedQueryAttention",
     "KVCache",
+    "MODELS",
+    "ModelConfig",
     "MultiHeadAttention",
     "MultiQueryAttention",
     "SoftmaxCache",
@@ -32,6 +36,9 @@ __all__ = [
     "check_gradients",
     "check_layer_gradients",
     "format_errors",
+    "kv_bytes_per_token",
+    "kv_cache_bytes",
+    "memory",
     "numerical_gradient",
     "rel_error",
     "softmax",
