@@ -21,6 +21,7 @@ import numpy as np
 
 from ._checks import as_bool_array, as_float_array, check_positive_int
 from .attention import attention_backward, attention_forward, causal_mask
+from .kv_cache import KVCache
 
 
 class GroupedQueryAttention:
@@ -88,17 +89,16 @@ class GroupedQueryAttention:
         With ``kv_cache`` (a :class:`~attn_np.KVCache`), ``x`` is the next chunk: it attends causally
         over every cached position plus itself, and its keys and values are added to the cache.
         """
-        x3, unbatched = self._check_x(x, "x")
+        x3, unbatched = self._check_x(x, "x" if kv_cache is None else "x_chunk")
         B, L, _ = x3.shape
         h, n_kv, G, d_k, d_v = self.n_heads, self.n_kv_heads, self.group_size, self.d_k, self.d_v
         W = self.params
         if kv_cache is not None:
-            if kv_cache.batch_size is not None and kv_cache.batch_size != B:
-                raise ValueError(
-                    f"x_chunk has batch size {B} but kv_cache holds batch size {kv_cache.batch_size} "
-                    f"(x_chunk shape {x.shape})"
-                )
-            causal = True
+            if not isinstance(kv_cache, KVCache):
+                raise TypeError(f"kv_cache must be an attn_np.KVCache, got {type(kv_cache).__name__}")
+            dtype = np.result_type(x3.dtype, W["W_k"].dtype)  # the dtype of the keys and values
+            kv_cache.check_chunk(x3.shape, batch=B, n_kv_heads=n_kv, d_k=d_k, d_v=d_v, dtype=dtype)
+            causal = True  # the chunk attends over the cache and causally over itself
 
         q = x3 @ W["W_q"]  # [B, L, d_model] @ [d_model, h*d_k] -> [B, L, h*d_k]
         k = x3 @ W["W_k"]  # [B, L, d_model] @ [d_model, n_kv*d_k] -> [B, L, n_kv*d_k]
@@ -107,7 +107,7 @@ class GroupedQueryAttention:
         k = _split_kv(k, n_kv, d_k)  # [B, L, n_kv*d_k] -> [B, n_kv, L, d_k]
         v = _split_kv(v, n_kv, d_v)  # [B, L, n_kv*d_v] -> [B, n_kv, L, d_v]
         if kv_cache is not None:
-            k, v = kv_cache.append(k, v)  # -> [B, n_kv, L_cached + L, d]
+            k, v = kv_cache.append(k, v)  # views, no copy: [B, n_kv, L_cached + L, d_k], [.., d_v]
         L_k = k.shape[2]
 
         allowed = self._group_mask(mask, causal, B, L, L_k)  # None or [..., G*L, L_k]
