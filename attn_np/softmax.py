@@ -85,10 +85,12 @@ def _masked_softmax(x: np.ndarray, mask: np.ndarray | None, axis: int, *, overwr
     With ``overwrite=True`` the work is done in ``x``'s own memory (attention passes a fresh
     score array it no longer needs), which saves two passes over an [..., L_q, L_k] array.
     """
-    if mask is not None:
-        s = np.where(mask, x, -np.inf)  # a fresh array: masked logits -> -inf
-    elif overwrite:
+    if overwrite:
         s = x
+        if mask is not None:
+            np.copyto(s, -np.inf, where=~mask)  # masked logits -> -inf, in place: no second [L, L] array
+    elif mask is not None:
+        s = np.where(mask, x, -np.inf)  # a fresh array: masked logits -> -inf
     else:
         s = x.copy()
     m = np.max(s, axis=axis, keepdims=True)  # [..., 1, ...]: maxima over allowed entries
