@@ -6,6 +6,7 @@ thin shells over them with ``params`` and ``grads`` dicts that share their keys.
 """
 
 from .attention import AttentionCache, attention_backward, attention_forward, causal_mask, unbroadcast
+from .convert import mha_to_gqa
 from .gradcheck import (
     TOLERANCE,
     check_gradients,
@@ -39,6 +40,7 @@ __all__ = [
     "kv_bytes_per_token",
     "kv_cache_bytes",
     "memory",
+    "mha_to_gqa",
     "numerical_gradient",
     "rel_error",
     "softmax",
