@@ -85,12 +85,15 @@ def _masked_softmax(x: np.ndarray, mask: np.ndarray | None, axis: int, *, overwr
     With ``overwrite=True`` the work is done in ``x``'s own memory (attention passes a fresh
     score array it no longer needs), which saves two passes over an [..., L_q, L_k] array.
     """
-    if overwrite:
+    if overwrite and mask is not None and np.broadcast_shapes(mask.shape, x.shape) != x.shape:
+        overwrite = False  # the mask has axes x lacks (in attention: v's extra leading axes), so x cannot hold p
+    in_place = overwrite and (mask is None or np.broadcast_shapes(mask.shape, x.shape) == x.shape)
+    if in_place:
         s = x
         if mask is not None:
             np.copyto(s, -np.inf, where=~mask)  # masked logits -> -inf, in place: no second [L, L] array
     elif mask is not None:
-        s = np.where(mask, x, -np.inf)  # a fresh array: masked logits -> -inf
+        s = np.where(mask, x, -np.inf)  # a fresh array (as large as x and mask broadcast): masked -> -inf
     else:
         s = x.copy()
     m = np.max(s, axis=axis, keepdims=True)  # [..., 1, ...]: maxima over allowed entries
