@@ -85,8 +85,6 @@ def _masked_softmax(x: np.ndarray, mask: np.ndarray | None, axis: int, *, overwr
     With ``overwrite=True`` the work is done in ``x``'s own memory (attention passes a fresh
     score array it no longer needs), which saves two passes over an [..., L_q, L_k] array.
     """
-    if overwrite and mask is not None and np.broadcast_shapes(mask.shape, x.shape) != x.shape:
-        overwrite = False  # the mask has axes x lacks (in attention: v's extra leading axes), so x cannot hold p
     in_place = overwrite and (mask is None or np.broadcast_shapes(mask.shape, x.shape) == x.shape)
     if in_place:
         s = x
