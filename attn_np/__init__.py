@@ -17,11 +17,17 @@ from .gradcheck import (
 )
 from .kv_cache import KVCache
 from .layers import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
+from .losses import cross_entropy_backward, cross_entropy_forward
 from . import memory
 from .memory import MODELS, ModelConfig, kv_bytes_per_token, kv_cache_bytes
+from .model import Transformer
+from .optim import Adam
 from .softmax import SoftmaxCache, softmax, softmax_backward, softmax_forward
+from .tasks import AssociativeRecall
 
 __all__ = [
+    "Adam",
+    "AssociativeRecall",
     "AttentionCache",
     "GroupedQueryAttention",
     "KVCache",
@@ -30,12 +36,15 @@ __all__ = [
     "MultiHeadAttention",
     "MultiQueryAttention",
     "SoftmaxCache",
+    "Transformer",
     "TOLERANCE",
     "attention_backward",
     "attention_forward",
     "causal_mask",
     "check_gradients",
     "check_layer_gradients",
+    "cross_entropy_backward",
+    "cross_entropy_forward",
     "format_errors",
     "kv_bytes_per_token",
     "kv_cache_bytes",
