@@ -1,6 +1,6 @@
 # Learning Attention: build the book, run the tests, open the notebooks.
 # Every target is phony: book/ and notebooks/ are folders, and make must never call them up to date.
-.PHONY: book test unit nbval book-strict lab notebooks bench venv clean
+.PHONY: book test unit nbval book-strict browser figures lab notebooks bench venv clean
 
 PYTHON ?= python3
 VENV   := .venv
@@ -25,17 +25,28 @@ book: venv
 	@echo
 	@echo "The book is built. Open: file://$(CURDIR)/_build/html/index.html"
 
-test: venv unit nbval book-strict
-	@echo "make test: unit tests, nbval on every notebook and the strict book build all passed."
+test: venv unit nbval book-strict browser
+	@echo "make test: unit tests, nbval on every notebook, the strict book build and the browser test all passed."
 
+# The browser test needs a built book, so `unit` leaves it out and `browser` runs it after `book-strict`.
 unit: venv
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests --ignore=tests/browser
 
 nbval: venv
 	$(BIN)/python -m pytest -q -p no:randomly --nbval --nbval-current-env notebooks
 
 book-strict: venv
 	$(BIN)/jupyter-book build --all --warningiserror --keep-going .
+
+# Every page of _build/html in headless Chromium (Debian's package, installed when missing), served from
+# 127.0.0.1 with every other host blocked: math typeset, images loaded, no console errors, links resolve.
+# Screenshots land in _build/screenshots/. Run `make book` (or `make book-strict`) first.
+browser: venv
+	$(BIN)/python -m pytest -q -p no:randomly -p no:cacheprovider tests/browser
+
+# The figures of the prose pages (book/_generated/, git-ignored). Every book build draws them anyway.
+figures: venv
+	$(BIN)/python scripts/make_figures.py
 
 lab: venv
 	$(BIN)/jupyter lab notebooks

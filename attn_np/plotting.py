@@ -117,3 +117,54 @@ def bytes_axis(ax, axis: str = "y") -> None:
     target = ax.yaxis if axis == "y" else ax.xaxis
     target.set_major_locator(LogLocator(base=1024))
     target.set_major_formatter(FuncFormatter(lambda val, _: format_bytes(val).replace(".00", "")))
+
+
+def plot_head_grouping(n_heads: int, n_kv_heads: int, ax=None, *, title=None, colour=None):
+    """Draw which query head reads which key/value head: MHA, GQA and MQA in one picture.
+
+    Query heads sit on the top row, key/value heads on the bottom row, and a line joins query head
+    ``i`` to the key/value head it reads, ``i // (n_heads // n_kv_heads)`` (the library's head layout).
+    ``n_kv_heads == n_heads`` is MHA, ``n_kv_heads == 1`` is MQA, anything between is GQA.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    if not (isinstance(n_heads, (int, np.integer)) and isinstance(n_kv_heads, (int, np.integer))):
+        raise TypeError(f"n_heads and n_kv_heads must be integers, got {n_heads!r} and {n_kv_heads!r}")
+    if n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ValueError(
+            f"n_kv_heads must divide n_heads (both >= 1), got n_heads={n_heads}, n_kv_heads={n_kv_heads}"
+        )
+    group = n_heads // n_kv_heads  # query heads per key/value head
+    family = "MHA" if n_kv_heads == n_heads else "MQA" if n_kv_heads == 1 else "GQA"
+    colour = colour or FAMILY_COLOURS[family]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(0.6 * n_heads + 1.0, 2.4))
+
+    q_x = np.arange(n_heads, dtype=float)  # query head i at x = i
+    kv_x = np.array([q_x[j * group:(j + 1) * group].mean() for j in range(n_kv_heads)])  # under its group
+    q_y, kv_y, w, h = 1.0, 0.0, 0.72, 0.34
+    for i in range(n_heads):
+        j = i // group  # the key/value head that query head i reads
+        ax.plot([q_x[i], kv_x[j]], [q_y - h / 2, kv_y + h / 2], color=colour, lw=1.4, alpha=0.8, zorder=1)
+    for xs, y, face, text, label in (
+        (q_x, q_y, "white", colour, "Q"),
+        (kv_x, kv_y, colour, "white", "KV"),
+    ):
+        for k, x in enumerate(xs):
+            ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.08",
+                                        facecolor=face, edgecolor=colour, lw=1.4, zorder=2))
+            ax.text(x, y, f"{label}{k}", ha="center", va="center", fontsize=8, color=text, zorder=3)
+    ax.set_xlim(-0.7, n_heads - 0.3)
+    ax.set_ylim(-0.45, 1.45)
+    ax.set_yticks([kv_y, q_y], ["key/value\nheads", "query\nheads"])
+    ax.set_xticks([])
+    ax.grid(False)
+    for side in ("left", "bottom"):
+        ax.spines[side].set_visible(False)
+    ax.tick_params(axis="y", length=0)
+    if title is None:
+        title = f"{family}: {n_heads} query heads, {n_kv_heads} key/value head{'s' if n_kv_heads > 1 else ''}"
+    if title:
+        ax.set_title(title, color=colour)
+    return ax

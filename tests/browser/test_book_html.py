@@ -1,0 +1,362 @@
+"""The built HTML book, read the way a reader reads it: in a real browser, with no network.
+
+``make browser`` (part of ``make test``, after the strict book build) runs this file. Headless Chromium
+(Debian's ``chromium``, installed by the set-up below when missing) opens EVERY page of ``_build/html``
+from a local HTTP server on 127.0.0.1 and checks that
+
+- every math element is typeset by the MathJax shipped inside the book (no raw ``$$``, ``\\(``, ``\\[``
+  left in the text, no MathJax error boxes);
+- every image loads (``naturalWidth > 0``) and has alt text or a figure caption;
+- no request leaves 127.0.0.1 (every other request is blocked and counted) and the console shows no
+  errors, a missing favicon included;
+- the table of contents reaches every page listed in ``_toc.yml`` (whatever is in it today), and every
+  internal link and cross-reference resolves: the target file exists and its ``#anchor`` is an id on it.
+
+A full-page screenshot of every page is saved under ``_build/screenshots/`` for a person to look at.
+The last line printed says how many pages, math elements, images, external requests and console errors
+were counted, and how long it took. ``BOOK_HTML`` points the test at another built book.
+
+It is not collected by ``make unit`` (``--ignore=tests/browser``): it needs the book built first.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urldefrag, urlsplit
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+HTML = Path(os.environ.get("BOOK_HTML", ROOT / "_build" / "html")).resolve()
+SCREENSHOTS = HTML.parent / "screenshots"
+TOC = ROOT / "_toc.yml"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    # Without these Chromium phones Google hosts on start-up, even with nothing to load.
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+MATH_TIMEOUT_MS = 30_000
+
+
+# --- set-up: Chromium and a local server ---------------------------------------------------------
+
+def ensure_chromium() -> str:
+    """Return Chromium's path, installing Debian's package first when it is missing (CI runs as root)."""
+    if Path(CHROMIUM).exists():
+        return CHROMIUM
+    if os.geteuid() != 0:
+        pytest.fail(f"{CHROMIUM} is missing: run `sudo apt-get install -y chromium` (Debian's package)")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env)
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"apt-get installed chromium but {CHROMIUM} is still missing")
+    return CHROMIUM
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):  # one line per request would drown the test output
+        pass
+
+
+def serve(directory: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
+    handler = functools.partial(_QuietHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+# --- what the browser reports about one page -----------------------------------------------------
+
+# Runs in the page once MathJax (if the page loads it) has finished and fonts are in.
+PAGE_PROBE = r"""
+async () => {
+  if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+    await MathJax.startup.promise;
+    if (MathJax.typesetPromise) await MathJax.typesetPromise();
+  }
+  await document.fonts.ready;
+
+  const skip = "pre, code, script, style, textarea, mjx-container, .highlight";
+  const raw = [];
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    const el = n.parentElement;
+    if (el && el.closest(skip)) continue;
+    if (/\$\$|\\\(|\\\)|\\\[|\\\]|\\begin\{/.test(n.textContent)) raw.push(n.textContent.trim().slice(0, 80));
+  }
+  const mathEls = [...document.querySelectorAll("span.math, div.math")];
+  const untypeset = mathEls.filter(e => !e.querySelector("mjx-container")).map(e => e.textContent.slice(0, 80));
+
+  const images = [...document.images].map(img => ({
+    src: img.currentSrc || img.src,
+    loaded: img.complete && img.naturalWidth > 0,
+    alt: (img.getAttribute("alt") || "").trim(),
+    caption: ((img.closest("figure") || {}).querySelector ?
+              (img.closest("figure").querySelector("figcaption") || {}).textContent || "" : "").trim(),
+  }));
+
+  const links = [...document.querySelectorAll("a[href]")].map(a => a.href);
+  const ids = [...document.querySelectorAll("[id]")].map(e => e.id)
+    .concat([...document.querySelectorAll("a[name]")].map(a => a.name));
+  const navLinks = [...document.querySelectorAll("nav.bd-links a[href], #bd-docs-nav a[href]")].map(a => a.href);
+  return {
+    url: location.href,
+    mathjax: !!(window.MathJax && MathJax.version),
+    mathElements: mathEls.length,
+    typeset: document.querySelectorAll("mjx-container").length,
+    mathErrors: document.querySelectorAll("mjx-merror").length,
+    untypeset, raw, images, links, ids, navLinks,
+  };
+}
+"""
+
+
+@dataclass
+class BookReport:
+    base: str = ""
+    pages: dict = field(default_factory=dict)  # path relative to _build/html -> probe result
+    external: list = field(default_factory=list)  # (page, url) of blocked requests
+    console: list = field(default_factory=list)  # (page, text) of console errors and page errors
+    failed: list = field(default_factory=list)  # (page, url, why) of local requests that failed
+    seconds: float = 0.0
+
+    @property
+    def math(self) -> int:
+        return sum(p["typeset"] for p in self.pages.values())
+
+    @property
+    def images(self) -> int:
+        return sum(len(p["images"]) for p in self.pages.values())
+
+    def summary(self) -> str:
+        return (
+            f"browser test: {len(self.pages)} pages tested, {self.math} math elements typeset, "
+            f"{self.images} images checked, {len(self.external)} external requests, "
+            f"{len(self.console)} console errors, {self.seconds:.1f} s"
+        )
+
+
+def html_pages(root: Path) -> list[str]:
+    """Every HTML page of the built book: not the theme's template fragments under _static/."""
+    pages = [p.relative_to(root).as_posix() for p in root.rglob("*.html")]
+    return sorted(p for p in pages if not p.startswith(("_static/", "_sources/", "_images/")))
+
+
+def local_path(url: str, base: str) -> str | None:
+    """``http://127.0.0.1:PORT/book/x.html#y`` -> ``book/x.html``; None for a URL off this server."""
+    if not url.startswith(base):
+        return None
+    path = unquote(urlsplit(url).path).lstrip("/")
+    return path + "index.html" if path == "" or path.endswith("/") else path
+
+
+def browse(root: Path) -> BookReport:
+    from playwright.sync_api import sync_playwright
+
+    report = BookReport()
+    if SCREENSHOTS.exists():
+        shutil.rmtree(SCREENSHOTS)
+    SCREENSHOTS.mkdir(parents=True)
+    start = time.perf_counter()
+    server, base = serve(root)
+    report.base = base
+    current = {"page": ""}
+
+    def on_route(route):
+        host = urlsplit(route.request.url).hostname
+        if host in LOCAL_HOSTS:
+            route.continue_()
+        else:
+            report.external.append((current["page"], route.request.url))
+            route.abort()
+
+    def on_console(msg):
+        if msg.type == "error":
+            report.console.append((current["page"], f"{msg.text} ({msg.location.get('url', '')})"))
+
+    def on_response(response):
+        if response.status >= 400:
+            report.failed.append((current["page"], response.url, f"HTTP {response.status}"))
+
+    def on_failed(request):
+        if urlsplit(request.url).hostname in LOCAL_HOSTS:
+            report.failed.append((current["page"], request.url, request.failure or "failed"))
+
+    try:
+        with sync_playwright() as pw, tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+            context = pw.chromium.launch_persistent_context(
+                profile,  # a fresh --user-data-dir for every run
+                executable_path=ensure_chromium(),
+                headless=True,
+                args=CHROMIUM_FLAGS,
+                viewport={"width": 1280, "height": 900},
+                service_workers="block",
+            )
+            context.route("**/*", on_route)
+            page = context.pages[0] if context.pages else context.new_page()
+            page.on("console", on_console)
+            page.on("pageerror", lambda err: report.console.append((current["page"], f"page error: {err}")))
+            page.on("response", on_response)
+            page.on("requestfailed", on_failed)
+            for rel in html_pages(root):
+                current["page"] = rel
+                page.goto(base + rel, wait_until="load")
+                page.wait_for_load_state("networkidle")
+                probe = page.evaluate(PAGE_PROBE)
+                page.wait_for_load_state("networkidle")  # fonts MathJax asked for while typesetting
+                report.pages[rel] = probe
+                shot = SCREENSHOTS / (rel[: -len(".html")].replace("/", "__") + ".png")
+                page.screenshot(path=str(shot), full_page=True)
+            context.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+# --- the checks ----------------------------------------------------------------------------------
+
+def toc_files(toc_path: Path = TOC) -> list[str]:
+    """Every page ``_toc.yml`` lists (root first), as the HTML paths Sphinx writes for them."""
+    toc = yaml.safe_load(toc_path.read_text())
+    files = [toc["root"]]
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                files.append(node["file"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk({k: v for k, v in toc.items() if k != "root"})
+    return [re.sub(r"\.(md|ipynb|rst)$", "", f) + ".html" for f in files]
+
+
+@pytest.fixture(scope="module")
+def report(request) -> BookReport:
+    if not (HTML / "index.html").exists():
+        pytest.fail(f"no built book at {HTML}: run `make book` (or `make book-strict`) first")
+    result = browse(HTML)
+    (SCREENSHOTS / "summary.txt").write_text(result.summary() + "\n")
+    terminal = request.config.pluginmanager.get_plugin("terminalreporter")
+    if terminal is not None:
+        terminal.write_line("")
+        terminal.write_line(result.summary())
+    return result
+
+
+def _listing(items, limit=20) -> str:
+    items = list(items)
+    return "\n".join(map(str, items[:limit])) + (f"\n... and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def test_every_page_was_opened_and_screenshotted(report):
+    expected = html_pages(HTML)
+    assert expected, f"no HTML pages under {HTML}"
+    assert sorted(report.pages) == expected
+    shots = {p.name for p in SCREENSHOTS.glob("*.png")}
+    missing = [p for p in expected if p[: -len(".html")].replace("/", "__") + ".png" not in shots]
+    assert not missing, f"no screenshot for: {missing}"
+
+
+def test_math_is_typeset_offline(report):
+    problems = []
+    for rel, p in report.pages.items():
+        if p["mathElements"] and not p["mathjax"]:
+            problems.append(f"{rel}: {p['mathElements']} math elements but MathJax did not load")
+        if p["untypeset"]:
+            problems.append(f"{rel}: math left untypeset: {p['untypeset'][:3]}")
+        if p["raw"]:
+            problems.append(f"{rel}: raw TeX in the text: {p['raw'][:3]}")
+        if p["mathErrors"]:
+            problems.append(f"{rel}: {p['mathErrors']} MathJax error boxes (unknown macro or bad TeX)")
+    assert not problems, _listing(problems)
+    assert report.math > 0, "no page has typeset math: the check would pass on a book that has none"
+
+
+def test_every_image_loads_and_is_described(report):
+    problems = []
+    for rel, p in report.pages.items():
+        for img in p["images"]:
+            if not img["loaded"]:
+                problems.append(f"{rel}: image did not load: {img['src']}")
+            if not (img["alt"] or img["caption"]):
+                problems.append(f"{rel}: image has neither alt text nor a caption: {img['src']}")
+    assert not problems, _listing(problems)
+    assert report.images > 0, "no image anywhere in the book: the intro figure should be one"
+
+
+def test_no_request_leaves_localhost(report):
+    assert not report.external, f"{len(report.external)} external requests (blocked):\n" + _listing(report.external)
+
+
+def test_no_console_errors_or_failed_requests(report):
+    assert not report.console, f"{len(report.console)} console errors:\n" + _listing(report.console)
+    assert not report.failed, f"{len(report.failed)} local requests failed:\n" + _listing(report.failed)
+
+
+def test_toc_reaches_every_chapter(report):
+    expected = toc_files()
+    missing_pages = [f for f in expected if not (HTML / f).is_file()]
+    assert not missing_pages, f"pages listed in _toc.yml but not built: {missing_pages}"
+    root_page = report.pages[expected[0]]
+    in_nav = {local_path(u, report.base) for u in root_page["navLinks"]}
+    unreachable = [f for f in expected[1:] if f not in in_nav]
+    assert not unreachable, f"the table of contents on {expected[0]} does not link to: {unreachable}"
+    # ...and following links from the front page reaches every one of them (index.html redirects).
+    seen, todo = set(), ["index.html"]
+    while todo:
+        rel = todo.pop()
+        if rel in seen or rel not in report.pages:
+            continue
+        seen.add(rel)
+        page = report.pages[rel]
+        todo.append(local_path(page["url"], report.base))
+        todo.extend(filter(None, (local_path(u, report.base) for u in page["links"])))
+    assert not set(expected) - seen, f"not reachable from index.html: {sorted(set(expected) - seen)}"
+
+
+def test_internal_links_and_cross_references_resolve(report):
+    ids = {rel: set(p["ids"]) for rel, p in report.pages.items()}
+    problems, checked = [], 0
+    for rel, p in report.pages.items():
+        for url in p["links"]:
+            target = local_path(url, report.base)
+            if target is None:
+                continue  # links off the book (papers, DOIs) are not requests; they are never fetched
+            checked += 1
+            fragment = unquote(urldefrag(url).fragment)
+            if not (HTML / target).is_file():
+                problems.append(f"{rel}: link to a missing file: {target}")
+            elif fragment and target in ids and fragment not in ids[target]:
+                problems.append(f"{rel}: link to {target}#{fragment}, but {target} has no such id")
+    assert not problems, _listing(problems)
+    assert checked > 0, "no internal links found: the check would pass on anything"
+
+
+if __name__ == "__main__":  # python tests/browser/test_book_html.py: just the summary line
+    print(browse(HTML).summary())
