@@ -118,6 +118,17 @@ async () => {
   const links = [...document.querySelectorAll("a[href]")].map(a => a.href);
   const ids = [...document.querySelectorAll("[id]")].map(e => e.id)
     .concat([...document.querySelectorAll("a[name]")].map(a => a.name));
+  // Headless Chromium does not fetch favicons by itself, where a reader's browser does (and logs a
+  // 404 when there is none): fetch the declared one, or /favicon.ico when none is declared.
+  const icon = document.querySelector('link[rel~="icon"]');
+  const iconHref = icon ? icon.href : new URL("/favicon.ico", location.href).href;
+  let favicon;
+  try {
+    const r = await fetch(iconHref);
+    favicon = {href: iconHref, declared: !!icon, ok: r.ok, type: r.headers.get("content-type") || ""};
+  } catch (err) {
+    favicon = {href: iconHref, declared: !!icon, ok: false, type: String(err)};
+  }
   const navLinks = [...document.querySelectorAll("nav.bd-links a[href], #bd-docs-nav a[href]")].map(a => a.href);
   return {
     url: location.href,
@@ -125,7 +136,7 @@ async () => {
     mathElements: mathEls.length,
     typeset: document.querySelectorAll("mjx-container").length,
     mathErrors: document.querySelectorAll("mjx-merror").length,
-    untypeset, raw, images, links, ids, navLinks,
+    untypeset, raw, images, links, ids, navLinks, favicon,
   };
 }
 """
@@ -138,6 +149,7 @@ class BookReport:
     external: list = field(default_factory=list)  # (page, url) of blocked requests
     console: list = field(default_factory=list)  # (page, text) of console errors and page errors
     failed: list = field(default_factory=list)  # (page, url, why) of local requests that failed
+    extras: dict = field(default_factory=dict)  # MathJax's own loader and the search page, probed last
     seconds: float = 0.0
 
     @property
@@ -168,6 +180,40 @@ def local_path(url: str, base: str) -> str | None:
         return None
     path = unquote(urlsplit(url).path).lstrip("/")
     return path + "index.html" if path == "" or path.endswith("/") else path
+
+
+# TeX that only typesets if MathJax can fetch its extensions (autoload) from its own folder in the book:
+# the path Sphinx writes for MathJax is also the root MathJax's loader derives for every later file.
+AUTOLOAD_PROBE = r"""
+async () => {
+  try {
+    const node = await MathJax.tex2chtmlPromise("\\boldsymbol{x} \\cancel{y} \\bbox[2pt]{z} \\color{red}{w}");
+    return {errors: node.querySelectorAll("mjx-merror").length, message: ""};
+  } catch (err) {
+    return {errors: 1, message: String(err)};
+  }
+}
+"""
+
+
+def extra_probes(page, base: str, report: BookReport) -> dict:
+    """Two checks that no single page view makes: MathJax's lazy loading, and a search that finds pages."""
+    extras = {}
+    with_math = [rel for rel, p in report.pages.items() if p["mathjax"]]
+    if with_math:
+        report_page = with_math[0]
+        page.goto(base + report_page, wait_until="load")
+        page.evaluate("async () => { await MathJax.startup.promise; }")
+        extras["autoload"] = page.evaluate(AUTOLOAD_PROBE)
+        page.wait_for_load_state("networkidle")
+    if "search.html" in report.pages:
+        page.goto(base + "search.html?q=attention", wait_until="load")
+        try:
+            page.wait_for_selector("#search-results ul.search li", timeout=15_000)
+        except Exception:
+            pass
+        extras["search_hits"] = page.locator("#search-results ul.search li").count()
+    return extras
 
 
 def browse(root: Path) -> BookReport:
@@ -227,6 +273,8 @@ def browse(root: Path) -> BookReport:
                 report.pages[rel] = probe
                 shot = SCREENSHOTS / (rel[: -len(".html")].replace("/", "__") + ".png")
                 page.screenshot(path=str(shot), full_page=True)
+            current["page"] = "(extra probes: MathJax autoload, search)"
+            report.extras = extra_probes(page, base, report)
             context.close()
     finally:
         server.shutdown()
@@ -262,10 +310,7 @@ def report(request) -> BookReport:
         pytest.fail(f"no built book at {HTML}: run `make book` (or `make book-strict`) first")
     result = browse(HTML)
     (SCREENSHOTS / "summary.txt").write_text(result.summary() + "\n")
-    terminal = request.config.pluginmanager.get_plugin("terminalreporter")
-    if terminal is not None:
-        terminal.write_line("")
-        terminal.write_line(result.summary())
+    request.config.book_browser_summary = result.summary()  # printed last by tests/browser/conftest.py
     return result
 
 
@@ -298,6 +343,16 @@ def test_math_is_typeset_offline(report):
     assert report.math > 0, "no page has typeset math: the check would pass on a book that has none"
 
 
+def test_mathjax_loads_its_extensions_from_the_book(report):
+    probe = report.extras.get("autoload")
+    assert probe is not None, "no page loads MathJax"
+    assert probe["errors"] == 0, f"MathJax could not autoload \\boldsymbol, \\cancel, \\bbox, \\color: {probe}"
+
+
+def test_search_finds_pages_offline(report):
+    assert report.extras.get("search_hits", 0) > 0, "search.html?q=attention found nothing"
+
+
 def test_every_image_loads_and_is_described(report):
     problems = []
     for rel, p in report.pages.items():
@@ -308,6 +363,15 @@ def test_every_image_loads_and_is_described(report):
                 problems.append(f"{rel}: image has neither alt text nor a caption: {img['src']}")
     assert not problems, _listing(problems)
     assert report.images > 0, "no image anywhere in the book: the intro figure should be one"
+
+
+def test_every_page_has_a_favicon(report):
+    problems = [
+        f"{rel}: {p['favicon']}"
+        for rel, p in report.pages.items()
+        if not (p["favicon"]["declared"] and p["favicon"]["ok"] and p["favicon"]["type"].startswith("image/"))
+    ]
+    assert not problems, "favicon missing or not an image:\n" + _listing(problems)
 
 
 def test_no_request_leaves_localhost(report):
