@@ -58,4 +58,4 @@ bench: venv
 	$(BIN)/python -m attn_np.bench all
 
 clean:
-	rm -rf _build .pytest_cache .hypothesis
+	rm -rf _build book/_generated .pytest_cache .hypothesis

@@ -89,12 +89,25 @@ def serve(directory: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
 
 # Runs in the page once MathJax (if the page loads it) has finished and fonts are in.
 PAGE_PROBE = r"""
-async () => {
+async (timeoutMs) => {
+  let mathTimedOut = false;
   if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
-    await MathJax.startup.promise;
-    if (MathJax.typesetPromise) await MathJax.typesetPromise();
+    const done = (async () => {
+      await MathJax.startup.promise;
+      if (MathJax.typesetPromise) await MathJax.typesetPromise();
+      return true;
+    })();
+    const timer = new Promise(resolve => setTimeout(() => resolve(false), timeoutMs));
+    mathTimedOut = !(await Promise.race([done, timer]));
   }
   await document.fonts.ready;
+  // Images below the fold may be lazy: load every one, then wait for each to finish or fail.
+  for (const img of document.images) img.loading = "eager";
+  await Promise.race([
+    Promise.all([...document.images].map(img => img.complete ? null :
+      new Promise(resolve => { img.addEventListener("load", resolve); img.addEventListener("error", resolve); }))),
+    new Promise(resolve => setTimeout(resolve, timeoutMs)),
+  ]);
 
   const skip = "pre, code, script, style, textarea, mjx-container, .highlight";
   const raw = [];
@@ -102,7 +115,11 @@ async () => {
   for (let n = walker.nextNode(); n; n = walker.nextNode()) {
     const el = n.parentElement;
     if (el && el.closest(skip)) continue;
-    if (/\$\$|\\\(|\\\)|\\\[|\\\]|\\begin\{/.test(n.textContent)) raw.push(n.textContent.trim().slice(0, 80));
+    // $$, \( \) \[ \] or \begin{, or $...$ holding TeX (a backslash, ^, _ or {): math MathJax never saw.
+    const t = n.textContent;
+    if (/\$\$|\\\(|\\\)|\\\[|\\\]|\\begin\{/.test(t) || /\$[^$\n]*[\\^_{][^$\n]*\$/.test(t)) {
+      raw.push(t.trim().slice(0, 80));
+    }
   }
   const mathEls = [...document.querySelectorAll("span.math, div.math")];
   const untypeset = mathEls.filter(e => !e.querySelector("mjx-container")).map(e => e.textContent.slice(0, 80));
@@ -133,6 +150,7 @@ async () => {
   return {
     url: location.href,
     mathjax: !!(window.MathJax && MathJax.version),
+    mathTimedOut,
     mathElements: mathEls.length,
     typeset: document.querySelectorAll("mjx-container").length,
     mathErrors: document.querySelectorAll("mjx-merror").length,
@@ -268,7 +286,7 @@ def browse(root: Path) -> BookReport:
                 current["page"] = rel
                 page.goto(base + rel, wait_until="load")
                 page.wait_for_load_state("networkidle")
-                probe = page.evaluate(PAGE_PROBE)
+                probe = page.evaluate(PAGE_PROBE, MATH_TIMEOUT_MS)
                 page.wait_for_load_state("networkidle")  # fonts MathJax asked for while typesetting
                 report.pages[rel] = probe
                 shot = SCREENSHOTS / (rel[: -len(".html")].replace("/", "__") + ".png")
@@ -333,6 +351,8 @@ def test_math_is_typeset_offline(report):
     for rel, p in report.pages.items():
         if p["mathElements"] and not p["mathjax"]:
             problems.append(f"{rel}: {p['mathElements']} math elements but MathJax did not load")
+        if p["mathTimedOut"]:
+            problems.append(f"{rel}: MathJax had not finished after {MATH_TIMEOUT_MS / 1000:.0f} s")
         if p["untypeset"]:
             problems.append(f"{rel}: math left untypeset: {p['untypeset'][:3]}")
         if p["raw"]:
