@@ -17,7 +17,7 @@ input and written once where it is an output:
 * the scores ``[B, h, L_q, L_k]``, written and read back once. NumPy materialises them; a fused
   kernel (FlashAttention, Dao et al. 2022) would not, so ``fused=True`` leaves them out.
 
-Arithmetic intensity is FLOPs per byte. Shazeer (2019, sections 2.4.1 and 3.1) states the same
+Arithmetic intensity is FLOPs per byte. Shazeer (2019) states the same
 accounting as a ratio the other way up, memory access over arithmetic, summed over the ``n`` steps
 of incremental decoding with ``b`` sequences and model width ``d``: ``Theta(n/d + 1/b)`` for
 multi-head attention and ``Theta(1/d + n/(d h) + 1/b)`` for multi-query attention
@@ -110,8 +110,8 @@ def decode_step_cost(
 def shazeer_ratio(n, d, b, h=1) -> float:
     """Shazeer's (2019) memory-to-arithmetic ratio of incremental decoding, without its constants.
 
-    ``h=1`` gives ``n/d + 1/b``, the ratio he states for multi-head attention (section 2.4.1); for
-    multi-query attention with ``h`` heads it is ``1/d + n/(d h) + 1/b`` (section 3.1). ``n`` is the
+    ``h=1`` gives ``n/d + 1/b``, the ratio he states for incremental multi-head attention; for
+    multi-query attention with ``h`` heads it is ``1/d + n/(d h) + 1/b``. ``n`` is the
     number of positions, ``d`` the model width, ``b`` the batch. A ratio near 1 or above means
     that memory traffic, not arithmetic, sets the pace.
     """
