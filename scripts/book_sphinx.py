@@ -3,7 +3,8 @@
 - Draws ``book/_generated/*.png`` (figures and favicon) from the current attn_np code when the build
   starts, before any page is read: the book cannot show a stale figure (``scripts/make_figures.py``).
 - Registers the bibliography's author-year style ``authoryear``: the reference list is sorted by author
-  and year and labelled "Vaswani et al., 2017" (``bibtex_default_style`` in ``_config.yml``).
+  and year and labelled "Vaswani et al., 2017" (``bibtex_default_style`` in ``_config.yml``); two
+  papers with one label become "Ba et al., 2016a" and "2016b", in the list and in the text.
 - Writes each ``<script>`` once. With Sphinx 7.4, the inline scripts that sphinx-thebe and
   sphinx-togglebutton add come out twice (once as filename ``None``, once as ``''``), and the second
   ``const THEBE_JS_URL`` is a JavaScript error in every reader's console.
@@ -64,6 +65,30 @@ def _register_authoryear_style() -> None:
         pass
 
 
+def _cite_year_with_its_letter() -> None:
+    """In the text, cite the year as the list labels it: "Ba et al., 2016a", not an ambiguous "2016".
+
+    sphinxcontrib-bibtex's author-year citations print the ``year`` field; when two papers share an
+    author label and a year, the ``authoryear`` labels above tell them apart with a letter. This swaps
+    the citation's year node for one that copies that letter from the entry's label.
+    """
+    from pybtex.richtext import Text
+    from pybtex.style.template import field, first_of, optional
+    from sphinxcontrib.bibtex.style import template
+    from sphinxcontrib.bibtex.style.referencing import basic_author_year
+
+    @template.node
+    def year(children, data):
+        assert not children
+        plain = first_of[optional[field("year")], "n.d."].format_data(data)
+        label = data["formatted_entry"].label
+        if label[-1:].isalpha() and label[:-1].endswith(str(plain)):
+            return Text(str(plain) + label[-1])
+        return plain
+
+    basic_author_year.year = year
+
+
 def _write_each_script_once(app, pagename, templatename, context, doctree):
     seen, unique = set(), []
     for script in context.get("script_files", []):
@@ -77,6 +102,7 @@ def _write_each_script_once(app, pagename, templatename, context, doctree):
 
 def setup(app):
     _register_authoryear_style()
+    _cite_year_with_its_letter()
     make_figures.make_all(Path(app.srcdir) / "book" / "_generated")
     app.connect("html-page-context", _write_each_script_once)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -219,8 +219,7 @@ def extra_probes(page, base: str, report: BookReport) -> dict:
     extras = {}
     with_math = [rel for rel, p in report.pages.items() if p["mathjax"]]
     if with_math:
-        report_page = with_math[0]
-        page.goto(base + report_page, wait_until="load")
+        page.goto(base + with_math[0], wait_until="load")
         page.evaluate("async () => { await MathJax.startup.promise; }")
         extras["autoload"] = page.evaluate(AUTOLOAD_PROBE)
         page.wait_for_load_state("networkidle")
