@@ -17,6 +17,7 @@ so a busy moment on a shared machine slows all of them alike, and the best round
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import numpy as np
@@ -118,6 +119,7 @@ def main(argv) -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args(argv)
+    busy = _busy_warning()
     r = run(args.d_model, args.heads, args.context, args.batch, args.rounds)
     c = r["config"]
     d_k = c["d_model"] // c["n_heads"]
@@ -153,4 +155,26 @@ def main(argv) -> int:
             f"note: the MQA cache ({format_bytes(r['rows']['MQA']['cache_bytes'])}) is not larger than L3 "
             f"({format_bytes(l3)}); part of it may be served from cache, not memory"
         )
+    busy = busy or _busy_warning()
+    if busy:
+        print(busy)
     return 0
+
+
+def _busy_warning() -> str:
+    """A warning when other processes compete for the cores (Unix load average above the CPU count).
+
+    A decode step makes dozens of small BLAS calls, and at each one BLAS's threads must all get a
+    core; on a busy machine they wait for one, and the step slows far more than one big read does.
+    """
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return ""
+    cpus = os.cpu_count() or 1
+    if load <= cpus:
+        return ""
+    return (
+        f"warning: load average {load:.1f} on {cpus} CPUs: other processes compete for the cores, and the many "
+        f"small BLAS calls of a decode step suffer far more than one large read; run this on an idle machine"
+    )
