@@ -119,7 +119,7 @@ def main(argv) -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=20)
     args = parser.parse_args(argv)
-    busy = _busy_warning()
+    busy = busy_warning()
     r = run(args.d_model, args.heads, args.context, args.batch, args.rounds)
     c = r["config"]
     d_k = c["d_model"] // c["n_heads"]
@@ -155,13 +155,13 @@ def main(argv) -> int:
             f"note: the MQA cache ({format_bytes(r['rows']['MQA']['cache_bytes'])}) is not larger than L3 "
             f"({format_bytes(l3)}); part of it may be served from cache, not memory"
         )
-    busy = busy or _busy_warning()
+    busy = busy or busy_warning()
     if busy:
         print(busy)
     return 0
 
 
-def _busy_warning() -> str:
+def busy_warning() -> str:
     """A warning when other processes compete for the cores (Unix load average above the CPU count).
 
     A decode step makes dozens of small BLAS calls, and at each one BLAS's threads must all get a
