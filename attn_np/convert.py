@@ -27,15 +27,17 @@ def mha_to_gqa(mha, n_kv_heads, method: str = "mean") -> GroupedQueryAttention:
     served by the pool of the heads it used to read. ``W_q`` and ``W_o`` are copied unchanged.
     """
     if not isinstance(mha, GroupedQueryAttention):
-        raise ValueError(f"mha must be a MultiHeadAttention (a GroupedQueryAttention), got {type(mha).__name__}")
+        raise ValueError(
+            f"mha must be a MultiHeadAttention (a GroupedQueryAttention), got {type(mha).__name__}"
+        )
     n_kv_heads = check_positive_int(n_kv_heads, "n_kv_heads")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     old = mha.n_kv_heads
     if old % n_kv_heads:
         raise ValueError(
-            f"n_kv_heads must divide the layer's {old} key/value heads (n_heads={mha.n_heads}) so that each "
-            f"new head pools a whole group of old ones, got n_kv_heads={n_kv_heads}"
+            f"n_kv_heads must divide the layer's {old} key/value heads (n_heads={mha.n_heads}) "
+            f"so that each new head pools a whole group of old ones, got n_kv_heads={n_kv_heads}"
         )
     r = old // n_kv_heads  # old key/value heads pooled into each new one
     gqa = GroupedQueryAttention(
@@ -43,8 +45,10 @@ def mha_to_gqa(mha, n_kv_heads, method: str = "mean") -> GroupedQueryAttention:
     )
     gqa.params["W_q"] = mha.params["W_q"].copy()  # [d_model, h*d_k]
     gqa.params["W_o"] = mha.params["W_o"].copy()  # [h*d_v, d_model]
-    for name, d in (("W_k", mha.d_k), ("W_v", mha.d_v)):
-        w = mha.params[name].reshape(mha.d_model, n_kv_heads, r, d)  # [d_model, old*d] -> [d_model, n_kv, r, d]
-        pooled = w.mean(axis=2) if method == "mean" else w[:, :, 0]  # -> [d_model, n_kv, d]
-        gqa.params[name] = pooled.reshape(mha.d_model, n_kv_heads * d).astype(mha.dtype)  # -> [d_model, n_kv*d]
+    d_model = mha.d_model
+    for name, d_head in (("W_k", mha.d_k), ("W_v", mha.d_v)):
+        w = mha.params[name].reshape(d_model, n_kv_heads, r, d_head)  # -> [d_model, n_kv, r, d_head]
+        pooled = w.mean(axis=2) if method == "mean" else w[:, :, 0]  # -> [d_model, n_kv, d_head]
+        pooled = pooled.reshape(d_model, n_kv_heads * d_head)  # -> [d_model, n_kv*d_head]
+        gqa.params[name] = pooled.astype(mha.dtype)
     return gqa
