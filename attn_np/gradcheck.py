@@ -3,8 +3,9 @@
 The standard the book holds every backward pass to:
 
 * float64 throughout, step ``h = 1e-5``;
-* a *random* upstream gradient ``dout`` (all ones would hide errors that cancel, e.g. a softmax
-  backward that forgets the ``- sum(p * dp)`` term still passes with ``dout = 1``);
+* a *random* upstream gradient ``dout``: all ones hides errors. Every softmax row sums to one, so
+  with ``dout = 1`` the true gradient of the softmax is exactly zero and a backward that returns
+  zeros would pass; a random ``dout`` has no such blind spot;
 * the relative error ``max|a - b| / max(1e-8, max(|a| + |b|))`` below ``1e-7`` for every input and
   every parameter.
 

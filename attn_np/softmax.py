@@ -44,6 +44,7 @@ def softmax_forward(x, *, axis: int = -1, mask=None):
     x = as_float_array(x, "x", min_ndim=1)
     axis = _normalise_axis(axis, x.ndim)
     if mask is None:
+        _check_finite(x, None)
         p = _masked_softmax(x, None, axis)
         return p, SoftmaxCache(p=p, axis=axis)
 
@@ -53,6 +54,7 @@ def softmax_forward(x, *, axis: int = -1, mask=None):
         raise ValueError(
             f"mask must broadcast to the shape of x {x.shape}, got mask of shape {mask.shape}"
         )
+    _check_finite(x, mask)
     p = _masked_softmax(x, mask, axis)
     return p, SoftmaxCache(p=p, axis=axis)
 
@@ -104,6 +106,16 @@ def _masked_softmax(x: np.ndarray, mask: np.ndarray | None, axis: int, *, overwr
         denom[denom == 0] = 1.0  # empty rows: 0 / 1 = 0, not NaN
     s /= denom
     return s
+
+
+def _check_finite(x: np.ndarray, mask: np.ndarray | None) -> None:
+    """Refuse inf/NaN logits where they take part: exclude entries with ``mask``, not with ``-inf``."""
+    taking_part = x if mask is None else np.where(mask, x, 0.0)
+    if not np.all(np.isfinite(taking_part)):
+        raise ValueError(
+            f"x must be finite wherever it takes part (exclude entries with mask=, not with -inf), "
+            f"got inf or NaN in x of shape {x.shape}"
+        )
 
 
 def _normalise_axis(axis: int, ndim: int) -> int:

@@ -227,3 +227,15 @@ def test_rel_error_of_the_gradient_check_detects_a_wrong_backward():
     errors = check_gradients(softmax_forward, wrong_backward, {"x": x}, seed=1)
     assert errors["x"] > 1e-3
     assert rel_error(np.ones(3), np.ones(3)) == 0.0
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_softmax_refuses_non_finite_logits_that_take_part(bad):
+    x = np.zeros((2, 3))
+    x[0, 1] = bad
+    with pytest.raises(ValueError, match=r"x must be finite.*shape \(2, 3\)"):
+        softmax(x)
+    mask = np.ones((2, 3), dtype=bool)
+    mask[0, 1] = False  # the bad entry is excluded: fine
+    p = softmax(x, mask=mask)
+    assert np.all(np.isfinite(p)) and p[0, 1] == 0.0
