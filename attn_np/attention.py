@@ -73,10 +73,7 @@ def attention_forward(q, k, v, *, mask=None, causal: bool = False, scale: float 
     A query with no key to attend (all masked) gets a zero output row and zero gradients.
     """
     q, k, v, allowed, scale = _check_inputs(q, k, v, mask, causal, scale)
-    # K^T as its own contiguous [d_k, L_k] array (a small copy): BLAS multiplies it faster than the
-    # transposed view k.swapaxes(-1, -2) when d_k is small and L_q x L_k large (chapter 2 measures it).
-    k_t = np.ascontiguousarray(k.swapaxes(-1, -2))  # [..., L_k, d_k] -> [..., d_k, L_k]
-    scores = (q * scale) @ k_t  # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]
+    scores = (q * scale) @ k.swapaxes(-1, -2)  # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]
     p = _masked_softmax(scores, allowed, -1, overwrite=True)  # [..., L_q, L_k]
     out = p @ v  # [..., L_q, L_k] @ [..., L_k, d_v] -> [..., L_q, d_v]
     return out, AttentionCache(q=q, k=k, v=v, out=out, weights=p, scale=scale)
@@ -88,8 +85,7 @@ def attention_backward(dout, cache: AttentionCache):
     check_same_shape(dout, "dout", cache.out.shape, "the attention output")
     p, q, k, v, scale = cache.weights, cache.q, cache.k, cache.v, cache.scale
     dv = p.swapaxes(-1, -2) @ dout  # [..., L_k, L_q] @ [..., L_q, d_v] -> [..., L_k, d_v]
-    v_t = np.ascontiguousarray(v.swapaxes(-1, -2))  # [..., d_v, L_k], contiguous like k_t in the forward
-    ds = dout @ v_t  # dP: [..., L_q, d_v] @ [..., d_v, L_k] -> [..., L_q, L_k]
+    ds = dout @ v.swapaxes(-1, -2)  # dP: [..., L_q, d_v] @ [..., d_v, L_k] -> [..., L_q, L_k]
     inner = np.sum(dout * cache.out, axis=-1, keepdims=True)  # rowsum(P*dP) = rowsum(dO*O): [..., L_q, 1]
     ds -= inner
     ds *= p  # dS = P * (dP - rowsum): zero wherever P is zero (masked keys, empty rows)
