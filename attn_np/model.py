@@ -50,11 +50,14 @@ class Transformer:
     """Decoder-only language model: ``forward(ids [B, L]) -> logits [B, L, vocab_size]``.
 
     ``n_kv_heads`` picks the attention family: ``n_heads`` is MHA, 1 is MQA, anything dividing
-    ``n_heads`` in between is GQA. With the same ``seed``, the embedding, feed-forward and output
-    layers start from the same weights whatever the attention family.
+    ``n_heads`` in between is GQA. ``d_k`` and ``d_v`` (per head) default to ``d_model // n_heads``.
+    With the same ``seed``, the embedding, feed-forward and output layers start from the same weights
+    whatever the attention family.
     """
 
-    def __init__(self, vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff, max_len, seed=0, dtype=np.float64):
+    def __init__(
+        self, vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff, max_len, seed=0, dtype=np.float64, d_k=None, d_v=None
+    ):
         self.vocab_size = check_positive_int(vocab_size, "vocab_size")
         self.d_model = check_positive_int(d_model, "d_model")
         self.max_len = check_positive_int(max_len, "max_len")
@@ -64,7 +67,12 @@ class Transformer:
         self.embed = Embedding(vocab_size, d_model, seed=seeds[0, 0], dtype=dtype)
         self.positions = sinusoidal_positions(max_len, d_model, dtype=dtype)  # [max_len, d], fixed
         self.blocks = [
-            Block(GroupedQueryAttention(d_model, n_heads, n_kv_heads, seed=s_attn, dtype=dtype), d_ff, seed=s_ffn, dtype=dtype)
+            Block(
+                GroupedQueryAttention(d_model, n_heads, n_kv_heads, d_k=d_k, d_v=d_v, seed=s_attn, dtype=dtype),
+                d_ff,
+                seed=s_ffn,
+                dtype=dtype,
+            )
             for s_attn, s_ffn in seeds[1:-1]
         ]
         self.norm_f = RMSNorm(d_model, dtype=dtype)

@@ -5,6 +5,7 @@ import copy
 import numpy as np
 import pytest
 
+from attn_np.blas import blas_threads, get_blas_threads, set_blas_threads
 from attn_np.convert import mha_to_gqa
 from attn_np.gradcheck import TOLERANCE, check_layer_gradients
 from attn_np.layers import GroupedQueryAttention
@@ -140,7 +141,8 @@ def test_lr_schedule_warms_up_and_decays():
 def test_short_training_lowers_the_loss(family):
     task = AssociativeRecall(n_pairs=3, n_queries=3, n_keys=4, n_values=3)
     model = Transformer(task.vocab_size, 16, 2, 4, VARIANTS[family], 32, task.seq_len, seed=0, dtype=np.float32)
-    log = train(model, task, steps=150, batch_size=32, lr=1e-2, seed=0)
+    with blas_threads(1):  # tiny matrices: one BLAS thread is much faster (attn_np.blas)
+        log = train(model, task, steps=150, batch_size=32, lr=1e-2, seed=0)
     first, last = np.mean(log.losses[:10]), np.mean(log.losses[-10:])
     assert first > 1.0  # about log(3): guessing among the values
     assert last < 0.75 * first, (first, last)
@@ -158,3 +160,12 @@ def test_mean_pool_conversion_then_training_runs_on_the_model():
     before = evaluate(converted, batch)
     train(converted, task, steps=5, batch_size=8, lr=1e-3, seed=2)
     assert 0.0 <= before <= 1.0 and converted.params["block0.attn.W_k"].dtype == np.float32
+
+
+def test_blas_threads_sets_and_restores():
+    before = get_blas_threads()
+    with blas_threads(1):
+        assert get_blas_threads() in (1, None)
+    assert get_blas_threads() == before
+    with pytest.raises(ValueError, match="positive integer"):
+        set_blas_threads(0)
