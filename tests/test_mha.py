@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from attn_np import MultiHeadAttention, MultiQueryAttention, GroupedQueryAttention
 from attn_np import costs
@@ -108,6 +110,29 @@ def test_matches_a_per_head_loop_with_concat_then_W_o(layer, masking):
     np.testing.assert_allclose(y, y_ref, rtol=0, atol=1e-12)
     assert layer.attention_weights.shape == (B, N_HEADS, L, L)
     np.testing.assert_allclose(layer.attention_weights, w_ref, rtol=0, atol=1e-12)
+
+
+@given(
+    B=st.integers(1, 3),
+    L=st.integers(1, 7),
+    h=st.integers(1, 4),
+    d_k=st.integers(1, 5),
+    d_v=st.integers(1, 5),
+    d_model=st.integers(1, 9),
+    causal=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_any_shape_matches_the_reference_and_costs(B, L, h, d_k, d_v, d_model, causal, seed):
+    """Property: for any sizes, the layer is the per-head loop, and param_count counts its arrays."""
+    layer = MultiHeadAttention(d_model, h, d_k=d_k, d_v=d_v, seed=seed)
+    x = np.random.default_rng(seed).standard_normal((B, L, d_model))
+    y = layer.forward(x, causal=causal)
+    y_ref, w_ref = reference_mha(x, layer.params, h, np.tril(np.ones((L, L), bool)) if causal else None)
+    np.testing.assert_allclose(y, y_ref, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(layer.attention_weights, w_ref, rtol=0, atol=1e-12)
+    assert costs.param_count(d_model, h, d_k=d_k, d_v=d_v) == layer.n_params
+    dx = layer.backward(np.ones_like(y))
+    assert dx.shape == x.shape and all(layer.grads[n].shape == p.shape for n, p in layer.params.items())
 
 
 def test_unbatched_is_the_batch_of_one(layer):
