@@ -7,7 +7,6 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
 export PYTHONHASHSEED := 0
-export MPLBACKEND := Agg
 
 venv: $(STAMP)
 
