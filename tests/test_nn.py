@@ -99,6 +99,20 @@ def test_cross_entropy_gradient_with_mask():
     assert np.all(dz[~m] == 0)
 
 
+@given(shape=st.lists(st.integers(1, 3), min_size=1, max_size=3), V=st.integers(2, 6), seed=st.integers(0, 10**6))
+@settings(max_examples=25, deadline=None)
+def test_cross_entropy_gradient_any_shape_and_mask(shape, V, seed):
+    rng = np.random.default_rng(seed)
+    z = 4 * rng.standard_normal((*shape, V))
+    t = rng.integers(V, size=shape)
+    m = rng.random(shape) < 0.6
+    m.flat[0] = True  # at least one counted position
+    dloss = rng.standard_normal()
+    _, cache = cross_entropy_forward(z, t, mask=m)
+    num = numerical_gradient(lambda: np.asarray(cross_entropy_forward(z, t, mask=m)[0]), z, np.asarray(dloss))
+    assert rel_error(cross_entropy_backward(dloss, cache), num) < TOLERANCE
+
+
 # ------------------------------------------------------------------------------ forward values
 def test_rmsnorm_output_has_unit_rms():
     x = np.random.default_rng(11).standard_normal((3, 8)) * 50
