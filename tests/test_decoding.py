@@ -125,3 +125,23 @@ def test_bad_arguments_raise():
         decode_step_cost(1, 4, 8, 4, 3)
     with pytest.raises(ValueError, match="seq_len must be positive"):
         kv_read_tokens_per_second("llama-2-7b", 0, 1e9)
+
+
+def test_decode_benchmark_runs_small():
+    """The benchmark's measuring code, at toy sizes (its figures are machine-dependent, its bookkeeping is not)."""
+    from attn_np.bench.common import read_bandwidths
+    from attn_np.bench.decode import decode_setup, run
+
+    r = run(d_model=32, n_heads=4, context=64, rounds=1, probe_bytes=2**20)
+    assert set(r["rows"]) == {"MHA", "GQA", "MQA"}
+    assert r["reference"] == max(r["bandwidths"].values()) > 0
+    assert r["rows"]["MHA"]["cache_bytes"] == 1 * 4 * 64 * (8 + 8) * 4
+    assert r["rows"]["MQA"]["cache_bytes"] == 1 * 1 * 64 * (8 + 8) * 4
+    assert r["bytes_mha_over_mqa"] > 1
+    for row in r["rows"].values():
+        assert row["fraction"] == pytest.approx(row["bytes_per_s"] / r["reference"])
+    layer, cache, step = decode_setup(32, 4, 2, 10)
+    step()
+    step()
+    assert len(cache) == 10 and cache.copies == 0  # each step is undone; nothing is reallocated
+    assert set(read_bandwidths(2**20, rounds=1)) == {"np.sum (1 thread)", "BLAS gemv (all threads)"}
