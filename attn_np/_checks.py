@@ -49,6 +49,18 @@ def broadcast_shapes(named: dict[str, tuple[int, ...]], what: str) -> tuple[int,
         raise ValueError(f"{what} do not broadcast together: {got}") from None
 
 
+def check_mask(mask, full: tuple[int, ...], layout: str) -> np.ndarray:
+    """A boolean ``mask`` that broadcasts to ``full`` (described as ``layout``), or raise naming both."""
+    m = as_bool_array(mask, "mask")
+    try:
+        ok = np.broadcast_shapes(m.shape, full) == full
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f"mask must broadcast to {layout} = {full}, got mask of shape {m.shape}")
+    return m
+
+
 def check_same_shape(a: np.ndarray, name: str, expected: tuple[int, ...], expected_from: str) -> None:
     if a.shape != tuple(expected):
         raise ValueError(

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_bool_array, as_float_array, broadcast_shapes, check_same_shape
+from ._checks import as_float_array, broadcast_shapes, check_mask, check_same_shape
 from .softmax import _masked_softmax
 
 
@@ -138,17 +138,7 @@ def _check_inputs(q, k, v, mask, causal, scale):
         raise ValueError(f"scale must be a positive finite number, got {scale!r}")
     allowed = None
     if mask is not None:
-        allowed = as_bool_array(mask, "mask")
-        full = batch + (L_q, L_k)
-        try:
-            ok = np.broadcast_shapes(allowed.shape, full) == full
-        except ValueError:
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"mask must broadcast to [..., L_q, L_k] = {full} (from q {q.shape} and k {k.shape}), "
-                f"got mask of shape {allowed.shape}"
-            )
+        allowed = check_mask(mask, batch + (L_q, L_k), f"[..., L_q, L_k] (from q {q.shape} and k {k.shape})")
     if causal and L_q > 1:  # a single query aligned with the last key may attend every key
         c = causal_mask(L_q, L_k)
         allowed = c if allowed is None else allowed & c

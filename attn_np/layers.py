@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import as_bool_array, as_float_array, check_positive_int
+from ._checks import as_float_array, check_mask, check_positive_int
 from .attention import attention_backward, attention_forward, causal_mask
 from .kv_cache import KVCache
 
@@ -179,16 +179,8 @@ class GroupedQueryAttention:
         G, h, n_kv = self.group_size, self.n_heads, self.n_kv_heads
         allowed = None
         if mask is not None:
-            m = as_bool_array(mask, "mask")
             full = (B, h, L_q, L_k)
-            try:
-                ok = np.broadcast_shapes(m.shape, full) == full
-            except ValueError:
-                ok = False
-            if not ok:
-                raise ValueError(
-                    f"mask must broadcast to [B, n_heads, L_q, L_k] = {full}, got mask of shape {m.shape}"
-                )
+            m = check_mask(mask, full, "[B, n_heads, L_q, L_k]")
             if m.ndim <= 2:  # the same mask for every head: repeat it for the G heads of a group
                 allowed = np.tile(np.broadcast_to(m, (L_q, L_k)), (G, 1))  # [G*L_q, L_k]
             else:  # per-batch or per-head masks: lay them out like the stacked queries
