@@ -18,7 +18,26 @@ from .layers import GroupedQueryAttention
 from .nn import Embedding, FeedForward, Linear, RMSNorm, check_token_ids, sinusoidal_positions
 
 
-class Block:
+class _Composite:
+    """``params``/``grads`` of a layer made of named children, keyed ``"child.param"`` (e.g. ``"attn.W_q"``).
+
+    They are views of the children's own dicts, rebuilt on each access, so an optimiser that updates
+    ``params[key]`` in place updates the child's array.
+    """
+
+    def children(self) -> dict:
+        raise NotImplementedError
+
+    @property
+    def params(self) -> dict:
+        return {f"{n}.{k}": p for n, layer in self.children().items() for k, p in layer.params.items()}
+
+    @property
+    def grads(self) -> dict:
+        return {f"{n}.{k}": g for n, layer in self.children().items() for k, g in layer.grads.items()}
+
+
+class Block(_Composite):
     """One pre-norm transformer block around any attention layer with the book's layer protocol."""
 
     def __init__(self, attn, d_ff, seed=0, dtype=np.float64):
@@ -26,16 +45,8 @@ class Block:
         self.norm1, self.attn = RMSNorm(d, dtype=dtype), attn
         self.norm2, self.ffn = RMSNorm(d, dtype=dtype), FeedForward(d, d_ff, seed=seed, dtype=dtype)
 
-    def sublayers(self):
+    def children(self):
         return {"norm1": self.norm1, "attn": self.attn, "norm2": self.norm2, "ffn": self.ffn}
-
-    @property
-    def params(self) -> dict:
-        return {f"{n}.{k}": p for n, layer in self.sublayers().items() for k, p in layer.params.items()}
-
-    @property
-    def grads(self) -> dict:
-        return {f"{n}.{k}": g for n, layer in self.sublayers().items() for k, g in layer.grads.items()}
 
     def forward(self, x):
         x = x + self.attn.forward(self.norm1.forward(x), causal=True)  # [B, L, d]
@@ -46,7 +57,7 @@ class Block:
         return dx + self.norm1.backward(self.attn.backward(dx))
 
 
-class Transformer:
+class Transformer(_Composite):
     """Decoder-only language model: ``forward(ids [B, L]) -> logits [B, L, vocab_size]``.
 
     ``n_kv_heads`` picks the attention family: ``n_heads`` is MHA, 1 is MQA, anything dividing
@@ -86,21 +97,13 @@ class Transformer:
         )
 
     # ----------------------------------------------------------------- parameters
-    def layers(self):
+    def children(self):
         """``{name: layer}`` for every layer that owns parameters, in forward order."""
         out = {"embed": self.embed}
         for i, blk in enumerate(self.blocks):
-            out.update({f"block{i}.{name}": layer for name, layer in blk.sublayers().items()})
+            out.update({f"block{i}.{name}": layer for name, layer in blk.children().items()})
         out.update({"norm_f": self.norm_f, "head": self.head})
         return out
-
-    @property
-    def params(self) -> dict:
-        return {f"{ln}.{k}": p for ln, layer in self.layers().items() for k, p in layer.params.items()}
-
-    @property
-    def grads(self) -> dict:
-        return {f"{ln}.{k}": g for ln, layer in self.layers().items() for k, g in layer.grads.items()}
 
     @property
     def n_params(self) -> int:
