@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import as_float_array, broadcast_shapes, check_mask, check_same_shape
-from .softmax import _masked_softmax
+from .softmax import masked_softmax
 
 
 @dataclass
@@ -74,7 +74,7 @@ def attention_forward(q, k, v, *, mask=None, causal: bool = False, scale: float 
     """
     q, k, v, allowed, scale = _check_inputs(q, k, v, mask, causal, scale)
     scores = (q * scale) @ k.swapaxes(-1, -2)  # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]
-    p = _masked_softmax(scores, allowed, -1, overwrite=True)  # [..., L_q, L_k]
+    p = masked_softmax(scores, allowed, -1, overwrite=True)  # [..., L_q, L_k]
     out = p @ v  # [..., L_q, L_k] @ [..., L_k, d_v] -> [..., L_q, d_v]
     return out, AttentionCache(q=q, k=k, v=v, out=out, weights=p, scale=scale)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._checks import check_positive_int
-from .layers import GroupedQueryAttention
+from .multihead import GroupedQueryAttention
 
 METHODS = ("mean", "first")
 

@@ -45,7 +45,7 @@ def softmax_forward(x, *, axis: int = -1, mask=None):
     axis = _normalise_axis(axis, x.ndim)
     if mask is None:
         _check_finite(x, None)
-        p = _masked_softmax(x, None, axis)
+        p = masked_softmax(x, None, axis)
         return p, SoftmaxCache(p=p, axis=axis)
 
     mask = as_bool_array(mask, "mask")
@@ -55,7 +55,7 @@ def softmax_forward(x, *, axis: int = -1, mask=None):
             f"mask must broadcast to the shape of x {x.shape}, got mask of shape {mask.shape}"
         )
     _check_finite(x, mask)
-    p = _masked_softmax(x, mask, axis)
+    p = masked_softmax(x, mask, axis)
     return p, SoftmaxCache(p=p, axis=axis)
 
 
@@ -68,16 +68,12 @@ def softmax_backward(dp, cache: SoftmaxCache) -> np.ndarray:
     """Gradient of the loss with respect to the logits ``x`` given ``dp = dL/dp``."""
     dp = as_float_array(dp, "dp")
     check_same_shape(dp, "dp", cache.p.shape, "the softmax output")
-    return _softmax_jvp(cache.p, dp, cache.axis)
+    p, axis = cache.p, cache.axis
+    inner = np.sum(p * dp, axis=axis, keepdims=True)  # sum_k p_k dp_k: [..., 1, ...]
+    return p * (dp - inner)  # zero wherever p is zero
 
 
-def _softmax_jvp(p: np.ndarray, dp: np.ndarray, axis: int) -> np.ndarray:
-    """``p * (dp - sum(p * dp))`` along ``axis``: the softmax backward, shared with attention."""
-    inner = np.sum(p * dp, axis=axis, keepdims=True)  # [..., 1, ...]
-    return p * (dp - inner)
-
-
-def _masked_softmax(x: np.ndarray, mask: np.ndarray | None, axis: int, *, overwrite: bool = False) -> np.ndarray:
+def masked_softmax(x: np.ndarray, mask: np.ndarray | None, axis: int, *, overwrite: bool = False) -> np.ndarray:
     """Overflow-free softmax along ``axis``; masked entries get 0 and empty rows come out as zeros.
 
     Masked logits become ``-inf`` before the maximum is taken, so they never win it, and

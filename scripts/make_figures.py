@@ -32,7 +32,7 @@ def _pyplot():
 def head_grouping(path: Path, n_heads: int = 8, kv_heads=(8, 2, 1)) -> None:
     """The introduction's figure: which query head reads which key/value head in MHA, GQA and MQA."""
     plt = _pyplot()
-    from attn_np.plotting import plot_head_grouping, use_book_style
+    from attn_np.instruments.plotting import plot_head_grouping, use_book_style
 
     use_book_style()
     fig, axes = plt.subplots(len(kv_heads), 1, figsize=(6.4, 1.8 * len(kv_heads)))
@@ -48,7 +48,7 @@ def favicon(path: Path) -> None:
     plt = _pyplot()
     from matplotlib.patches import Rectangle
 
-    from attn_np.plotting import FAMILY_COLOURS
+    from attn_np.instruments.plotting import FAMILY_COLOURS
 
     colours = list(FAMILY_COLOURS.values())
     fig = plt.figure(figsize=(1, 1), dpi=64)

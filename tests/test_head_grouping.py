@@ -1,4 +1,4 @@
-"""attn_np.plotting.plot_head_grouping: the picture must say what the layer computes."""
+"""attn_np.instruments.plotting.plot_head_grouping: the picture must say what the layer computes."""
 
 import matplotlib
 
@@ -8,7 +8,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from attn_np.plotting import FAMILY_COLOURS, plot_head_grouping  # noqa: E402
+from attn_np.instruments.plotting import FAMILY_COLOURS, plot_head_grouping  # noqa: E402
 
 
 def drawn_pairs(ax, n_heads, n_kv_heads):

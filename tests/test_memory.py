@@ -1,11 +1,11 @@
-"""attn_np.memory: real model configurations and the key/value cache they need."""
+"""attn_np.costs.catalogue: real model configurations and the key/value cache they need."""
 
 import dataclasses
 
 import numpy as np
 import pytest
 
-from attn_np.memory import (
+from attn_np.costs.catalogue import (
     GB,
     MODELS,
     GiB,

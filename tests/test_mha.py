@@ -7,10 +7,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from attn_np.instruments import measure_memory, measure_peak_bytes
 from attn_np import MultiHeadAttention, MultiQueryAttention, GroupedQueryAttention
 from attn_np import costs
 from attn_np.bench.mha import naive_mha_backward, naive_mha_forward
-from attn_np.gradcheck import TOLERANCE, check_layer_gradients
+from attn_np.instruments.gradcheck import TOLERANCE, check_layer_gradients
 
 D_MODEL, N_HEADS, D_K, D_V = 8, 2, 3, 5  # d_k != d_v and h*d_k != d_model: every shape is distinct
 
@@ -300,10 +301,10 @@ def test_bad_cost_arguments_raise():
 
 
 def test_measure_memory_sees_numpy_arrays():
-    m = costs.measure_memory(lambda: np.ones(2**20))  # 8 MiB
+    m = measure_memory(lambda: np.ones(2**20))  # 8 MiB
     assert 8 * 2**20 <= m.retained < 8 * 2**20 + 4096
     assert m.peak >= m.retained
-    assert costs.measure_peak_bytes(lambda: np.ones(2**20).sum()) >= 8 * 2**20  # freed, but it was the peak
+    assert measure_peak_bytes(lambda: np.ones(2**20).sum()) >= 8 * 2**20  # freed, but it was the peak
 
 
 @pytest.mark.parametrize("dtype, causal", [(np.float64, False), (np.float32, True)])
@@ -316,6 +317,6 @@ def test_formula_matches_tracemalloc(dtype, causal, B, L):
     x = np.random.default_rng(0).standard_normal((B, L, d)).astype(dtype)
     e = np.dtype(dtype).itemsize
     formula = costs.forward_retained_bytes(B, L, d, h, bytes_per_element=e)
-    m = costs.measure_memory(lambda: layer.forward(x, causal=causal))
+    m = measure_memory(lambda: layer.forward(x, causal=causal))
     assert abs(m.retained - formula) <= 0.01 * formula + 16 * 1024, (m.retained, formula)
     assert formula <= m.peak <= 1.10 * formula + 16 * 1024, (m.peak, formula)

@@ -5,13 +5,13 @@ import copy
 import numpy as np
 import pytest
 
-from attn_np.blas import blas_threads, get_blas_threads, set_blas_threads
+from attn_np.instruments.blas import blas_threads, get_blas_threads, set_blas_threads
 from attn_np.convert import mha_to_gqa
-from attn_np.gradcheck import TOLERANCE, check_layer_gradients
-from attn_np.layers import GroupedQueryAttention
-from attn_np.model import Block, Transformer
-from attn_np.tasks import AssociativeRecall
-from attn_np.train import evaluate, lr_at, train
+from attn_np.instruments.gradcheck import TOLERANCE, check_layer_gradients
+from attn_np.multihead import GroupedQueryAttention
+from attn_np.training.transformer import Block, Transformer
+from attn_np.training.tasks import AssociativeRecall
+from attn_np.training.loop import evaluate, lr_at, train
 
 VARIANTS = {"MHA": 4, "GQA": 2, "MQA": 1}  # n_kv_heads for n_heads = 4
 
@@ -141,7 +141,7 @@ def test_lr_schedule_warms_up_and_decays():
 def test_short_training_lowers_the_loss(family):
     task = AssociativeRecall(n_pairs=3, n_queries=3, n_keys=4, n_values=3)
     model = Transformer(task.vocab_size, 16, 2, 4, VARIANTS[family], 32, task.seq_len, seed=0, dtype=np.float32)
-    with blas_threads(1):  # tiny matrices: one BLAS thread is much faster (attn_np.blas)
+    with blas_threads(1):  # tiny matrices: one BLAS thread is much faster (attn_np.instruments.blas)
         log = train(model, task, steps=150, batch_size=32, lr=1e-2, seed=0)
     first, last = np.mean(log.losses[:10]), np.mean(log.losses[-10:])
     assert first > 1.0  # about log(3): guessing among the values

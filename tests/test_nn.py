@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attn_np.gradcheck import TOLERANCE, check_gradients, check_layer_gradients, numerical_gradient, rel_error
-from attn_np.losses import accuracy, cross_entropy_backward, cross_entropy_forward
-from attn_np.nn import (
+from attn_np.instruments.gradcheck import TOLERANCE, check_gradients, check_layer_gradients, numerical_gradient, rel_error
+from attn_np.training.losses import accuracy, cross_entropy_backward, cross_entropy_forward
+from attn_np.training.layers import (
     Embedding,
     FeedForward,
     Linear,
@@ -26,7 +26,7 @@ from attn_np.nn import (
     rmsnorm_forward,
     sinusoidal_positions,
 )
-from attn_np.optim import Adam, clip_grad_norm
+from attn_np.training.optim import Adam, clip_grad_norm
 
 
 def assert_all_ok(errors):

@@ -6,11 +6,11 @@ One attention layer in float32 decodes one token per sequence over a key/value c
 
 * the streaming-read bandwidth of this machine (the best of a one-thread ``np.sum`` and an
   all-threads BLAS gemv over a 512 MiB array), the reference;
-* for each family: the cache size, the bytes a step must move (:func:`attn_np.decoding.decode_step_cost`),
+* for each family: the cache size, the bytes a step must move (:func:`attn_np.costs.decode.decode_step_cost`),
   the best step time, and the bytes per second as a fraction of the reference;
 * the decode-step time of MHA over MQA.
 
-Every candidate is timed in turns with the reference (:func:`attn_np.bench.common.best_times`),
+Every candidate is timed in turns with the reference (:func:`attn_np.instruments.measure.best_times`),
 so a busy moment on a shared machine slows all of them alike, and the best round of each is kept.
 """
 
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from attn_np.bench.common import best_times, read_probes
-from attn_np.decoding import decode_step_cost
+from attn_np.instruments.measure import best_times, read_probes
+from attn_np.costs.decode import decode_step_cost
 from attn_np.kv_cache import KVCache
-from attn_np.layers import GroupedQueryAttention
-from attn_np.plotting import format_bytes
+from attn_np.multihead import GroupedQueryAttention
+from attn_np.instruments.plotting import format_bytes
 
 GOAL = 0.5  # the decode step should move at least half the reference bandwidth
 

@@ -3,7 +3,7 @@
 For ``B=1, L=2048, d_model=512, h=8`` in float32 with a causal mask it prints the seconds of one
 forward + backward pass of :class:`attn_np.MultiHeadAttention`, the GFLOP/s that makes (matmul FLOPs
 from :mod:`attn_np.costs`), and that rate as a fraction of the float32 matmul rate measured in the
-same run, in turns with it (the product of :func:`attn_np.bench.common.matmul_gflops`). The goal is
+same run, in turns with it (the product of :func:`attn_np.instruments.measure.matmul_gflops`). The goal is
 a fraction of at least 0.25.
 
 It times a second implementation next to it, for comparison only: :func:`naive_mha_forward` and
@@ -20,10 +20,10 @@ import argparse
 
 import numpy as np
 
-from .. import costs
+from ..costs import layer as costs
 from ..attention import causal_mask
-from ..layers import MultiHeadAttention
-from .common import best_time, best_times
+from ..multihead import MultiHeadAttention
+from ..instruments.measure import best_time, best_times
 
 
 # --------------------------------------------------------------------------------------------
@@ -100,23 +100,17 @@ def naive_forward_backward_step(params, n_heads, x, *, causal=True):
     return step
 
 
-def time_forward_backward(layer, x, *, causal=True, repeat=5) -> float:
-    """Best wall-clock seconds of ``layer.forward(x) ; layer.backward(dy)``."""
-    return best_time(forward_backward_step(layer, x, causal=causal), repeat=repeat)
 
 
-def time_naive_forward_backward(params, n_heads, x, *, causal=True, repeat=5) -> float:
-    """Best wall-clock seconds of :func:`naive_mha_forward` followed by :func:`naive_mha_backward`."""
-    return best_time(naive_forward_backward_step(params, n_heads, x, causal=causal), repeat=repeat)
 
 
 def run(B=1, L=2048, d_model=512, n_heads=8, dtype=np.float32, causal=True, repeat=5, naive=True) -> dict:
     """Time the layer, the naive variant and the reference matmul in turns; return the figures.
 
-    The three take turns (:func:`attn_np.bench.common.best_times`), so a burst of other work on a
+    The three take turns (:func:`attn_np.instruments.measure.best_times`), so a burst of other work on a
     shared machine slows a whole round, and each one's best time comes from a quiet moment.
     The matmul reference is the ``[1024, 1024] @ [1024, 1024]`` product of
-    :func:`attn_np.bench.common.matmul_gflops`, in the same dtype.
+    :func:`attn_np.instruments.measure.matmul_gflops`, in the same dtype.
     """
     layer = MultiHeadAttention(d_model, n_heads, seed=0, dtype=dtype)
     x = np.random.default_rng(0).standard_normal((B, L, d_model)).astype(dtype)

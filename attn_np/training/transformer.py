@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._checks import check_positive_int
-from .layers import GroupedQueryAttention
-from .nn import Embedding, FeedForward, Linear, RMSNorm, check_token_ids, sinusoidal_positions
+from .._checks import check_positive_int
+from ..multihead import GroupedQueryAttention
+from .layers import Embedding, FeedForward, Linear, RMSNorm, check_token_ids, sinusoidal_positions
 
 
 class _Composite:

@@ -29,9 +29,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ._checks import check_positive_int
-from .costs import head_dims, param_count
-from .memory import get_model, kv_cache_bytes, weight_bytes
+from .._checks import check_positive_int
+from .layer import head_dims, param_count
+from .catalogue import get_model, kv_cache_bytes, weight_bytes
 
 
 @dataclass(frozen=True)

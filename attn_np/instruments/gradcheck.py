@@ -103,13 +103,3 @@ def check_layer_gradients(layer, x, *, seed: int = 0, h: float = 1e-5, **forward
     for name, p in layer.params.items():
         errors[name] = rel_error(analytic[name], numerical_gradient(f, p, dy, h))
     return errors
-
-
-def format_errors(errors: dict[str, float]) -> str:
-    """One line per checked array, for notebooks: ``name  rel. error  ok``."""
-    width = max(len(n) for n in errors)
-    lines = [
-        f"{name:<{width}}  rel. error {err:.1e}  {'ok' if err < TOLERANCE else 'FAILED'}"
-        for name, err in errors.items()
-    ]
-    return "\n".join(lines)

@@ -104,8 +104,8 @@ class GroupedQueryAttention:
         k = x3 @ W["W_k"]  # [B, L, d_model] @ [d_model, n_kv*d_k] -> [B, L, n_kv*d_k]
         v = x3 @ W["W_v"]  # [B, L, d_model] @ [d_model, n_kv*d_v] -> [B, L, n_kv*d_v]
         q = self._split_queries(q, d_k)  # [B, L, h*d_k] -> [B, n_kv, G*L, d_k]
-        k = _split_kv(k, n_kv, d_k)  # [B, L, n_kv*d_k] -> [B, n_kv, L, d_k]
-        v = _split_kv(v, n_kv, d_v)  # [B, L, n_kv*d_v] -> [B, n_kv, L, d_v]
+        k = split_kv(k, n_kv, d_k)  # [B, L, n_kv*d_k] -> [B, n_kv, L, d_k]
+        v = split_kv(v, n_kv, d_v)  # [B, L, n_kv*d_v] -> [B, n_kv, L, d_v]
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)  # views, no copy: [B, n_kv, L_cached + L, d_k], [.., d_v]
         L_k = k.shape[2]
@@ -140,8 +140,8 @@ class GroupedQueryAttention:
         do = self._split_queries(do, d_v)  # -> [B, n_kv, G*L, d_v]
         dq, dk, dv = attention_backward(do, att)  # dk, dv already summed over each group's query heads
         dq = self._merge_heads(dq, L, d_k)  # [B, n_kv, G*L, d_k] -> [B, L, h*d_k]
-        dk = _merge_kv(dk)  # [B, n_kv, L, d_k] -> [B, L, n_kv*d_k]
-        dv = _merge_kv(dv)  # [B, n_kv, L, d_v] -> [B, L, n_kv*d_v]
+        dk = merge_kv(dk)  # [B, n_kv, L, d_k] -> [B, L, n_kv*d_k]
+        dv = merge_kv(dv)  # [B, n_kv, L, d_v] -> [B, L, n_kv*d_v]
         xf = _flat(x3)  # [B*L, d_model]
         self.grads["W_q"] = xf.T @ _flat(dq)  # [d_model, B*L] @ [B*L, h*d_k] -> [d_model, h*d_k]
         self.grads["W_k"] = xf.T @ _flat(dk)  # -> [d_model, n_kv*d_k]
@@ -206,12 +206,12 @@ class MultiQueryAttention(GroupedQueryAttention):
         super().__init__(d_model, n_heads, 1, d_k=d_k, d_v=d_v, seed=seed, dtype=dtype)
 
 
-def _split_kv(t, n_kv, d):
+def split_kv(t, n_kv, d):
     B, L, _ = t.shape
     return np.ascontiguousarray(t.reshape(B, L, n_kv, d).transpose(0, 2, 1, 3))  # [B, n_kv, L, d]
 
 
-def _merge_kv(t):
+def merge_kv(t):
     B, n_kv, L, d = t.shape
     return t.transpose(0, 2, 1, 3).reshape(B, L, n_kv * d)  # [B, L, n_kv*d]
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import check_positive_int
+from .._checks import check_positive_int
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, check_positive_int, check_same_shape
+from .._checks import as_float_array, check_positive_int, check_same_shape
 
 
 def _init_dtype(dtype):

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_bool_array, as_float_array
-from .nn import check_token_ids
+from .._checks import as_bool_array, as_float_array
+from .layers import check_token_ids
 
 
 @dataclass

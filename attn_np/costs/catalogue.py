@@ -58,7 +58,7 @@ class ModelConfig:
 
     @property
     def family(self) -> str:
-        """``"MHA"``, ``"GQA"`` or ``"MQA"`` (the keys of :data:`attn_np.plotting.FAMILY_COLOURS`)."""
+        """``"MHA"``, ``"GQA"`` or ``"MQA"`` (the keys of :data:`attn_np.instruments.plotting.FAMILY_COLOURS`)."""
         if self.n_kv_heads == self.n_heads:
             return "MHA"
         return "MQA" if self.n_kv_heads == 1 else "GQA"

@@ -1,8 +1,13 @@
-"""Reference rates of this machine, measured in the same run as the benchmark that quotes them."""
+"""Measuring on the reader's machine: memory traced by tracemalloc, time by the best of several runs,
+and the machine's own reference rates (matmul, streaming read), measured in the same run as what is
+compared with them."""
 
 from __future__ import annotations
 
 import time
+import tracemalloc
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -65,18 +70,41 @@ def read_probes(nbytes: int = 512 * 2**20) -> dict:
     }
 
 
-def read_bandwidths(nbytes: int = 512 * 2**20, rounds: int = 5) -> dict:
-    """Streaming-read bandwidth in bytes/s of each probe in :func:`read_probes`."""
-    probes = read_probes(nbytes)
-    times = best_times({name: fn for name, (fn, _) in probes.items()}, rounds=rounds)
-    return {name: probes[name][1] / t for name, t in times.items()}
 
 
-def read_bandwidth(nbytes: int = 512 * 2**20, repeat: int = 5) -> float:
-    """Streaming-read bandwidth in bytes/s: the best of :func:`read_bandwidths` (an array far larger
-    than the CPU caches, read once by one thread with ``np.sum`` and by all BLAS threads with a gemv).
 
-    A reference for memory-bound kernels should be the strongest honest figure: a kernel reported
-    as a fraction of a weak reference looks better than it is.
+
+# ----------------------------------------------------------------------------- measuring
+@dataclass
+class MemoryMeasurement:
+    """Bytes allocated by a call, as traced by :mod:`tracemalloc` (NumPy reports its arrays to it)."""
+
+    peak: int  # the most bytes allocated at any moment during the call, above what existed before
+    retained: int  # bytes still allocated when the call returned (what its result keeps alive)
+    result: object  # the call's return value, kept alive so that ``retained`` means something
+
+
+def measure_memory(fn: Callable[[], object]) -> MemoryMeasurement:
+    """Run ``fn()`` under :mod:`tracemalloc`; return the peak and retained bytes and the result.
+
+    Only allocations made during the call count, so arrays that exist before it (the input, the
+    weights) are not included. If tracemalloc is already tracing, it is restarted afterwards.
     """
-    return max(read_bandwidths(nbytes, rounds=repeat).values())
+    was_tracing = tracemalloc.is_tracing()
+    if was_tracing:
+        tracemalloc.stop()
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        result = fn()
+        current, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        if was_tracing:
+            tracemalloc.start()
+    return MemoryMeasurement(peak=peak - base, retained=current - base, result=result)
+
+
+def measure_peak_bytes(fn: Callable[[], object]) -> int:
+    """The peak bytes allocated while ``fn()`` runs, above what was allocated before it."""
+    return measure_memory(fn).peak

@@ -13,7 +13,7 @@ Conventions
 * FLOPs count matrix products only: ``[m, k] @ [k, n]`` costs ``2 m n k`` (a multiply and an add
   per term). The softmax, the scaling, the masking and the row sums of the backward are
   elementwise work, ``O(B h L^2)`` operations against the matmuls' ``O(B h L^2 (d_k + d_v))``;
-  they are not counted (see :func:`elementwise_ops` for an estimate).
+  they are not counted.
 * A causal mask does not reduce the count: the layer computes every score densely and then masks
   it. A kernel that skipped the masked half would do about half the attention-matmul work.
 * Memory is in bytes; ``bytes_per_element`` is 4 for float32, 8 for float64.
@@ -21,11 +21,8 @@ Conventions
 
 from __future__ import annotations
 
-import tracemalloc
-from dataclasses import dataclass
-from typing import Callable
 
-from ._checks import check_positive_int
+from .._checks import check_positive_int
 
 
 def head_dims(d_model, n_heads, n_kv_heads=None, d_k=None, d_v=None) -> tuple[int, int, int, int, int]:
@@ -105,14 +102,6 @@ def training_flops(B, L, d_model, n_heads, n_kv_heads=None, d_k=None, d_v=None) 
     return forward_flops(*args) + backward_flops(*args)
 
 
-def elementwise_ops(B, L, n_heads) -> dict[str, int]:
-    """A rough count of the elementwise work on the ``[B, h, L, L]`` arrays (not in the FLOP counts).
-
-    Forward softmax: a max, a subtraction, an exponential, a sum and a division per score (5).
-    Backward: a subtraction and a multiplication per score (2). Masking and scaling are left out.
-    """
-    n = check_positive_int(B, "B") * check_positive_int(n_heads, "n_heads") * check_positive_int(L, "L") ** 2
-    return {"forward softmax": 5 * n, "backward softmax": 2 * n}
 
 
 # ---------------------------------------------------------------------------------- memory
@@ -166,39 +155,3 @@ def weights_crossover_length(d_model, n_heads, n_kv_heads=None, d_k=None, d_v=No
     kept = activation_bytes(1, 1, d_model, n_heads, n_kv_heads, d_k, d_v, bytes_per_element=1)
     per_position = sum(kept.values()) - kept["attention weights [B, h, L, L]"]
     return per_position / head_dims(d_model, n_heads, n_kv_heads, d_k, d_v)[1]
-
-
-# ----------------------------------------------------------------------------- measuring
-@dataclass
-class MemoryMeasurement:
-    """Bytes allocated by a call, as traced by :mod:`tracemalloc` (NumPy reports its arrays to it)."""
-
-    peak: int  # the most bytes allocated at any moment during the call, above what existed before
-    retained: int  # bytes still allocated when the call returned (what its result keeps alive)
-    result: object  # the call's return value, kept alive so that ``retained`` means something
-
-
-def measure_memory(fn: Callable[[], object]) -> MemoryMeasurement:
-    """Run ``fn()`` under :mod:`tracemalloc`; return the peak and retained bytes and the result.
-
-    Only allocations made during the call count, so arrays that exist before it (the input, the
-    weights) are not included. If tracemalloc is already tracing, it is restarted afterwards.
-    """
-    was_tracing = tracemalloc.is_tracing()
-    if was_tracing:
-        tracemalloc.stop()
-    tracemalloc.start()
-    try:
-        base, _ = tracemalloc.get_traced_memory()
-        result = fn()
-        current, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-        if was_tracing:
-            tracemalloc.start()
-    return MemoryMeasurement(peak=peak - base, retained=current - base, result=result)
-
-
-def measure_peak_bytes(fn: Callable[[], object]) -> int:
-    """The peak bytes allocated while ``fn()`` runs, above what was allocated before it."""
-    return measure_memory(fn).peak
