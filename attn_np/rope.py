@@ -33,7 +33,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, check_positive_int, check_same_shape
+from ._checks import (
+    as_float_array,
+    check_positive_int,
+    check_positive_number,
+    check_upstream,
+)
 
 LAYOUTS = ("half", "interleaved")
 
@@ -57,7 +62,7 @@ def rope_frequencies(rotary_dim, *, base=10000.0) -> np.ndarray:
     pair, almost ``2 pi base`` for the slowest.
     """
     r = _check_rotary_dim(rotary_dim, None, "")
-    base = _check_base(base)
+    base = check_positive_number(base, "base")
     i = np.arange(r // 2)  # [r/2]
     return base ** (-2.0 * i / r)  # [r/2], from 1 down to base^(-(r-2)/r)
 
@@ -75,7 +80,7 @@ def rope_forward(
     x = as_float_array(x, "x", min_ndim=2)
     L, d = x.shape[-2:]
     r = _check_rotary_dim(rotary_dim, d, "the last axis of x")
-    base = _check_base(base)
+    base = check_positive_number(base, "base")
     _check_layout(layout)
     p = _check_positions(positions, L, x.shape)
     theta = rope_frequencies(r, base=base)  # [r/2]
@@ -88,8 +93,7 @@ def rope_forward(
 
 def rope_backward(dy, cache: RopeCache) -> np.ndarray:
     """Gradient with respect to ``x``: ``dy`` rotated by minus the angle."""
-    dy = as_float_array(dy, "dy")
-    check_same_shape(dy, "dy", cache.shape, "the rotated x")
+    dy = check_upstream(dy, "dy", cache.shape, "the rotated x")
     r = cache.rotary_dim
     return _rotate(dy, cache.cos, -cache.sin, cache.layout, r)  # [..., L, d]
 
@@ -150,18 +154,6 @@ def _check_layout(layout, name="layout"):
         raise ValueError(f"{name} must be one of {LAYOUTS}, got {layout!r}")
 
 
-def _check_base(base):
-    ok = isinstance(base, (int, float, np.integer, np.floating))
-    if (
-        isinstance(base, bool)
-        or not ok
-        or not np.isfinite(base)
-        or base <= 0
-    ):
-        raise ValueError(f"base must be a positive number, got {base!r}")
-    return float(base)
-
-
 def _check_rotary_dim(rotary_dim, d, what):
     if rotary_dim is None and d is not None:
         if d % 2:
@@ -205,3 +197,25 @@ def _check_positions(positions, L, x_shape):
             f"positions must be non-negative, got minimum {p.min()}"
         )
     return p.astype(np.float64)  # [L]
+
+
+def check_rope_settings(base, layout, rotary_dim, d_k):
+    """A layer's ``(rope_base, rope_layout, rope_dim)``, validated.
+
+    ``base=None`` means no rotation; otherwise ``rope_dim`` defaults to
+    ``d_k``.
+    """
+    _check_layout(layout, "rope_layout")
+    if base is None:
+        if rotary_dim is not None:
+            raise ValueError(
+                f"rope_dim={rotary_dim!r} needs rope_base (None means no "
+                "rotation)"
+            )
+        return None, layout, None
+    base = check_positive_number(base, "rope_base")
+    try:
+        r = _check_rotary_dim(rotary_dim, d_k, "d_k")
+    except ValueError as e:
+        raise ValueError(f"rope_dim: {e}") from None
+    return base, layout, r
