@@ -140,12 +140,30 @@ def _pairs(t, layout, r):
 
 
 def _rotate(x, cos, sin, layout, r):
-    """Turn every pair ``(a, b)`` of ``x`` by the angle of ``(cos, sin)``."""
+    """Turn every pair ``(a, b)`` of ``x`` by the angle of ``(cos, sin)``.
+
+    Written as ``x cos + swap(x) sin``, with ``swap(a, b) = (b, a)`` and
+    the sine negated on ``a`` (the ``rotate_half`` form): every product
+    then runs over whole ``[..., L, r]`` blocks, not over ``r/2``-wide
+    slices (at r = 4 those are several times slower in NumPy).
+    """
+    L = x.shape[-2]
+    cos_r = np.empty((L, r), dtype=x.dtype)  # [L, r]: cos on a and on b
+    sin_r = np.empty((L, r), dtype=x.dtype)  # [L, r]: -sin on a, sin on b
+    cos_a, cos_b = _pairs(cos_r, layout, r)  # [L, r/2] views
+    cos_a[...], cos_b[...] = cos, cos
+    sin_a, sin_b = _pairs(sin_r, layout, r)
+    sin_a[...], sin_b[...] = -sin, sin
+    xr = x[..., :r]  # [..., L, r]
+    swapped = np.empty(xr.shape, dtype=x.dtype)  # [..., L, r]
+    sa, sb = _pairs(swapped, layout, r)
+    xa, xb = _pairs(xr, layout, r)
+    sa[...], sb[...] = xb, xa  # (a, b) -> (b, a)
+    swapped *= sin_r  # (-b sin, a sin): [..., L, r] * [L, r]
     y = x.copy()  # [..., L, d]: features r ... d-1 pass through
-    xa, xb = _pairs(x, layout, r)  # [..., L, r/2] each
-    ya, yb = _pairs(y, layout, r)  # views into y
-    ya[...] = xa * cos - xb * sin  # [..., L, r/2] * [L, r/2]
-    yb[...] = xa * sin + xb * cos
+    yr = y[..., :r]
+    np.multiply(xr, cos_r, out=yr)  # (a cos, b cos)
+    yr += swapped  # (a cos - b sin, a sin + b cos)
     return y
 
 
