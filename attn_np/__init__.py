@@ -63,6 +63,7 @@ from .rope import (
     rope_forward,
     rope_frequencies,
     rope_permutation,
+    rotate_pairs,
 )
 from .softmax import SoftmaxCache, softmax, softmax_backward, softmax_forward
 from .training import (
@@ -106,6 +107,7 @@ __all__ = [
     "rope_forward",
     "rope_frequencies",
     "rope_permutation",
+    "rotate_pairs",
     "softmax",
     "softmax_backward",
     "softmax_forward",
