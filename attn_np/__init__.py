@@ -30,7 +30,10 @@ Three supporting subpackages: :mod:`.training` (the chapter-5 kit),
 :mod:`.costs` (the cost formulas and the catalogue of released models) and
 :mod:`.instruments` (gradient checks, plotting, measurement, BLAS threads,
 ``show_source``). Argument validation lives in one module, :mod:`._checks`.
-``python -m attn_np.bench NAME`` runs the benchmarks.
+``python -m attn_np.bench NAME`` runs the benchmarks;
+``python -m attn_np.memory CONFIG --seq-len N`` sizes the key/value cache
+of any Hugging Face ``config.json`` (:func:`.costs.from_hf_config`,
+appendix A1).
 """
 
 from . import costs, instruments, training
@@ -42,7 +45,13 @@ from .attention import (
     unbroadcast,
 )
 from .convert import mha_to_gqa
-from .costs import MODELS, ModelConfig, kv_bytes_per_token, kv_cache_bytes
+from .costs import (
+    MODELS,
+    ModelConfig,
+    from_hf_config,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+)
 from .instruments import (
     TOLERANCE,
     check_gradients,
@@ -96,6 +105,7 @@ __all__ = [
     "costs",
     "cross_entropy_backward",
     "cross_entropy_forward",
+    "from_hf_config",
     "instruments",
     "kv_bytes_per_token",
     "kv_cache_bytes",

@@ -66,7 +66,14 @@ def causal_mask(L_q: int, L_k: int) -> np.ndarray:
 
 
 def attention_forward(
-    q, k, v, *, mask=None, causal: bool = False, scale: float | None = None
+    q,
+    k,
+    v,
+    *,
+    mask=None,
+    causal: bool = False,
+    scale: float | None = None,
+    check_finite: bool = True,
 ):
     """Scaled dot-product attention; returns ``(out, cache)``.
 
@@ -86,11 +93,17 @@ def attention_forward(
     scale : float, optional
         Multiplies the scores; defaults to ``1 / sqrt(d_k)`` (Vaswani et
         al. 2017).
+    check_finite : bool
+        Refuse NaN or inf in ``q``, ``k`` and ``v`` (as ``scipy.linalg``
+        does). The layers check their input ``x`` once and pass False:
+        a decode step would otherwise re-read the whole cache to check it.
 
     A query with no key to attend (all masked) gets a zero output row and
     zero gradients.
     """
-    q, k, v, allowed, scale = _check_inputs(q, k, v, mask, causal, scale)
+    q, k, v, allowed, scale = _check_inputs(
+        q, k, v, mask, causal, scale, check_finite
+    )
     # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]
     scores = (q * scale) @ k.swapaxes(-1, -2)
     # [..., L_q, L_k]
@@ -147,11 +160,11 @@ def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return grad
 
 
-def _check_inputs(q, k, v, mask, causal, scale):
+def _check_inputs(q, k, v, mask, causal, scale, finite=True):
     q = as_float_array(q, "q", min_ndim=2)
     k = as_float_array(k, "k", min_ndim=2)
     v = as_float_array(v, "v", min_ndim=2)
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    for name, t in (("q", q), ("k", k), ("v", v)) if finite else ():
         check_finite(t, name)
     (L_q, d_k), (L_k, d_k2), L_v = q.shape[-2:], k.shape[-2:], v.shape[-2]
     if d_k != d_k2:

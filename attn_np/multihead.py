@@ -181,7 +181,8 @@ class GroupedQueryAttention:
         # None or [..., G*L, L_k]
         allowed = self._group_mask(mask, causal, B, L, L_k)
         # [B, n_kv, G*L, d_v], weights [B, n_kv, G*L, L_k]
-        o, att = attention_forward(q, k, v, mask=allowed)
+        # x was checked finite once, in _check_x
+        o, att = attention_forward(q, k, v, mask=allowed, check_finite=False)
         # [B, n_kv, G*L, d_v] -> [B, L, h*d_v]
         o = self._merge_heads(o, L, d_v)
         # [B, L, h*d_v] @ [h*d_v, d_model] -> [B, L, d_model]
