@@ -9,27 +9,34 @@ them with ``params`` and ``grads`` dicts that share their keys.
 The attention mechanisms sit at the top, one module per idea, in the order of
 the chapters:
 
-====  ==========================================
-============================================ ch.   chapter
-modules ====  ==========================================
-============================================ 1     scaled dot-product
-attention                :mod:`.softmax`, :mod:`.attention` 2     multi-head
-attention                        :mod:`.multihead`, :mod:`.costs.layer` 3
-multi-query and grouped-query attention     :mod:`.multihead`,
-:mod:`.convert`,
-                                                  :mod:`.costs.catalogue`
-4     incremental decoding with a KV cache        :mod:`.kv_cache`,
-:mod:`.costs.decode`,
-                                                  :mod:`.bench`
-5     training MHA, GQA and MQA                   :mod:`.training`
-====  ==========================================
-============================================
+==  ===================================  ===================================
+ch  chapter                              modules
+==  ===================================  ===================================
+1   scaled dot-product attention         :mod:`.softmax`, :mod:`.attention`
+2   multi-head attention                 :mod:`.multihead`,
+                                         :mod:`.costs.layer`
+3   multi-query and grouped-query        :mod:`.multihead`, :mod:`.convert`,
+    attention                            :mod:`.costs.catalogue`
+4   incremental decoding, KV cache       :mod:`.kv_cache`,
+                                         :mod:`.costs.decode`, :mod:`.bench`
+5   training MHA, GQA and MQA            :mod:`.training`
+6   rotary position embeddings           :mod:`.rope`
+7   multi-head latent attention          :mod:`.latent`
+8   sliding windows, rolling caches,     :mod:`.attention`, :mod:`.kv_cache`
+    attention sinks
+9   FlashAttention                       :mod:`.flash`
+A1  the KV cache of any model config     :mod:`.costs.catalogue`,
+                                         :mod:`.memory`
+==  ===================================  ===================================
 
 Three supporting subpackages: :mod:`.training` (the chapter-5 kit),
 :mod:`.costs` (the cost formulas and the catalogue of released models) and
 :mod:`.instruments` (gradient checks, plotting, measurement, BLAS threads,
 ``show_source``). Argument validation lives in one module, :mod:`._checks`.
-``python -m attn_np.bench NAME`` runs the benchmarks.
+``python -m attn_np.bench NAME`` runs the benchmarks;
+``python -m attn_np.memory CONFIG --seq-len N`` sizes the key/value cache
+of any Hugging Face ``config.json`` (:func:`.costs.from_hf_config`,
+appendix A1).
 """
 
 from . import costs, instruments, training
@@ -41,7 +48,13 @@ from .attention import (
     unbroadcast,
 )
 from .convert import mha_to_gqa
-from .costs import MODELS, ModelConfig, kv_bytes_per_token, kv_cache_bytes
+from .costs import (
+    MODELS,
+    ModelConfig,
+    from_hf_config,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+)
 from .instruments import (
     TOLERANCE,
     check_gradients,
@@ -54,6 +67,15 @@ from .multihead import (
     GroupedQueryAttention,
     MultiHeadAttention,
     MultiQueryAttention,
+)
+from .rope import (
+    RopeCache,
+    rope,
+    rope_backward,
+    rope_forward,
+    rope_frequencies,
+    rope_permutation,
+    rotate_pairs,
 )
 from .softmax import SoftmaxCache, softmax, softmax_backward, softmax_forward
 from .training import (
@@ -74,6 +96,7 @@ __all__ = [
     "ModelConfig",
     "MultiHeadAttention",
     "MultiQueryAttention",
+    "RopeCache",
     "SoftmaxCache",
     "TOLERANCE",
     "Transformer",
@@ -85,12 +108,19 @@ __all__ = [
     "costs",
     "cross_entropy_backward",
     "cross_entropy_forward",
+    "from_hf_config",
     "instruments",
     "kv_bytes_per_token",
     "kv_cache_bytes",
     "mha_to_gqa",
     "numerical_gradient",
     "rel_error",
+    "rope",
+    "rope_backward",
+    "rope_forward",
+    "rope_frequencies",
+    "rope_permutation",
+    "rotate_pairs",
     "softmax",
     "softmax_backward",
     "softmax_forward",
