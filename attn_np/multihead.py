@@ -18,6 +18,10 @@ and each key/value head meets *one* contiguous ``[G*L_q, d_k]`` query matrix
 in a single matmul. Keys and values are never copied per query head, and in
 the backward the matmul ``dS^T Q`` over the stacked rows sums the gradients
 of the whole group into its one key/value head.
+
+Chapter 8 adds ``window=W`` (sliding-window attention: a query sees the
+last W positions, itself included) and ``sinks=True`` (one learned sink
+logit per query head, ``params["sinks"]``, as in gpt-oss).
 """
 
 from __future__ import annotations
@@ -31,7 +35,12 @@ from ._checks import (
     check_head_dims,
     check_mask,
 )
-from .attention import attention_backward, attention_forward, causal_mask
+from .attention import (
+    attention_backward,
+    attention_forward,
+    causal_mask,
+    check_window,
+)
 from .kv_cache import KVCache
 
 
@@ -43,6 +52,10 @@ class GroupedQueryAttention:
 
         W_q [d_model, n_heads * d_k]      W_k [d_model, n_kv_heads * d_k]
         W_v [d_model, n_kv_heads * d_v]   W_o [n_heads * d_v, d_model]
+
+    ``window=W`` makes it a sliding-window layer (always causal);
+    ``sinks=True`` adds ``sinks [n_heads]``, one sink logit per query head,
+    starting at 0.
     """
 
     def __init__(
@@ -54,6 +67,8 @@ class GroupedQueryAttention:
         d_v=None,
         seed=0,
         dtype=np.float64,
+        window=None,
+        sinks=False,
     ):
         d_model, n_heads, n_kv_heads, d_k, d_v = check_head_dims(
             d_model, n_heads, n_kv_heads, d_k, d_v
@@ -77,19 +92,25 @@ class GroupedQueryAttention:
             )
             for name, shape in shapes.items()
         }
+        self.window = check_window(window)
+        if sinks:  # a logit per query head, 0: the sink starts as one key
+            self.params["sinks"] = np.zeros(n_heads, dtype=dtype)
         self.grads = {
             name: np.zeros_like(p) for name, p in self.params.items()
         }
         # [B, n_heads, L_q, L_k] after each forward
         self.attention_weights = None
+        self.sink_weights = None  # [B, n_heads, L_q]: mass on the sink
         self._cache = None
 
     def __repr__(self) -> str:
+        extra = "" if self.window is None else f", window={self.window}"
+        extra += ", sinks=True" if "sinks" in self.params else ""
         return (
             f"{type(self).__name__}(d_model={self.d_model}, "
             f"n_heads={self.n_heads}, "
             f"n_kv_heads={self.n_kv_heads}, d_k={self.d_k}, "
-            f"d_v={self.d_v}, dtype={self.dtype})"
+            f"d_v={self.d_v}, dtype={self.dtype}{extra})"
         )
 
     @property
@@ -106,7 +127,8 @@ class GroupedQueryAttention:
         ``[B, n_heads, L_q, L_k]``. With ``kv_cache`` (a
         :class:`~attn_np.KVCache`), ``x`` is the next chunk: it attends
         causally over every cached position plus itself, and its keys and
-        values are added to the cache.
+        values are added to the cache. A window layer needs
+        ``causal=True`` and a cache with the same window.
         """
         x3, unbatched = self._check_x(
             x, "x" if kv_cache is None else "x_chunk"
@@ -130,8 +152,19 @@ class GroupedQueryAttention:
                 d_v=d_v,
                 dtype=dtype,
             )
+            if kv_cache.window != self.window:
+                raise ValueError(
+                    f"kv_cache has window={kv_cache.window} but the layer "
+                    f"has window={self.window}: give the layer a "
+                    "KVCache(window=layer.window)"
+                )
             # the chunk attends over the cache and causally over itself
             causal = True
+        elif self.window is not None and not causal:
+            raise ValueError(
+                f"a window layer (window={self.window}) is causal: call "
+                "forward(x, causal=True)"
+            )
 
         # [B, L, d_model] @ [d_model, h*d_k] -> [B, L, h*d_k]
         q = x3 @ W["W_q"]
@@ -149,9 +182,11 @@ class GroupedQueryAttention:
         L_k = k.shape[2]
 
         # None or [..., G*L, L_k]
-        allowed = self._group_mask(mask, causal, B, L, L_k)
+        allowed = self._group_mask(mask, causal, B, L, L_k, kv_cache)
+        # None or [n_kv, G*L, 1]: head kv*G + g owns rows g*L ... g*L+L-1
+        sinks = self._sink_rows(L)
         # [B, n_kv, G*L, d_v], weights [B, n_kv, G*L, L_k]
-        o, att = attention_forward(q, k, v, mask=allowed)
+        o, att = attention_forward(q, k, v, mask=allowed, sinks=sinks)
         # [B, n_kv, G*L, d_v] -> [B, L, h*d_v]
         o = self._merge_heads(o, L, d_v)
         # [B, L, h*d_v] @ [h*d_v, d_model] -> [B, L, d_model]
@@ -159,6 +194,8 @@ class GroupedQueryAttention:
 
         # head i = kv*G + g
         self.attention_weights = att.weights.reshape(B, h, L, L_k)
+        if sinks is not None:  # [B, n_kv, G*L, 1] -> [B, h, L]
+            self.sink_weights = att.sink_weights.reshape(B, h, L)
         self._cache = (
             None if kv_cache is not None else (x3, o, att, unbatched)
         )
@@ -192,7 +229,10 @@ class GroupedQueryAttention:
         do = dy3 @ W["W_o"].T
         do = self._split_queries(do, d_v)  # -> [B, n_kv, G*L, d_v]
         # dk, dv already summed over each group's query heads
-        dq, dk, dv = attention_backward(do, att)
+        dq, dk, dv, *dsinks = attention_backward(do, att)
+        if dsinks:  # [n_kv, G*L, 1] -> [h, L] -> [h]
+            ds = dsinks[0].reshape(self.n_heads, L).sum(axis=1)
+            self.grads["sinks"] = ds
         # [B, n_kv, G*L, d_k] -> [B, L, h*d_k]
         dq = self._merge_heads(dq, L, d_k)
         dk = merge_kv(dk)  # [B, n_kv, L, d_k] -> [B, L, n_kv*d_k]
@@ -245,9 +285,17 @@ class GroupedQueryAttention:
         )
         return t.reshape(B, L, self.n_heads * d)
 
-    def _group_mask(self, mask, causal, B, L_q, L_k):
-        """Combine the caller's mask and the causal mask into one for the
-        stacked query rows."""
+    def _sink_rows(self, L):
+        """``params["sinks"] [h]`` laid out like the stacked query rows:
+        ``[n_kv, G*L, 1]`` (each head's logit repeated for its L rows)."""
+        if "sinks" not in self.params:
+            return None
+        rows = np.repeat(self.params["sinks"], L)  # [h*L], head-major
+        return rows.reshape(self.n_kv_heads, self.group_size * L, 1)
+
+    def _group_mask(self, mask, causal, B, L_q, L_k, kv_cache=None):
+        """Combine the caller's mask and the causal (or window) mask into
+        one for the stacked query rows."""
         G, h, n_kv = self.group_size, self.n_heads, self.n_kv_heads
         allowed = None
         if mask is not None:
@@ -263,8 +311,14 @@ class GroupedQueryAttention:
             else:
                 m = np.broadcast_to(m, full).reshape(B, n_kv, G, L_q, L_k)
                 allowed = m.reshape(B, n_kv, G * L_q, L_k)
-        if causal and L_q > 1:
-            c = np.tile(causal_mask(L_q, L_k), (G, 1))  # [G*L_q, L_k]
+        c = None
+        if kv_cache is not None and kv_cache.window is not None:
+            # a rolling cache knows which positions it holds: [L_q, L_k]
+            c = kv_cache.attention_mask(L_q)
+        elif causal and (L_q > 1 or self.window is not None):
+            c = causal_mask(L_q, L_k, window=self.window)  # [L_q, L_k]
+        if c is not None:
+            c = np.tile(c, (G, 1))  # [G*L_q, L_k]
             allowed = c if allowed is None else allowed & c
         return allowed
 
@@ -274,7 +328,15 @@ class MultiHeadAttention(GroupedQueryAttention):
     own key/value head."""
 
     def __init__(
-        self, d_model, n_heads, d_k=None, d_v=None, seed=0, dtype=np.float64
+        self,
+        d_model,
+        n_heads,
+        d_k=None,
+        d_v=None,
+        seed=0,
+        dtype=np.float64,
+        window=None,
+        sinks=False,
     ):
         super().__init__(
             d_model,
@@ -284,6 +346,8 @@ class MultiHeadAttention(GroupedQueryAttention):
             d_v=d_v,
             seed=seed,
             dtype=dtype,
+            window=window,
+            sinks=sinks,
         )
 
 
@@ -292,10 +356,26 @@ class MultiQueryAttention(GroupedQueryAttention):
     key/value head."""
 
     def __init__(
-        self, d_model, n_heads, d_k=None, d_v=None, seed=0, dtype=np.float64
+        self,
+        d_model,
+        n_heads,
+        d_k=None,
+        d_v=None,
+        seed=0,
+        dtype=np.float64,
+        window=None,
+        sinks=False,
     ):
         super().__init__(
-            d_model, n_heads, 1, d_k=d_k, d_v=d_v, seed=seed, dtype=dtype
+            d_model,
+            n_heads,
+            1,
+            d_k=d_k,
+            d_v=d_v,
+            seed=seed,
+            dtype=dtype,
+            window=window,
+            sinks=sinks,
         )
 
 
