@@ -38,6 +38,7 @@ from .attention import (
     attention_backward,
     attention_forward,
     causal_mask,
+    position_mask,
     unbroadcast,
 )
 from .convert import mha_to_gqa
@@ -55,7 +56,13 @@ from .multihead import (
     MultiHeadAttention,
     MultiQueryAttention,
 )
-from .softmax import SoftmaxCache, softmax, softmax_backward, softmax_forward
+from .softmax import (
+    SoftmaxCache,
+    sink_softmax,
+    softmax,
+    softmax_backward,
+    softmax_forward,
+)
 from .training import (
     Adam,
     AssociativeRecall,
@@ -90,7 +97,9 @@ __all__ = [
     "kv_cache_bytes",
     "mha_to_gqa",
     "numerical_gradient",
+    "position_mask",
     "rel_error",
+    "sink_softmax",
     "softmax",
     "softmax_backward",
     "softmax_forward",

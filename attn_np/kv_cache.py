@@ -279,11 +279,12 @@ class KVCache:
 
     def truncate(self, length: int) -> None:
         """Forget every position from ``length`` on (keeps the memory; e.g.
-        to reject drafted tokens). A rolling cache can only go back to
-        positions it still holds."""
+        to reject drafted tokens). A rolling cache can only go back as far
+        as the next query still finds its window held."""
         lowest = 0
         if self._len < self._seen:  # a rolling cache forgot some
-            lowest = int(self.positions[min(self.sink_tokens, self._len)])
+            oldest = int(self.positions[min(self.sink_tokens, self._len)])
+            lowest = oldest + self.window - 1 - self.sink_tokens
         if (
             isinstance(length, bool)
             or not isinstance(length, (int, np.integer))

@@ -1,0 +1,262 @@
+"""Chapter 8: the rolling KV cache, KVCache(window=W) and KVCache(window=W, sink_tokens=S).
+
+Decoding with any chunking (random chunk lengths, some longer than the window) equals the full
+windowed causal forward; the buffer never holds more than W + C - 1 positions; memory stops growing;
+the StreamingLLM cache equals the full forward under its mask (sinks + the last W - S positions)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attn_np import (
+    GroupedQueryAttention,
+    KVCache,
+    MultiHeadAttention,
+    causal_mask,
+    position_mask,
+)
+
+WORST = {
+    "window": 0.0,
+    "sinks": 0.0,
+}  # the worst errors seen, printed at the end (pytest -s)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def report_worst():
+    yield
+    print(f"\nworst chunked-decoding error: {WORST}")
+
+
+def decode(layer, x, chunks, cache):
+    """Feed ``x [B, L, d]`` chunk by chunk; check the buffer bound after every chunk."""
+    outs, start = [], 0
+    for C in chunks:
+        outs.append(layer.forward(x[:, start : start + C], kv_cache=cache))
+        start += C
+        held = cache.keys.shape[2]
+        assert held == len(cache.positions) <= cache.window + C - 1
+        assert (
+            held == min(len(cache), cache.window - 1 + C)
+            or cache.sink_tokens
+        )
+        # the layer's weights cover the held positions only; the rest were forgotten
+        assert layer.attention_weights.shape[-1] == held
+    assert start == x.shape[1] == len(cache)
+    return np.concatenate(outs, axis=1)
+
+
+chunkings = st.lists(st.integers(1, 11), min_size=1, max_size=7)
+
+
+@settings(max_examples=40)
+@given(
+    n_kv=st.sampled_from([1, 2, 4]),
+    W=st.integers(1, 7),
+    B=st.integers(1, 2),
+    chunks=chunkings,
+    seed=st.integers(0, 2**16),
+)
+def test_any_chunking_equals_the_full_windowed_forward(
+    n_kv, W, B, chunks, seed
+):
+    rng = np.random.default_rng(seed)
+    layer = GroupedQueryAttention(
+        16, 4, n_kv, d_k=3, d_v=5, window=W, seed=seed
+    )
+    x = rng.standard_normal((B, sum(chunks), 16))
+    full = layer.forward(x, causal=True)
+    weights_full = layer.attention_weights  # [B, h, L, L]
+    cache = KVCache(initial_capacity=1, window=W)
+    got = decode(layer, x, chunks, cache)
+    err = float(np.max(np.abs(got - full)))
+    WORST["window"] = max(WORST["window"], err)
+    assert err < 1e-12
+    # the last chunk's weights are the full map's rows at the held columns, zero elsewhere
+    C = chunks[-1]
+    np.testing.assert_allclose(
+        layer.attention_weights,
+        weights_full[:, :, -C:, cache.positions],
+        rtol=0,
+        atol=1e-13,
+    )
+    forgotten = np.setdiff1d(np.arange(x.shape[1]), cache.positions)
+    assert np.all(weights_full[:, :, -C:, forgotten] == 0)
+
+
+@settings(max_examples=30)
+@given(
+    W=st.integers(2, 7),
+    S=st.integers(1, 3),
+    chunks=chunkings,
+    seed=st.integers(0, 2**16),
+    sinks=st.booleans(),
+)
+def test_sink_cache_equals_the_streaming_llm_mask(W, S, chunks, seed, sinks):
+    """Without positions inside attention, the StreamingLLM cache computes the full forward under
+    position_mask(window=W, sink_tokens=S): sinks plus the last W - S positions."""
+    S = min(S, W - 1)
+    rng = np.random.default_rng(seed)
+    layer = MultiHeadAttention(12, 3, window=W, sinks=sinks, seed=seed)
+    if sinks:  # learned sink logits and StreamingLLM's sink tokens combine
+        layer.params["sinks"][:] = rng.standard_normal(3)
+    ref = MultiHeadAttention(
+        12, 3, sinks=sinks, seed=seed
+    )  # same weights, no window
+    ref.params = layer.params
+    L = sum(chunks)
+    x = rng.standard_normal((2, L, 12))
+    full = ref.forward(
+        x,
+        mask=position_mask(
+            np.arange(L), np.arange(L), window=W, sink_tokens=S
+        ),
+    )
+    cache = KVCache(window=W, sink_tokens=S)
+    got = decode(layer, x, chunks, cache)
+    err = float(np.max(np.abs(got - full)))
+    WORST["sinks"] = max(WORST["sinks"], err)
+    assert err < 1e-12
+    held = cache.positions
+    assert np.all(
+        held[: min(S, L)] == np.arange(min(S, L))
+    )  # the sinks stay, in front
+    assert len(held) <= W - 1 + chunks[-1]
+
+
+def test_memory_stops_growing():
+    W = 8
+    layer = GroupedQueryAttention(16, 4, 2, window=W, seed=0)
+    rng = np.random.default_rng(0)
+    cache = KVCache(initial_capacity=2, window=W)
+    nbytes, capacity = [], []
+    for _ in range(40):
+        layer.forward(rng.standard_normal((1, 1, 16)), kv_cache=cache)
+        nbytes.append(cache.nbytes)
+        capacity.append(cache.capacity)
+    per_position = 2 * (4 + 4) * 8  # n_kv (d_k + d_v) float64
+    assert nbytes[:W] == [per_position * (t + 1) for t in range(W)]
+    assert set(nbytes[W - 1 :]) == {
+        per_position * W
+    }  # W positions held from then on
+    assert (
+        set(capacity[W - 1 :]) == {W} and cache.reallocations == 2
+    )  # 2 -> 4 -> 8
+    assert len(cache) == 40 and list(cache.positions) == list(range(32, 40))
+
+
+def test_a_long_chunk_grows_the_buffer_once():
+    W = 4
+    layer = GroupedQueryAttention(16, 4, 2, window=W, seed=0)
+    cache = KVCache(window=W)
+    layer.forward(
+        np.zeros((1, 10, 16)), kv_cache=cache
+    )  # a prefill longer than the window
+    assert cache.capacity == 10 and cache.keys.shape[2] == 10
+    for _ in range(5):
+        layer.forward(np.zeros((1, 1, 16)), kv_cache=cache)
+    assert (
+        cache.capacity == 10
+        and cache.keys.shape[2] == W
+        and cache.reallocations == 0
+    )
+
+
+@pytest.mark.parametrize("S", [0, 2])
+def test_attention_mask_of_a_window_cache(S):
+    W = 5
+    layer = MultiHeadAttention(8, 2, window=W, seed=0)
+    cache = KVCache(window=W, sink_tokens=S)
+    for C in (3, 4, 1, 6, 2):
+        layer.forward(np.zeros((1, C, 8)), kv_cache=cache)
+        m = cache.attention_mask(C)
+        held = cache.positions
+        want = position_mask(
+            np.arange(len(cache) - C, len(cache)),
+            held,
+            window=W,
+            sink_tokens=S,
+        )
+        np.testing.assert_array_equal(m, want)
+        if S == 0:  # contiguous positions: the aligned window mask
+            np.testing.assert_array_equal(
+                m, causal_mask(C, len(held), window=W)
+            )
+    with pytest.raises(ValueError, match="n_queries must be at most"):
+        cache.attention_mask(len(cache.positions) + 1)
+
+
+def test_truncate_a_rolling_cache():
+    """Going back is allowed as far as the next query still finds its window held."""
+    W = 4
+    rng = np.random.default_rng(1)
+    layer = GroupedQueryAttention(16, 4, 2, window=W, seed=0)
+    x = rng.standard_normal((1, 12, 16))
+    cache = KVCache(window=W)
+    layer.forward(x[:, :9], kv_cache=cache)
+    y9 = layer.forward(x[:, 9:10], kv_cache=cache)
+    layer.forward(x[:, 10:12], kv_cache=cache)  # a chunk of 2 drafted tokens
+    assert list(cache.positions) == [7, 8, 9, 10, 11]
+    with pytest.raises(
+        ValueError, match=r"length must be an integer in \[10, 12\]"
+    ):
+        cache.truncate(9)  # position 9 would need position 6, forgotten
+    cache.truncate(10)
+    assert len(cache) == 10 and list(cache.positions) == [7, 8, 9]
+    y10 = layer.forward(x[:, 10:11], kv_cache=cache)
+    full = layer.forward(x[:, :11], causal=True)
+    np.testing.assert_allclose(y10, full[:, 10:], atol=1e-14)
+    np.testing.assert_allclose(full[:, 9:10], y9, atol=1e-14)
+
+
+# --------------------------------------------------------------------------- mismatches
+def test_layer_and_cache_windows_must_agree():
+    x = np.zeros((1, 2, 16))
+    with pytest.raises(
+        ValueError, match=r"kv_cache has window=4 but the layer has window=3"
+    ):
+        GroupedQueryAttention(16, 4, 2, window=3).forward(
+            x, kv_cache=KVCache(window=4)
+        )
+    with pytest.raises(
+        ValueError,
+        match=r"kv_cache has window=4 but the layer has window=None",
+    ):
+        GroupedQueryAttention(16, 4, 2).forward(
+            x, kv_cache=KVCache(window=4)
+        )
+    with pytest.raises(
+        ValueError,
+        match=r"kv_cache has window=None but the layer has window=3",
+    ):
+        GroupedQueryAttention(16, 4, 2, window=3).forward(
+            x, kv_cache=KVCache()
+        )
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"window": 0}, "window must be a positive integer"),
+        ({"window": 2.0}, "window must be a positive integer"),
+        ({"sink_tokens": 2}, "sink_tokens must be smaller than window"),
+        ({"window": 4, "sink_tokens": 4}, "sink_tokens=4 and window=4"),
+        (
+            {"window": 4, "sink_tokens": -1},
+            "sink_tokens must be a non-negative integer",
+        ),
+    ],
+)
+def test_bad_rolling_cache_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        KVCache(**kwargs)
+
+
+def test_repr_of_a_rolling_cache():
+    cache = KVCache(window=4, sink_tokens=1)
+    assert repr(cache) == "KVCache(window=4, sink_tokens=1, empty)"
+    MultiHeadAttention(8, 2, window=4).forward(
+        np.zeros((1, 6, 8)), kv_cache=cache
+    )
+    assert "seen=6, held=6" in repr(cache)
