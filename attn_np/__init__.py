@@ -22,6 +22,7 @@ multi-query and grouped-query attention     :mod:`.multihead`,
 :mod:`.costs.decode`,
                                                   :mod:`.bench`
 5     training MHA, GQA and MQA                   :mod:`.training`
+6     rotary position embeddings (RoPE)           :mod:`.rope`
 ====  ==========================================
 ============================================
 
@@ -56,6 +57,15 @@ from .multihead import (
     MultiHeadAttention,
     MultiQueryAttention,
 )
+from .rope import (
+    RopeCache,
+    rope,
+    rope_backward,
+    rope_forward,
+    rope_frequencies,
+    rope_permutation,
+    rotate_pairs,
+)
 from .softmax import (
     SoftmaxCache,
     sink_softmax,
@@ -81,6 +91,7 @@ __all__ = [
     "ModelConfig",
     "MultiHeadAttention",
     "MultiQueryAttention",
+    "RopeCache",
     "SoftmaxCache",
     "TOLERANCE",
     "Transformer",
@@ -99,6 +110,12 @@ __all__ = [
     "numerical_gradient",
     "position_mask",
     "rel_error",
+    "rope",
+    "rope_backward",
+    "rope_forward",
+    "rope_frequencies",
+    "rope_permutation",
+    "rotate_pairs",
     "sink_softmax",
     "softmax",
     "softmax_backward",

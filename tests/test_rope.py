@@ -9,13 +9,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attn_np import TOLERANCE, check_gradients, rel_error
-from attn_np.rope import (
+from attn_np import (
+    TOLERANCE,
+    GroupedQueryAttention,
+    KVCache,
+    MultiHeadAttention,
+    MultiQueryAttention,
+    Transformer,
+    check_gradients,
+    check_layer_gradients,
+    mha_to_gqa,
+    rel_error,
     rope,
     rope_backward,
     rope_forward,
     rope_frequencies,
     rope_permutation,
+    rotate_pairs,
 )
 
 LAYOUTS = ["half", "interleaved"]
@@ -210,3 +220,194 @@ def test_errors():
         rope_permutation(4, source="x")
     with pytest.raises(ValueError, match="d_k must be even"):
         rope_permutation(5)
+    with pytest.raises(ValueError, match=r"cos must be \[L, r/2\]"):
+        rotate_pairs(x, cache.cos[:3], cache.sin[:3])
+    with pytest.raises(ValueError, match="sin must have the shape"):
+        rotate_pairs(x, cache.cos, cache.sin[:, :1])
+
+
+def test_rotate_pairs_by_a_quarter_turn():
+    x = np.array([[1.0, 2.0, 3.0, 4.0, 5.0]])  # [L=1, d=5], r = 4
+    one, zero = np.ones((1, 2)), np.zeros((1, 2))
+    half = rotate_pairs(x, zero, one, layout="half")
+    assert half.tolist() == [[-3.0, -4.0, 1.0, 2.0, 5.0]]
+    inter = rotate_pairs(x, zero, one, layout="interleaved")
+    assert inter.tolist() == [[-2.0, 1.0, -4.0, 3.0, 5.0]]
+
+
+# ================================================================ layers
+def rope_layer(n_kv=2, layout="half", rope_dim=None, d_k=6, seed=0):
+    return GroupedQueryAttention(
+        12,
+        4,
+        n_kv,
+        d_k=d_k,
+        d_v=5,
+        seed=seed,
+        rope_base=100.0,  # a small base: every pair turns visibly
+        rope_layout=layout,
+        rope_dim=rope_dim,
+    )
+
+
+@pytest.mark.parametrize(
+    "n_kv, layout, rope_dim",
+    [
+        (4, "half", None),
+        (2, "interleaved", None),
+        (1, "half", 4),
+        (2, "interleaved", 2),
+    ],
+)
+def test_layer_gradients_with_rope(n_kv, layout, rope_dim):
+    layer = rope_layer(n_kv, layout, rope_dim)
+    x = np.random.default_rng(5).standard_normal((2, 5, 12))
+    errors = check_layer_gradients(layer, x, causal=True)
+    assert set(errors) == {"x", "W_q", "W_k", "W_v", "W_o"}
+    assert max(errors.values()) < TOLERANCE, errors
+
+
+def test_layer_gradients_unbatched_with_mask():
+    layer = rope_layer(2, "interleaved")
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((4, 12))
+    mask = rng.random((4, 4)) < 0.7
+    errors = check_layer_gradients(layer, x, mask=mask)
+    assert max(errors.values()) < TOLERANCE, errors
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("n_kv", [4, 2, 1])
+def test_prefill_plus_decode_equals_full_forward(layout, n_kv):
+    layer = rope_layer(n_kv, layout, d_k=8)
+    x = np.random.default_rng(7).standard_normal((2, 9, 12))
+    full = layer.forward(x, causal=True)
+    cache = KVCache(initial_capacity=2)
+    parts = [layer.forward(x[:, :4], kv_cache=cache)]  # prefill 4
+    parts.append(layer.forward(x[:, 4:6], kv_cache=cache))  # a chunk of 2
+    for t in range(6, 9):  # then one token at a time
+        parts.append(layer.forward(x[:, t : t + 1], kv_cache=cache))
+    assert rel_error(np.concatenate(parts, axis=1), full) < 1e-12
+    # the cache holds the keys after their rotation
+    k = x @ layer.params["W_k"]  # [B, L, n_kv*d_k]
+    k = k.reshape(2, 9, n_kv, 8).transpose(0, 2, 1, 3)
+    want = rope(k, np.arange(9), base=100.0, layout=layout)
+    assert rel_error(cache.keys, want) < 1e-12
+
+
+def test_shifting_every_position_changes_nothing():
+    """Relative positions: the same chunk, 7 positions later, attends the
+    same way when it cannot see what came before."""
+    layer = rope_layer(2, "half", d_k=8)
+    rng = np.random.default_rng(8)
+    prefix, x = rng.standard_normal((7, 12)), rng.standard_normal((5, 12))
+    fresh = layer.forward(x, causal=True)
+    cache = KVCache()
+    layer.forward(prefix, kv_cache=cache)
+    hide_prefix = np.arange(12)[None, :] >= 7  # [1, L_k]: keys 7 ... 11
+    later = layer.forward(x, kv_cache=cache, mask=hide_prefix)
+    assert rel_error(later, fresh) < 1e-12
+    norope = GroupedQueryAttention(12, 4, 2, d_k=8, d_v=5, seed=0)
+    assert rel_error(norope.forward(x, causal=True), fresh) > 1e-3
+
+
+@pytest.mark.parametrize("rope_dim", [None, 4])
+def test_layer_layout_permutation_equivalence(rope_dim):
+    """Interleaved weights, permuted, run in the half layout: same output."""
+    inter = rope_layer(2, "interleaved", rope_dim, d_k=8, seed=3)
+    half = rope_layer(2, "half", rope_dim, d_k=8, seed=4)
+    for name in ("W_v", "W_o"):
+        half.params[name] = inter.params[name].copy()
+    for name, heads in (("W_q", 4), ("W_k", 2)):
+        perm = rope_permutation(8, n_heads=heads, rotary_dim=rope_dim)
+        half.params[name] = inter.params[name][:, perm]
+    x = np.random.default_rng(9).standard_normal((2, 6, 12))
+    want = inter.forward(x, causal=True)
+    assert rel_error(half.forward(x, causal=True), want) < 1e-14
+    # and unpermuted weights in the wrong layout give another layer
+    wrong = rope_layer(2, "half", rope_dim, d_k=8, seed=3)
+    got = wrong.forward(x, causal=True)
+    assert rel_error(got[:, 0], want[:, 0]) < 1e-14  # position 0: same
+    assert rel_error(got, want) > 1e-3
+
+
+def test_mha_and_mqa_take_rope():
+    x = np.random.default_rng(10).standard_normal((3, 8))
+    kw = dict(seed=1, rope_base=10.0, rope_layout="interleaved")
+    mha = MultiHeadAttention(8, 2, **kw)
+    gqa = GroupedQueryAttention(8, 2, 2, **kw)
+    np.testing.assert_array_equal(mha.forward(x), gqa.forward(x))
+    mqa = MultiQueryAttention(8, 2, **kw)
+    gqa1 = GroupedQueryAttention(8, 2, 1, **kw)
+    np.testing.assert_array_equal(mqa.forward(x), gqa1.forward(x))
+    assert "rope_base=10" in repr(mqa)
+    assert "rope" not in repr(MultiHeadAttention(8, 2))
+
+
+def test_conversion_keeps_rope():
+    mha = MultiHeadAttention(8, 4, seed=2, rope_base=50.0, rope_dim=2)
+    gqa = mha_to_gqa(mha, 4)
+    x = np.random.default_rng(11).standard_normal((5, 8))
+    assert rel_error(gqa.forward(x), mha.forward(x)) < 1e-14
+    assert (gqa.rope_base, gqa.rope_dim) == (50.0, 2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(rope_base=10.0, d_k=5), "d_k must be even"),
+        (dict(rope_base=10.0, rope_dim=3), "rope_dim"),
+        (dict(rope_base=10.0, rope_dim=8), "rope_dim"),
+        (dict(rope_base=-1.0), "rope_base must be a positive"),
+        (dict(rope_layout="neox"), "rope_layout must be one of"),
+        (dict(rope_dim=2), "needs rope_base"),
+    ],
+)
+def test_layer_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        GroupedQueryAttention(8, 2, 1, **kwargs)
+
+
+# ============================================================ transformer
+def test_transformer_with_rope_gradients():
+    model = Transformer(
+        vocab_size=7,
+        d_model=8,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=12,
+        max_len=6,
+        seed=1,
+        positions="rope",
+        rope_base=100.0,
+    )
+    assert model.positions is None
+    assert all(b.attn.rope_base == 100.0 for b in model.blocks)
+    ids = np.array([[0, 3, 6, 3, 1], [5, 5, 2, 0, 4]])
+    errors = check_layer_gradients(model, ids, seed=2)
+    assert max(errors.values()) < TOLERANCE, errors
+
+
+def test_transformer_positions_choice():
+    kw = dict(
+        vocab_size=7,
+        d_model=8,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=2,
+        d_ff=8,
+        max_len=4,
+        seed=0,
+    )
+    ids = np.array([[1, 2, 1, 2]])
+    sin, rot, none = (
+        Transformer(**kw, positions=p).forward(ids)
+        for p in ("sinusoidal", "rope", "none")
+    )
+    # the same weights; only the position code differs
+    assert rel_error(sin, rot) > 1e-3 and rel_error(rot, none) > 1e-3
+    # at position 0 RoPE is the identity: the first logits equal "none"'s
+    assert rel_error(rot[:, 0], none[:, 0]) < 1e-14
+    with pytest.raises(ValueError, match="positions must be one of"):
+        Transformer(**kw, positions="alibi")
