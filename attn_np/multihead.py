@@ -204,12 +204,19 @@ class GroupedQueryAttention:
         q = self._split_queries(q, d_k)
         k = split_kv(k, n_kv, d_k)  # [B, L, n_kv*d_k] -> [B, n_kv, L, d_k]
         v = split_kv(v, n_kv, d_v)  # [B, L, n_kv*d_v] -> [B, n_kv, L, d_v]
-        rope = None
-        if self.rope_base is not None:  # rotate q and k by their positions
+        rope, scale = None, None
+        # StreamingLLM caches keys before rotation (see _rope_in_cache)
+        in_cache = kv_cache is not None and kv_cache.sink_tokens > 0
+        if self.rope_base is not None and not in_cache:
+            # rotate q and k by their positions
             q, k, rope = self._rope_forward(q, k, start)
         if kv_cache is not None:
             # views, no copy: [B, n_kv, L_cached + L, d_k], [.., d_v]
             k, v = kv_cache.append(k, v)
+        if self.rope_base is not None and in_cache:
+            # [B, n_kv, G*L, 2*d_k] and [B, n_kv, L_k, 2*d_k]
+            q, k = self._rope_in_cache(q, k, kv_cache)
+            scale = 1.0 / np.sqrt(d_k)  # of the true d_k, not 2*d_k
         L_k = k.shape[2]
 
         # None or [..., G*L, L_k]
@@ -217,7 +224,9 @@ class GroupedQueryAttention:
         # None or [n_kv, G*L, 1]: head kv*G + g owns rows g*L ... g*L+L-1
         sinks = self._sink_rows(L)
         # [B, n_kv, G*L, d_v], weights [B, n_kv, G*L, L_k]
-        o, att = attention_forward(q, k, v, mask=allowed, sinks=sinks)
+        o, att = attention_forward(
+            q, k, v, mask=allowed, sinks=sinks, scale=scale
+        )
         # [B, n_kv, G*L, d_v] -> [B, L, h*d_v]
         o = self._merge_heads(o, L, d_v)
         # [B, L, h*d_v] @ [h*d_v, d_model] -> [B, L, d_model]
@@ -315,6 +324,43 @@ class GroupedQueryAttention:
         k, k_cache = rope_forward(k, positions, **kw)  # [B, n_kv, L, d_k]
         # -> [B, n_kv, G*L, d_k]
         return q.reshape(B, n_kv, GL, d_k), k, (q_cache, k_cache)
+
+    def _rope_in_cache(self, q, k, cache):
+        """StreamingLLM's positions inside the cache (Xiao et al. 2023).
+
+        ``k [B, n_kv, n, d_k]`` holds unrotated keys: the sinks, then a
+        contiguous run ending with the chunk. Key slot ``s`` turns by
+        position ``s``. Query ``i`` (absolute) sees the sinks and the keys
+        ``j > i - (W - S)``, ``min(i + 1, W)`` keys in all, and stands at
+        position ``min(i, W - 1)`` among them: that is its position for
+        the sink columns. For the other columns any common shift will do,
+        so it turns by its own slot, and ``i - j`` is kept. The two query
+        rotations sit side by side, ``[q_sink, q_recent]``, against keys
+        ``[k, 0]`` (sinks) and ``[0, k]`` (the rest): one matmul gives
+        both kinds of scores. Returns ``(q2, k2)`` with ``2 d_k``
+        features.
+        """
+        B, n_kv, GL, d_k = q.shape
+        n, G = k.shape[2], self.group_size
+        L, S = GL // G, min(cache.sink_tokens, len(cache))
+        kw = dict(
+            base=self.rope_base,
+            layout=self.rope_layout,
+            rotary_dim=self.rope_dim,
+        )
+        k, _ = rope_forward(k, np.arange(n), **kw)  # slots 0 ... n-1
+        q = q.reshape(B, n_kv, G, L, d_k)  # one head a row
+        i = len(cache) - L + np.arange(L)  # absolute positions [L]
+        q_sink, _ = rope_forward(q, np.minimum(i, cache.window - 1), **kw)
+        q_rest, _ = rope_forward(q, n - L + np.arange(L), **kw)
+        # [B, n_kv, G, L, 2*d_k] -> [B, n_kv, G*L, 2*d_k]
+        q2 = np.concatenate([q_sink, q_rest], axis=-1).reshape(
+            B, n_kv, GL, 2 * d_k
+        )
+        k2 = np.zeros((B, n_kv, n, 2 * d_k), dtype=k.dtype)
+        k2[:, :, :S, :d_k] = k[:, :, :S]  # sinks meet q_sink
+        k2[:, :, S:, d_k:] = k[:, :, S:]  # the rest meet q_rest
+        return q2, k2
 
     def _rope_backward(self, dq, dk, rope):
         """The backward of :meth:`_rope_forward`: ``R(-theta)`` on ``dq``

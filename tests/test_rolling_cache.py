@@ -15,6 +15,7 @@ from attn_np import (
     MultiHeadAttention,
     causal_mask,
     position_mask,
+    rope,
 )
 
 WORST = {
@@ -260,3 +261,134 @@ def test_repr_of_a_rolling_cache():
         np.zeros((1, 6, 8)), kv_cache=cache
     )
     assert "seen=6, held=6" in repr(cache)
+
+
+# --------------------------------------------------------------------------- with RoPE
+def streaming_reference(layer, x, W, S):
+    """StreamingLLM, one query at a time, from its definition: query i sees V(i) = the sinks
+    (j < S) and the keys i - (W - S) < j <= i; the keys turn by their rank in V(i) and the
+    query by its own rank, len(V(i)) - 1 (the paper's "positions within the cache")."""
+    P, h, G, d_k, d_v = (
+        layer.params,
+        layer.n_heads,
+        layer.group_size,
+        layer.d_k,
+        layer.d_v,
+    )
+    kw = dict(
+        base=layer.rope_base,
+        layout=layer.rope_layout,
+        rotary_dim=layer.rope_dim,
+    )
+    B, L, _ = x.shape
+    heads = np.zeros((B, L, h * d_v))
+    for i in range(L):
+        seen = [j for j in range(i + 1) if j < S or j > i - (W - S)]
+        for hd in range(h):
+            kv = hd // G
+            q = (
+                x[:, i : i + 1] @ P["W_q"][:, hd * d_k : (hd + 1) * d_k]
+            )  # [B, 1, d_k]
+            k = (
+                x[:, seen] @ P["W_k"][:, kv * d_k : (kv + 1) * d_k]
+            )  # [B, n, d_k]
+            v = x[:, seen] @ P["W_v"][:, kv * d_v : (kv + 1) * d_v]
+            q = rope(q, np.array([len(seen) - 1]), **kw)
+            k = rope(k, np.arange(len(seen)), **kw)
+            s = (q @ k.swapaxes(-1, -2))[:, 0] / np.sqrt(d_k)  # [B, n]
+            a = P["sinks"][hd] if "sinks" in P else -np.inf
+            e = np.exp(s - np.maximum(s.max(-1, keepdims=True), a))
+            z = e.sum(-1, keepdims=True) + np.exp(
+                a - np.maximum(s.max(-1, keepdims=True), a)
+            )
+            heads[:, i, hd * d_v : (hd + 1) * d_v] = np.einsum(
+                "bn,bnd->bd", e / z, v
+            )
+    return heads @ P["W_o"]
+
+
+@settings(max_examples=25)
+@given(
+    n_kv=st.sampled_from([1, 2]),
+    W=st.integers(1, 6),
+    chunks=chunkings,
+    layout=st.sampled_from(["half", "interleaved"]),
+    seed=st.integers(0, 2**16),
+)
+def test_rope_window_cache_counts_true_positions(
+    n_kv, W, chunks, layout, seed
+):
+    """With RoPE on, a chunk's positions continue from len(cache), the positions seen, not the
+    positions held: decoding equals the full windowed forward."""
+    rng = np.random.default_rng(seed)
+    layer = GroupedQueryAttention(
+        16,
+        4,
+        n_kv,
+        d_k=4,
+        d_v=3,
+        window=W,
+        rope_base=100.0,
+        rope_layout=layout,
+        seed=seed,
+    )
+    x = rng.standard_normal((2, sum(chunks), 16))
+    full = layer.forward(x, causal=True)
+    got = decode(layer, x, chunks, KVCache(window=W))
+    err = float(np.max(np.abs(got - full)))
+    WORST["window"] = max(WORST["window"], err)
+    assert err < 1e-12
+
+
+@settings(max_examples=25)
+@given(
+    W=st.integers(2, 6),
+    S=st.integers(1, 3),
+    chunks=st.lists(st.integers(1, 8), min_size=1, max_size=5),
+    sinks=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_rope_sink_cache_equals_streaming_llm_one_token_at_a_time(
+    W, S, chunks, sinks, seed
+):
+    """The sink cache caches keys before rotation and turns them by their slot in the cache; any
+    chunking gives the paper's token-by-token result."""
+    S = min(S, W - 1)
+    rng = np.random.default_rng(seed)
+    layer = GroupedQueryAttention(
+        12, 4, 2, d_k=4, d_v=3, window=W, sinks=sinks, rope_base=50.0
+    )
+    if sinks:
+        layer.params["sinks"][:] = rng.standard_normal(4)
+    x = rng.standard_normal((2, sum(chunks), 12))
+    got = decode(layer, x, chunks, KVCache(window=W, sink_tokens=S))
+    err = float(np.max(np.abs(got - streaming_reference(layer, x, W, S))))
+    WORST["sinks"] = max(WORST["sinks"], err)
+    assert err < 1e-12
+
+
+def test_the_papers_example_of_positions_in_the_cache():
+    """Xiao et al. (2023), section 3.2: with tokens [0, 1, 2, 3, 6, 7, 8] cached and token 9 being
+    decoded, the positions are 0 ... 7. Our cache holds exactly those and the reference assigns
+    exactly those positions; the one-token step equals it."""
+    W, S = 8, 4
+    rng = np.random.default_rng(3)
+    layer = MultiHeadAttention(8, 2, window=W, rope_base=10.0)
+    x = rng.standard_normal((1, 10, 8))
+    cache = KVCache(window=W, sink_tokens=S)
+    layer.forward(x[:, :9], kv_cache=cache)
+    y = layer.forward(x[:, 9:], kv_cache=cache)
+    assert list(cache.positions) == [0, 1, 2, 3, 6, 7, 8, 9]
+    np.testing.assert_allclose(
+        y, streaming_reference(layer, x, W, S)[:, 9:], rtol=0, atol=1e-13
+    )
+
+
+def test_before_anything_is_evicted_the_sink_cache_is_the_full_forward():
+    W, S = 8, 2
+    rng = np.random.default_rng(4)
+    layer = GroupedQueryAttention(12, 4, 2, d_k=4, window=W, rope_base=10.0, seed=1)
+    x = rng.standard_normal((2, W, 12))
+    full = layer.forward(x, causal=True)
+    got = decode(layer, x, [3, 1, 4], KVCache(window=W, sink_tokens=S))
+    np.testing.assert_allclose(got, full, rtol=0, atol=1e-13)
