@@ -108,6 +108,7 @@ def attention_forward(
     scale: float | None = None,
     window: int | None = None,
     sinks=None,
+    check_finite: bool = True,
 ):
     """Scaled dot-product attention; returns ``(out, cache)``.
 
@@ -133,12 +134,16 @@ def attention_forward(
     sinks : float array broadcastable to ``[..., L_q, 1]``, optional
         One sink logit per query row: it joins the row's softmax as an
         extra column without a value, so a row may put mass on nothing.
+    check_finite : bool
+        Refuse NaN or inf in ``q``, ``k`` and ``v`` (as ``scipy.linalg``
+        does). The layers check their input ``x`` once and pass False:
+        a decode step would otherwise re-read the whole cache to check it.
 
     A query with no key to attend (all masked) gets a zero output row and
     zero gradients (with a sink, all its mass goes to the sink).
     """
     q, k, v, allowed, scale = _check_inputs(
-        q, k, v, mask, causal, scale, window
+        q, k, v, mask, causal, scale, check_finite, window=window
     )
     # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]
     scores = (q * scale) @ k.swapaxes(-1, -2)
@@ -215,11 +220,11 @@ def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return grad
 
 
-def _check_inputs(q, k, v, mask, causal, scale, window=None):
+def _check_inputs(q, k, v, mask, causal, scale, finite=True, window=None):
     q = as_float_array(q, "q", min_ndim=2)
     k = as_float_array(k, "k", min_ndim=2)
     v = as_float_array(v, "v", min_ndim=2)
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    for name, t in (("q", q), ("k", k), ("v", v)) if finite else ():
         check_finite(t, name)
     (L_q, d_k), (L_k, d_k2), L_v = q.shape[-2:], k.shape[-2:], v.shape[-2]
     if d_k != d_k2:

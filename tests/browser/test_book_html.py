@@ -156,6 +156,12 @@ async (timeoutMs) => {
     favicon = {href: iconHref, declared: !!icon, ok: false, type: String(err)};
   }
   const navLinks = [...document.querySelectorAll("nav.bd-links a[href], #bd-docs-nav a[href]")].map(a => a.href);
+  // Code and output blocks that scroll sideways at this window width: a reader would have to scroll
+  // each line into view. Every block the article shows is checked, inputs, outputs and show_source.
+  const scrolling = [...document.querySelectorAll("article pre, article div.highlight, article table")]
+    .filter(e => e.scrollWidth > e.clientWidth + 1)
+    .map(e => ({tag: e.tagName.toLowerCase(), excess: e.scrollWidth - e.clientWidth,
+                text: ([...e.textContent.split("\n")].sort((a, b) => b.length - a.length)[0] || "").slice(0, 90)}));
   return {
     url: location.href,
     mathjax: !!(window.MathJax && MathJax.version),
@@ -163,7 +169,8 @@ async (timeoutMs) => {
     mathElements: mathEls.length,
     typeset: document.querySelectorAll("mjx-container").length,
     mathErrors: document.querySelectorAll("mjx-merror").length,
-    untypeset, raw, images, links, ids, navLinks, favicon,
+    untypeset, raw, images, links, ids, navLinks, favicon, scrolling,
+    blocks: document.querySelectorAll("article pre").length,
   };
 }
 """
@@ -201,7 +208,10 @@ class BookReport:
         return (
             f"browser test: {len(self.pages)} pages tested, {self.math} math elements typeset, "
             f"{self.images} images checked, {len(self.external)} external requests, "
-            f"{len(self.console)} console errors, {self.seconds:.1f} s"
+            f"{len(self.console)} console errors, "
+            f"{sum(len(p['scrolling']) for p in self.pages.values())} of "
+            f"{sum(p['blocks'] for p in self.pages.values())} code blocks "
+            f"scrolling sideways, {self.seconds:.1f} s"
         )
 
 
@@ -404,6 +414,23 @@ def test_every_page_was_opened_and_screenshotted(report):
         if p[: -len(".html")].replace("/", "__") + ".png" not in shots
     ]
     assert not missing, f"no screenshot for: {missing}"
+
+
+def test_no_block_scrolls_sideways(report):
+    """At a 1280 px window no code, output or table block needs a sideways
+    scroll: what the book shows fits its column."""
+    blocks = sum(p["blocks"] for p in report.pages.values())
+    wide = [
+        f"{rel}: <{b['tag']}> {b['excess']} px too wide: {b['text']!r}"
+        for rel, p in report.pages.items()
+        for b in p["scrolling"]
+    ]
+    assert blocks > 0, (
+        "no <pre> block found: the check would pass on anything"
+    )
+    assert not wide, f"{len(wide)} blocks scroll sideways:\n" + _listing(
+        wide
+    )
 
 
 def test_math_is_typeset_offline(report):
