@@ -23,6 +23,9 @@ multi-query and grouped-query attention     :mod:`.multihead`,
                                                   :mod:`.bench`
 5     training MHA, GQA and MQA                   :mod:`.training`
 6     rotary position embeddings (RoPE)           :mod:`.rope`
+8     sliding windows, rolling caches and sinks   :mod:`.attention`,
+                                                  :mod:`.kv_cache`,
+                                                  :mod:`.streaming`
 ====  ==========================================
 ============================================
 
@@ -79,6 +82,7 @@ from .softmax import (
     softmax_backward,
     softmax_forward,
 )
+from .streaming import MarkedCopy, stream_logits
 from .training import (
     Adam,
     AssociativeRecall,
@@ -93,6 +97,7 @@ __all__ = [
     "AttentionCache",
     "GroupedQueryAttention",
     "KVCache",
+    "MarkedCopy",
     "MODELS",
     "ModelConfig",
     "MultiHeadAttention",
@@ -127,6 +132,7 @@ __all__ = [
     "softmax",
     "softmax_backward",
     "softmax_forward",
+    "stream_logits",
     "training",
     "unbroadcast",
 ]
