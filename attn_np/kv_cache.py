@@ -21,7 +21,8 @@ layer: before a chunk is appended, every position but the last ``W - 1``
 is forgotten (the survivors move to the front of the buffer), so a chunk
 of ``C`` positions sees up to ``W - 1`` cached keys plus itself, the buffer
 holds at most ``W + C - 1`` positions and, decoding one token at a time,
-at most ``W``. ``KVCache(window=W, sink_tokens=S)`` (StreamingLLM, Xiao et
+at most ``W`` (a buffer grown for a long chunk shrinks back).
+``KVCache(window=W, sink_tokens=S)`` (StreamingLLM, Xiao et
 al. 2023) also keeps positions ``0 ... S-1`` forever, in front, and the
 last ``W - S - 1`` others. ``len(cache)`` counts every position seen;
 :attr:`KVCache.positions` says which ones are held.
@@ -246,12 +247,14 @@ class KVCache:
         if self.window is not None:
             self._evict()
         need = self._len + L
-        if need > self.capacity:
+        # a rolling cache gives back what a long chunk took
+        small = None if self.window is None else max(need, self.window)
+        if need > self.capacity or (small and self.capacity > 2 * small):
             # doubling: O(log n) reallocations, O(n) copied in total; a
-            # rolling cache stops at W (or W - 1 + the longest chunk)
+            # rolling cache stops at W (or W - 1 + the chunk)
             cap = max(need, 2 * self.capacity)
-            if self.window is not None:
-                cap = max(need, min(cap, self.window))
+            if small:
+                cap = min(cap, small)
             self._k = _grow(self._k, cap, self._len, axis=2)
             self._vt = _grow(self._vt, cap, self._len, axis=3)
             self.reallocations += 1

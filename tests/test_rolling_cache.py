@@ -147,7 +147,7 @@ def test_memory_stops_growing():
     assert len(cache) == 40 and list(cache.positions) == list(range(32, 40))
 
 
-def test_a_long_chunk_grows_the_buffer_once():
+def test_a_long_chunk_grows_the_buffer_and_decoding_gives_it_back():
     W = 4
     layer = GroupedQueryAttention(16, 4, 2, window=W, seed=0)
     cache = KVCache(window=W)
@@ -155,13 +155,20 @@ def test_a_long_chunk_grows_the_buffer_once():
         np.zeros((1, 10, 16)), kv_cache=cache
     )  # a prefill longer than the window
     assert cache.capacity == 10 and cache.keys.shape[2] == 10
-    for _ in range(5):
-        layer.forward(np.zeros((1, 1, 16)), kv_cache=cache)
+    layer.forward(np.zeros((1, 1, 16)), kv_cache=cache)
     assert (
-        cache.capacity == 10
+        cache.capacity == W
         and cache.keys.shape[2] == W
-        and cache.reallocations == 0
+        and cache.reallocations == 1
     )
+    layer.forward(
+        np.zeros((1, 5, 16)), kv_cache=cache
+    )  # W - 1 + 5 = 8: not more than 2 W
+    layer.forward(np.zeros((1, 2, 16)), kv_cache=cache)
+    assert cache.capacity == 8 and cache.reallocations == 2
+    for _ in range(3):
+        layer.forward(np.zeros((1, 1, 16)), kv_cache=cache)
+    assert cache.capacity == 8 and cache.keys.shape[2] == W
 
 
 @pytest.mark.parametrize("S", [0, 2])
@@ -387,7 +394,9 @@ def test_the_papers_example_of_positions_in_the_cache():
 def test_before_anything_is_evicted_the_sink_cache_is_the_full_forward():
     W, S = 8, 2
     rng = np.random.default_rng(4)
-    layer = GroupedQueryAttention(12, 4, 2, d_k=4, window=W, rope_base=10.0, seed=1)
+    layer = GroupedQueryAttention(
+        12, 4, 2, d_k=4, window=W, rope_base=10.0, seed=1
+    )
     x = rng.standard_normal((2, W, 12))
     full = layer.forward(x, causal=True)
     got = decode(layer, x, [3, 1, 4], KVCache(window=W, sink_tokens=S))
