@@ -6,7 +6,9 @@ formulas.
 * :mod:`~attn_np.costs.decode`: FLOPs, bytes and arithmetic intensity of a
   prefill and a decode step, the roofline and Shazeer's ratio (chapter 4);
 * :mod:`~attn_np.costs.catalogue`: the attention shapes of released models
-  and the size of their key/value caches (chapters 3, 4 and 7 to 9).
+  and the size of their key/value caches (chapters 3, 4 and 7 to 9), and
+  ``from_hf_config``, which reads them from a Hugging Face ``config.json``
+  (appendix A1).
 
 Every name is also available here, so ``from attn_np import costs`` then
 ``costs.forward_flops``.
