@@ -22,8 +22,8 @@ ch  chapter                              modules
 5   training MHA, GQA and MQA            :mod:`.training`
 6   rotary position embeddings           :mod:`.rope`
 7   multi-head latent attention          :mod:`.latent`
-8   sliding windows, rolling caches,     :mod:`.attention`, :mod:`.kv_cache`
-    attention sinks
+8   sliding windows, rolling caches,     :mod:`.attention`, :mod:`.kv_cache`,
+    attention sinks                      :mod:`.streaming`
 9   FlashAttention                       :mod:`.flash`
 A1  the KV cache of any model config     :mod:`.costs.catalogue`,
                                          :mod:`.memory`
@@ -45,6 +45,7 @@ from .attention import (
     attention_backward,
     attention_forward,
     causal_mask,
+    position_mask,
     unbroadcast,
 )
 from .convert import mha_to_gqa
@@ -77,7 +78,14 @@ from .rope import (
     rope_permutation,
     rotate_pairs,
 )
-from .softmax import SoftmaxCache, softmax, softmax_backward, softmax_forward
+from .softmax import (
+    SoftmaxCache,
+    sink_softmax,
+    softmax,
+    softmax_backward,
+    softmax_forward,
+)
+from .streaming import MarkedCopy, stream_logits
 from .training import (
     Adam,
     AssociativeRecall,
@@ -92,6 +100,7 @@ __all__ = [
     "AttentionCache",
     "GroupedQueryAttention",
     "KVCache",
+    "MarkedCopy",
     "MODELS",
     "ModelConfig",
     "MultiHeadAttention",
@@ -114,6 +123,7 @@ __all__ = [
     "kv_cache_bytes",
     "mha_to_gqa",
     "numerical_gradient",
+    "position_mask",
     "rel_error",
     "rope",
     "rope_backward",
@@ -121,9 +131,11 @@ __all__ = [
     "rope_frequencies",
     "rope_permutation",
     "rotate_pairs",
+    "sink_softmax",
     "softmax",
     "softmax_backward",
     "softmax_forward",
+    "stream_logits",
     "training",
     "unbroadcast",
 ]

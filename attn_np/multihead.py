@@ -24,6 +24,10 @@ head is rotated (:func:`~attn_np.rope_forward`) after the head split and
 before the scores, at positions ``0 ... L-1``; with a
 :class:`~attn_np.KVCache` a chunk's positions continue from ``len(cache)``,
 and keys are cached after their rotation.
+
+Chapter 8 adds ``window=W`` (sliding-window attention: a query sees the
+last W positions, itself included) and ``sinks=True`` (one learned sink
+logit per query head, ``params["sinks"]``, as in gpt-oss).
 """
 
 from __future__ import annotations
@@ -37,7 +41,12 @@ from ._checks import (
     check_head_dims,
     check_mask,
 )
-from .attention import attention_backward, attention_forward, causal_mask
+from .attention import (
+    attention_backward,
+    attention_forward,
+    causal_mask,
+    check_window,
+)
 from .kv_cache import KVCache
 from .rope import check_rope_settings, rope_backward, rope_forward
 
@@ -54,6 +63,10 @@ class GroupedQueryAttention:
     ``rope_base`` (None: no rotation) turns on rotary position embeddings
     with that base, in ``rope_layout`` (``"half"`` or ``"interleaved"``),
     over the first ``rope_dim`` features of each head (default ``d_k``).
+
+    ``window=W`` makes it a sliding-window layer (always causal);
+    ``sinks=True`` adds ``sinks [n_heads]``, one sink logit per query head,
+    starting at 0.
     """
 
     def __init__(
@@ -68,6 +81,8 @@ class GroupedQueryAttention:
         rope_base=None,
         rope_layout="half",
         rope_dim=None,
+        window=None,
+        sinks=False,
     ):
         d_model, n_heads, n_kv_heads, d_k, d_v = check_head_dims(
             d_model, n_heads, n_kv_heads, d_k, d_v
@@ -94,19 +109,26 @@ class GroupedQueryAttention:
             )
             for name, shape in shapes.items()
         }
+        self.window = check_window(window)
+        if sinks:  # a logit per query head, 0: the sink starts as one key
+            self.params["sinks"] = np.zeros(n_heads, dtype=dtype)
         self.grads = {
             name: np.zeros_like(p) for name, p in self.params.items()
         }
         # [B, n_heads, L_q, L_k] after each forward
         self.attention_weights = None
+        self.sink_weights = None  # [B, n_heads, L_q]: mass on the sink
         self._cache = None
 
     def __repr__(self) -> str:
+        extra = "" if self.window is None else f", window={self.window}"
+        extra += ", sinks=True" if "sinks" in self.params else ""
         return (
             f"{type(self).__name__}(d_model={self.d_model}, "
             f"n_heads={self.n_heads}, "
             f"n_kv_heads={self.n_kv_heads}, d_k={self.d_k}, "
-            f"d_v={self.d_v}, dtype={self.dtype}{self._rope_repr()})"
+            f"d_v={self.d_v}, dtype={self.dtype}{self._rope_repr()}"
+            f"{extra})"
         )
 
     def _rope_repr(self) -> str:
@@ -131,7 +153,8 @@ class GroupedQueryAttention:
         ``[B, n_heads, L_q, L_k]``. With ``kv_cache`` (a
         :class:`~attn_np.KVCache`), ``x`` is the next chunk: it attends
         causally over every cached position plus itself, and its keys and
-        values are added to the cache.
+        values are added to the cache. A window layer needs
+        ``causal=True`` and a cache with the same window.
         """
         x3, unbatched = self._check_x(
             x, "x" if kv_cache is None else "x_chunk"
@@ -156,9 +179,20 @@ class GroupedQueryAttention:
                 d_v=d_v,
                 dtype=dtype,
             )
+            if kv_cache.window != self.window:
+                raise ValueError(
+                    f"kv_cache has window={kv_cache.window} but the layer "
+                    f"has window={self.window}: give the layer a "
+                    "KVCache(window=layer.window)"
+                )
             # the chunk attends over the cache and causally over itself
             causal = True
             start = len(kv_cache)
+        elif self.window is not None and not causal:
+            raise ValueError(
+                f"a window layer (window={self.window}) is causal: call "
+                "forward(x, causal=True)"
+            )
 
         # [B, L, d_model] @ [d_model, h*d_k] -> [B, L, h*d_k]
         q = x3 @ W["W_q"]
@@ -170,19 +204,36 @@ class GroupedQueryAttention:
         q = self._split_queries(q, d_k)
         k = split_kv(k, n_kv, d_k)  # [B, L, n_kv*d_k] -> [B, n_kv, L, d_k]
         v = split_kv(v, n_kv, d_v)  # [B, L, n_kv*d_v] -> [B, n_kv, L, d_v]
-        rope = None
-        if self.rope_base is not None:  # rotate q and k by their positions
+        rope, scale = None, None
+        # StreamingLLM caches keys before rotation (see _rope_in_cache)
+        in_cache = kv_cache is not None and kv_cache.sink_tokens > 0
+        if self.rope_base is not None and not in_cache:
+            # rotate q and k by their positions
             q, k, rope = self._rope_forward(q, k, start)
         if kv_cache is not None:
             # views, no copy: [B, n_kv, L_cached + L, d_k], [.., d_v]
             k, v = kv_cache.append(k, v)
+        if self.rope_base is not None and in_cache:
+            # [B, n_kv, G*L, 2*d_k] and [B, n_kv, L_k, 2*d_k]
+            q, k = self._rope_in_cache(q, k, kv_cache)
+            scale = 1.0 / np.sqrt(d_k)  # of the true d_k, not 2*d_k
         L_k = k.shape[2]
 
         # None or [..., G*L, L_k]
-        allowed = self._group_mask(mask, causal, B, L, L_k)
+        allowed = self._group_mask(mask, causal, B, L, L_k, kv_cache)
+        # None or [n_kv, G*L, 1]: head kv*G + g owns rows g*L ... g*L+L-1
+        sinks = self._sink_rows(L)
         # [B, n_kv, G*L, d_v], weights [B, n_kv, G*L, L_k]
         # x was checked finite once, in _check_x
-        o, att = attention_forward(q, k, v, mask=allowed, check_finite=False)
+        o, att = attention_forward(
+            q,
+            k,
+            v,
+            mask=allowed,
+            sinks=sinks,
+            scale=scale,
+            check_finite=False,
+        )
         # [B, n_kv, G*L, d_v] -> [B, L, h*d_v]
         o = self._merge_heads(o, L, d_v)
         # [B, L, h*d_v] @ [h*d_v, d_model] -> [B, L, d_model]
@@ -190,6 +241,8 @@ class GroupedQueryAttention:
 
         # head i = kv*G + g
         self.attention_weights = att.weights.reshape(B, h, L, L_k)
+        if sinks is not None:  # [B, n_kv, G*L, 1] -> [B, h, L]
+            self.sink_weights = att.sink_weights.reshape(B, h, L)
         self._cache = (
             None if kv_cache is not None else (x3, o, att, rope, unbatched)
         )
@@ -223,7 +276,10 @@ class GroupedQueryAttention:
         do = dy3 @ W["W_o"].T
         do = self._split_queries(do, d_v)  # -> [B, n_kv, G*L, d_v]
         # dk, dv already summed over each group's query heads
-        dq, dk, dv = attention_backward(do, att)
+        dq, dk, dv, *dsinks = attention_backward(do, att)
+        if dsinks:  # [n_kv, G*L, 1] -> [h, L] -> [h]
+            ds = dsinks[0].reshape(self.n_heads, L).sum(axis=1)
+            self.grads["sinks"] = ds
         if rope is not None:  # rotate the gradients back: by -theta
             dq, dk = self._rope_backward(dq, dk, rope)
         # [B, n_kv, G*L, d_k] -> [B, L, h*d_k]
@@ -276,6 +332,43 @@ class GroupedQueryAttention:
         # -> [B, n_kv, G*L, d_k]
         return q.reshape(B, n_kv, GL, d_k), k, (q_cache, k_cache)
 
+    def _rope_in_cache(self, q, k, cache):
+        """StreamingLLM's positions inside the cache (Xiao et al. 2023).
+
+        ``k [B, n_kv, n, d_k]`` holds unrotated keys: the sinks, then a
+        contiguous run ending with the chunk. Key slot ``s`` turns by
+        position ``s``. Query ``i`` (absolute) sees the sinks and the keys
+        ``j > i - (W - S)``, ``min(i + 1, W)`` keys in all, and stands at
+        position ``min(i, W - 1)`` among them: that is its position for
+        the sink columns. For the other columns any common shift will do,
+        so it turns by its own slot, and ``i - j`` is kept. The two query
+        rotations sit side by side, ``[q_sink, q_recent]``, against keys
+        ``[k, 0]`` (sinks) and ``[0, k]`` (the rest): one matmul gives
+        both kinds of scores. Returns ``(q2, k2)`` with ``2 d_k``
+        features.
+        """
+        B, n_kv, GL, d_k = q.shape
+        n, G = k.shape[2], self.group_size
+        L, S = GL // G, min(cache.sink_tokens, len(cache))
+        kw = dict(
+            base=self.rope_base,
+            layout=self.rope_layout,
+            rotary_dim=self.rope_dim,
+        )
+        k, _ = rope_forward(k, np.arange(n), **kw)  # slots 0 ... n-1
+        q = q.reshape(B, n_kv, G, L, d_k)  # one head a row
+        i = len(cache) - L + np.arange(L)  # absolute positions [L]
+        q_sink, _ = rope_forward(q, np.minimum(i, cache.window - 1), **kw)
+        q_rest, _ = rope_forward(q, n - L + np.arange(L), **kw)
+        # [B, n_kv, G, L, 2*d_k] -> [B, n_kv, G*L, 2*d_k]
+        q2 = np.concatenate([q_sink, q_rest], axis=-1).reshape(
+            B, n_kv, GL, 2 * d_k
+        )
+        k2 = np.zeros((B, n_kv, n, 2 * d_k), dtype=k.dtype)
+        k2[:, :, :S, :d_k] = k[:, :, :S]  # sinks meet q_sink
+        k2[:, :, S:, d_k:] = k[:, :, S:]  # the rest meet q_rest
+        return q2, k2
+
     def _rope_backward(self, dq, dk, rope):
         """The backward of :meth:`_rope_forward`: ``R(-theta)`` on ``dq``
         and ``dk``."""
@@ -305,9 +398,17 @@ class GroupedQueryAttention:
         )
         return t.reshape(B, L, self.n_heads * d)
 
-    def _group_mask(self, mask, causal, B, L_q, L_k):
-        """Combine the caller's mask and the causal mask into one for the
-        stacked query rows."""
+    def _sink_rows(self, L):
+        """``params["sinks"] [h]`` laid out like the stacked query rows:
+        ``[n_kv, G*L, 1]`` (each head's logit repeated for its L rows)."""
+        if "sinks" not in self.params:
+            return None
+        rows = np.repeat(self.params["sinks"], L)  # [h*L], head-major
+        return rows.reshape(self.n_kv_heads, self.group_size * L, 1)
+
+    def _group_mask(self, mask, causal, B, L_q, L_k, kv_cache=None):
+        """Combine the caller's mask and the causal (or window) mask into
+        one for the stacked query rows."""
         G, h, n_kv = self.group_size, self.n_heads, self.n_kv_heads
         allowed = None
         if mask is not None:
@@ -323,8 +424,14 @@ class GroupedQueryAttention:
             else:
                 m = np.broadcast_to(m, full).reshape(B, n_kv, G, L_q, L_k)
                 allowed = m.reshape(B, n_kv, G * L_q, L_k)
-        if causal and L_q > 1:
-            c = np.tile(causal_mask(L_q, L_k), (G, 1))  # [G*L_q, L_k]
+        c = None
+        if kv_cache is not None and kv_cache.window is not None:
+            # a rolling cache knows which positions it holds: [L_q, L_k]
+            c = kv_cache.attention_mask(L_q)
+        elif causal and (L_q > 1 or self.window is not None):
+            c = causal_mask(L_q, L_k, window=self.window)  # [L_q, L_k]
+        if c is not None:
+            c = np.tile(c, (G, 1))  # [G*L_q, L_k]
             allowed = c if allowed is None else allowed & c
         return allowed
 
@@ -344,6 +451,8 @@ class MultiHeadAttention(GroupedQueryAttention):
         rope_base=None,
         rope_layout="half",
         rope_dim=None,
+        window=None,
+        sinks=False,
     ):
         super().__init__(
             d_model,
@@ -356,6 +465,8 @@ class MultiHeadAttention(GroupedQueryAttention):
             rope_base=rope_base,
             rope_layout=rope_layout,
             rope_dim=rope_dim,
+            window=window,
+            sinks=sinks,
         )
 
 
@@ -374,6 +485,8 @@ class MultiQueryAttention(GroupedQueryAttention):
         rope_base=None,
         rope_layout="half",
         rope_dim=None,
+        window=None,
+        sinks=False,
     ):
         super().__init__(
             d_model,
@@ -386,6 +499,8 @@ class MultiQueryAttention(GroupedQueryAttention):
             rope_base=rope_base,
             rope_layout=rope_layout,
             rope_dim=rope_dim,
+            window=window,
+            sinks=sinks,
         )
 
 

@@ -79,6 +79,10 @@ class Transformer(Composite):
     ``"rope"`` rotates queries and keys in every attention layer (base
     ``rope_base``, layout ``rope_layout``) and ``"none"`` gives no position
     at all (a causal model can still infer some).
+
+    ``window`` and ``sinks`` go to every attention layer (chapter 8): a
+    sliding window of ``window`` positions, and a learned sink logit per
+    query head.
     """
 
     def __init__(
@@ -98,6 +102,8 @@ class Transformer(Composite):
         positions="sinusoidal",
         rope_base=10000.0,
         rope_layout="half",
+        window=None,
+        sinks=False,
     ):
         if positions not in POSITIONS:
             raise ValueError(
@@ -134,6 +140,8 @@ class Transformer(Composite):
                     dtype=dtype,
                     rope_base=rope_base if rope else None,
                     rope_layout=rope_layout,
+                    window=window,
+                    sinks=sinks,
                 ),
                 d_ff,
                 seed=s_ffn,
