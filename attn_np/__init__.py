@@ -22,6 +22,7 @@ multi-query and grouped-query attention     :mod:`.multihead`,
 :mod:`.costs.decode`,
                                                   :mod:`.bench`
 5     training MHA, GQA and MQA                   :mod:`.training`
+6     rotary position embeddings (RoPE)           :mod:`.rope`
 ====  ==========================================
 ============================================
 
@@ -55,6 +56,14 @@ from .multihead import (
     MultiHeadAttention,
     MultiQueryAttention,
 )
+from .rope import (
+    RopeCache,
+    rope,
+    rope_backward,
+    rope_forward,
+    rope_frequencies,
+    rope_permutation,
+)
 from .softmax import SoftmaxCache, softmax, softmax_backward, softmax_forward
 from .training import (
     Adam,
@@ -74,6 +83,7 @@ __all__ = [
     "ModelConfig",
     "MultiHeadAttention",
     "MultiQueryAttention",
+    "RopeCache",
     "SoftmaxCache",
     "TOLERANCE",
     "Transformer",
@@ -91,6 +101,11 @@ __all__ = [
     "mha_to_gqa",
     "numerical_gradient",
     "rel_error",
+    "rope",
+    "rope_backward",
+    "rope_forward",
+    "rope_frequencies",
+    "rope_permutation",
     "softmax",
     "softmax_backward",
     "softmax_forward",

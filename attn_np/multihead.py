@@ -18,6 +18,12 @@ and each key/value head meets *one* contiguous ``[G*L_q, d_k]`` query matrix
 in a single matmul. Keys and values are never copied per query head, and in
 the backward the matmul ``dS^T Q`` over the stacked rows sums the gradients
 of the whole group into its one key/value head.
+
+Rotary positions (chapter 6). With ``rope_base`` set, every query and key
+head is rotated (:func:`~attn_np.rope_forward`) after the head split and
+before the scores, at positions ``0 ... L-1``; with a
+:class:`~attn_np.KVCache` a chunk's positions continue from ``len(cache)``,
+and keys are cached after their rotation.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from ._checks import (
 )
 from .attention import attention_backward, attention_forward, causal_mask
 from .kv_cache import KVCache
+from .rope import check_rope_settings, rope_backward, rope_forward
 
 
 class GroupedQueryAttention:
@@ -43,6 +50,10 @@ class GroupedQueryAttention:
 
         W_q [d_model, n_heads * d_k]      W_k [d_model, n_kv_heads * d_k]
         W_v [d_model, n_kv_heads * d_v]   W_o [n_heads * d_v, d_model]
+
+    ``rope_base`` (None: no rotation) turns on rotary position embeddings
+    with that base, in ``rope_layout`` (``"half"`` or ``"interleaved"``),
+    over the first ``rope_dim`` features of each head (default ``d_k``).
     """
 
     def __init__(
@@ -54,9 +65,15 @@ class GroupedQueryAttention:
         d_v=None,
         seed=0,
         dtype=np.float64,
+        rope_base=None,
+        rope_layout="half",
+        rope_dim=None,
     ):
         d_model, n_heads, n_kv_heads, d_k, d_v = check_head_dims(
             d_model, n_heads, n_kv_heads, d_k, d_v
+        )
+        self.rope_base, self.rope_layout, self.rope_dim = (
+            check_rope_settings(rope_base, rope_layout, rope_dim, d_k)
         )
         self.d_model, self.n_heads = d_model, n_heads
         self.n_kv_heads, self.d_k, self.d_v = n_kv_heads, d_k, d_v
@@ -89,7 +106,15 @@ class GroupedQueryAttention:
             f"{type(self).__name__}(d_model={self.d_model}, "
             f"n_heads={self.n_heads}, "
             f"n_kv_heads={self.n_kv_heads}, d_k={self.d_k}, "
-            f"d_v={self.d_v}, dtype={self.dtype})"
+            f"d_v={self.d_v}, dtype={self.dtype}{self._rope_repr()})"
+        )
+
+    def _rope_repr(self) -> str:
+        if self.rope_base is None:
+            return ""
+        return (
+            f", rope_base={self.rope_base:g}, "
+            f"rope_layout={self.rope_layout!r}, rope_dim={self.rope_dim}"
         )
 
     @property
@@ -114,6 +139,7 @@ class GroupedQueryAttention:
         B, L, _ = x3.shape
         h, n_kv, d_k, d_v = self.n_heads, self.n_kv_heads, self.d_k, self.d_v
         W = self.params
+        start = 0  # the position of the chunk's first token
         if kv_cache is not None:
             if not isinstance(kv_cache, KVCache):
                 raise TypeError(
@@ -132,6 +158,7 @@ class GroupedQueryAttention:
             )
             # the chunk attends over the cache and causally over itself
             causal = True
+            start = len(kv_cache)
 
         # [B, L, d_model] @ [d_model, h*d_k] -> [B, L, h*d_k]
         q = x3 @ W["W_q"]
@@ -143,6 +170,9 @@ class GroupedQueryAttention:
         q = self._split_queries(q, d_k)
         k = split_kv(k, n_kv, d_k)  # [B, L, n_kv*d_k] -> [B, n_kv, L, d_k]
         v = split_kv(v, n_kv, d_v)  # [B, L, n_kv*d_v] -> [B, n_kv, L, d_v]
+        rope = None
+        if self.rope_base is not None:  # rotate q and k by their positions
+            q, k, rope = self._rope_forward(q, k, start)
         if kv_cache is not None:
             # views, no copy: [B, n_kv, L_cached + L, d_k], [.., d_v]
             k, v = kv_cache.append(k, v)
@@ -161,7 +191,7 @@ class GroupedQueryAttention:
         # head i = kv*G + g
         self.attention_weights = att.weights.reshape(B, h, L, L_k)
         self._cache = (
-            None if kv_cache is not None else (x3, o, att, unbatched)
+            None if kv_cache is not None else (x3, o, att, rope, unbatched)
         )
         return y[0] if unbatched else y
 
@@ -175,7 +205,7 @@ class GroupedQueryAttention:
                 "backward needs a preceding forward without kv_cache "
                 "(decoding with a cache is inference only)"
             )
-        x3, o, att, unbatched = self._cache
+        x3, o, att, rope, unbatched = self._cache
         B, L, _ = x3.shape
         dy = as_float_array(dy, "dy")
         want = (L, self.d_model) if unbatched else (B, L, self.d_model)
@@ -194,6 +224,8 @@ class GroupedQueryAttention:
         do = self._split_queries(do, d_v)  # -> [B, n_kv, G*L, d_v]
         # dk, dv already summed over each group's query heads
         dq, dk, dv = attention_backward(do, att)
+        if rope is not None:  # rotate the gradients back: by -theta
+            dq, dk = self._rope_backward(dq, dk, rope)
         # [B, n_kv, G*L, d_k] -> [B, L, h*d_k]
         dq = self._merge_heads(dq, L, d_k)
         dk = merge_kv(dk)  # [B, n_kv, L, d_k] -> [B, L, n_kv*d_k]
@@ -224,6 +256,33 @@ class GroupedQueryAttention:
                 f"{x.shape}"
             )
         return (x[None], True) if x.ndim == 2 else (x, False)
+
+    def _rope_forward(self, q, k, start):
+        """Rotate query heads ``[B, n_kv, G*L, d_k]`` and key heads ``[B,
+        n_kv, L, d_k]`` at positions ``start ... start+L-1``."""
+        B, n_kv, GL, d_k = q.shape
+        L = k.shape[2]
+        positions = start + np.arange(L)  # [L]
+        kw = dict(
+            base=self.rope_base,
+            layout=self.rope_layout,
+            rotary_dim=self.rope_dim,
+        )
+        # [B, n_kv, G*L, d_k] -> [B, n_kv, G, L, d_k]: a view, one head a row
+        q, q_cache = rope_forward(
+            q.reshape(B, n_kv, self.group_size, L, d_k), positions, **kw
+        )
+        k, k_cache = rope_forward(k, positions, **kw)  # [B, n_kv, L, d_k]
+        # -> [B, n_kv, G*L, d_k]
+        return q.reshape(B, n_kv, GL, d_k), k, (q_cache, k_cache)
+
+    def _rope_backward(self, dq, dk, rope):
+        """The backward of :meth:`_rope_forward`: ``R(-theta)`` on ``dq``
+        and ``dk``."""
+        q_cache, k_cache = rope
+        # [B, n_kv, G*L, d_k] -> [B, n_kv, G, L, d_k] -> back
+        dq5 = rope_backward(dq.reshape(q_cache.shape), q_cache)
+        return dq5.reshape(dq.shape), rope_backward(dk, k_cache)
 
     def _split_queries(self, t, d):
         """[B, L, h*d] -> [B, n_kv, G*L, d]: query head kv*G + g goes to
@@ -275,7 +334,16 @@ class MultiHeadAttention(GroupedQueryAttention):
     own key/value head."""
 
     def __init__(
-        self, d_model, n_heads, d_k=None, d_v=None, seed=0, dtype=np.float64
+        self,
+        d_model,
+        n_heads,
+        d_k=None,
+        d_v=None,
+        seed=0,
+        dtype=np.float64,
+        rope_base=None,
+        rope_layout="half",
+        rope_dim=None,
     ):
         super().__init__(
             d_model,
@@ -285,6 +353,9 @@ class MultiHeadAttention(GroupedQueryAttention):
             d_v=d_v,
             seed=seed,
             dtype=dtype,
+            rope_base=rope_base,
+            rope_layout=rope_layout,
+            rope_dim=rope_dim,
         )
 
 
@@ -293,10 +364,28 @@ class MultiQueryAttention(GroupedQueryAttention):
     key/value head."""
 
     def __init__(
-        self, d_model, n_heads, d_k=None, d_v=None, seed=0, dtype=np.float64
+        self,
+        d_model,
+        n_heads,
+        d_k=None,
+        d_v=None,
+        seed=0,
+        dtype=np.float64,
+        rope_base=None,
+        rope_layout="half",
+        rope_dim=None,
     ):
         super().__init__(
-            d_model, n_heads, 1, d_k=d_k, d_v=d_v, seed=seed, dtype=dtype
+            d_model,
+            n_heads,
+            1,
+            d_k=d_k,
+            d_v=d_v,
+            seed=seed,
+            dtype=dtype,
+            rope_base=rope_base,
+            rope_layout=rope_layout,
+            rope_dim=rope_dim,
         )
 
 
