@@ -23,6 +23,8 @@ multi-query and grouped-query attention     :mod:`.multihead`,
                                                   :mod:`.bench`
 5     training MHA, GQA and MQA                   :mod:`.training`
 6     rotary position embeddings (RoPE)           :mod:`.rope`
+7     multi-head latent attention (MLA)           :mod:`.latent`,
+                                                  :mod:`.costs.latent`
 ====  ==========================================
 ============================================
 
@@ -51,6 +53,7 @@ from .instruments import (
     rel_error,
 )
 from .kv_cache import KVCache
+from .latent import LatentKVCache, MultiHeadLatentAttention
 from .multihead import (
     GroupedQueryAttention,
     MultiHeadAttention,
@@ -79,9 +82,11 @@ __all__ = [
     "AttentionCache",
     "GroupedQueryAttention",
     "KVCache",
+    "LatentKVCache",
     "MODELS",
     "ModelConfig",
     "MultiHeadAttention",
+    "MultiHeadLatentAttention",
     "MultiQueryAttention",
     "RopeCache",
     "SoftmaxCache",

@@ -31,11 +31,18 @@ import math
 
 import numpy as np
 
-from ._checks import as_float_array, check_mask, check_positive_int
+from ._checks import (
+    as_float_array,
+    check_count,
+    check_finite,
+    check_float_dtype,
+    check_mask,
+    check_upstream,
+)
 from .attention import attention_backward, attention_forward, causal_mask
 from .kv_cache import _grow
 from .multihead import merge_kv, split_kv
-from .rope import LAYOUTS, rope_backward, rope_forward, rope_frequencies
+from .rope import check_rope_settings, rope_backward, rope_forward
 from .training.layers import rmsnorm_backward, rmsnorm_forward
 
 
@@ -50,13 +57,13 @@ class LatentKVCache:
     """
 
     def __init__(self, initial_capacity: int = 16):
-        self._initial_capacity = check_positive_int(
+        self._initial_capacity = check_count(
             initial_capacity, "initial_capacity"
         )
         self._buf = None  # [B, capacity, d_latent_kv + d_rope]
         self._d_latent_kv = None
         self._len = 0
-        self.copies = 0  # reallocations so far
+        self.reallocations = 0  # how many times the buffer grew
 
     def __len__(self) -> int:
         return self._len
@@ -100,7 +107,7 @@ class LatentKVCache:
 
     @property
     def rows(self) -> np.ndarray:
-        """View of the cached rows ``[c_KV ; k_R]``: ``[B, len, d_c + d_R]``."""
+        """View of the rows ``[c_KV ; k_R]``: ``[B, len, d_c + d_R]``."""
         if self._buf is None:
             raise ValueError("the cache is empty: it holds no latents yet")
         return self._buf[:, : self._len]
@@ -176,7 +183,7 @@ class LatentKVCache:
         if need > self.capacity:
             cap = max(need, 2 * self.capacity)  # doubling: O(n) copied
             self._buf = _grow(self._buf, cap, self._len, axis=1)
-            self.copies += 1
+            self.reallocations += 1
         self._buf[:, self._len : need, :d_c] = c_kv  # rows len..len+L-1
         self._buf[:, self._len : need, d_c:] = k_r
         self._len = need
@@ -230,33 +237,35 @@ class MultiHeadLatentAttention:
         *,
         latent_norm=False,
     ):
-        d_model = check_positive_int(d_model, "d_model")
-        h = check_positive_int(n_heads, "n_heads")
-        d_head = check_positive_int(d_head, "d_head")
-        d_c = check_positive_int(d_latent_kv, "d_latent_kv")
-        d_r = check_positive_int(d_rope, "d_rope")
+        d_model = check_count(d_model, "d_model")
+        h = check_count(n_heads, "n_heads")
+        d_head = check_count(d_head, "d_head")
+        d_c = check_count(d_latent_kv, "d_latent_kv")
+        d_r = check_count(d_rope, "d_rope")
+        d_cq = None
+        if d_latent_q is not None:
+            d_cq = check_count(d_latent_q, "d_latent_q")
+        d_v = (
+            d_head if d_head_v is None else check_count(d_head_v, "d_head_v")
+        )
+        if rope_base is None:
+            raise ValueError(
+                "rope_base must be a positive number: the decoupled key "
+                "k_R exists to carry RoPE, got None"
+            )
         if d_r % 2:
             raise ValueError(
                 f"d_rope must be even (RoPE turns pairs), got {d_r}"
             )
-        d_cq = None
-        if d_latent_q is not None:
-            d_cq = check_positive_int(d_latent_q, "d_latent_q")
-        d_v = d_head
-        if d_head_v is not None:
-            d_v = check_positive_int(d_head_v, "d_head_v")
-        if rope_layout not in LAYOUTS:
-            raise ValueError(
-                f"rope_layout must be one of {LAYOUTS}, got {rope_layout!r}"
-            )
-        rope_frequencies(d_r, base=rope_base)  # validates rope_base
-        dtype = np.dtype(dtype)
-        if not np.issubdtype(dtype, np.floating):
-            raise TypeError(f"dtype must be a floating-point type, got {dtype}")
+        # rope_base positive, rope_layout "half" or "interleaved"
+        rope_base, rope_layout, _ = check_rope_settings(
+            rope_base, rope_layout, None, d_r
+        )
+        dtype = check_float_dtype(dtype)
         self.d_model, self.n_heads, self.d_head = d_model, h, d_head
         self.d_latent_kv, self.d_rope = d_c, d_r
         self.d_latent_q, self.d_head_v = d_cq, d_v
-        self.rope_base, self.rope_layout = float(rope_base), rope_layout
+        self.rope_base, self.rope_layout = rope_base, rope_layout
         self.latent_norm, self.dtype = bool(latent_norm), dtype
         self.scale = 1.0 / math.sqrt(d_head + d_r)
         d_q_in = d_model if d_cq is None else d_cq  # what W_uq, W_qr read
@@ -332,8 +341,11 @@ class MultiHeadLatentAttention:
                 )
             dtype = np.result_type(x3.dtype, self.params["W_dkv"].dtype)
             kv_cache.check_chunk(
-                x3.shape, batch=B, d_latent_kv=self.d_latent_kv,
-                d_rope=self.d_rope, dtype=dtype,
+                x3.shape,
+                batch=B,
+                d_latent_kv=self.d_latent_kv,
+                d_rope=self.d_rope,
+                dtype=dtype,
             )
             start, causal = len(kv_cache), True
         pos = np.arange(start, start + L)  # absolute positions: [L]
@@ -370,7 +382,7 @@ class MultiHeadLatentAttention:
         return y[0] if unbatched else y
 
     def _queries(self, x3, pos):
-        """``q_C [B, h, L, d_head]`` and rotated ``q_R [B, h, L, d_rope]``."""
+        """``q_C [B, h, L, d_head]``, rotated ``q_R [B, h, L, d_rope]``."""
         W, h = self.params, self.n_heads
         c_q, norm = x3, None
         if self.d_latent_q is not None:
@@ -387,7 +399,7 @@ class MultiHeadLatentAttention:
         return q_c, q_r, (c_q, norm, rope)
 
     def _latents(self, x3, pos):
-        """``c_KV [B, L, d_latent_kv]`` and the rotated ``k_R [B, L, d_rope]``."""
+        """``c_KV [B, L, d_latent_kv]``, rotated ``k_R [B, L, d_rope]``."""
         W = self.params
         c_kv = x3 @ W["W_dkv"]  # [B, L, d] @ [d, d_c] -> [B, L, d_c]
         norm = None
@@ -413,7 +425,10 @@ class MultiHeadLatentAttention:
         k_r = np.broadcast_to(k_r[:, None], (B, h, L_k, self.d_rope))
         q = np.concatenate([q_c, q_r], axis=-1)  # [B, h, L, d_h + d_R]
         k = np.concatenate([k_c, k_r], axis=-1)  # [B, h, L_k, d_h + d_R]
-        o, att = attention_forward(q, k, v, mask=allowed, scale=self.scale)
+        # x was checked finite once, in _check_x
+        o, att = attention_forward(
+            q, k, v, mask=allowed, scale=self.scale, check_finite=False
+        )
         return o, att  # o: [B, h, L, d_v]
 
     def _attend_absorbed(self, q_c, q_r, rows, allowed):
@@ -431,7 +446,12 @@ class MultiHeadLatentAttention:
             allowed = np.broadcast_to(allowed, (B, h, L, L_k))
             allowed = allowed.reshape(B, 1, h * L, L_k)
         o_lat, att = attention_forward(
-            q, kv, kv[..., :d_c], mask=allowed, scale=self.scale
+            q,
+            kv,
+            kv[..., :d_c],
+            mask=allowed,
+            scale=self.scale,
+            check_finite=False,
         )  # o_lat: [B, 1, h*L, d_c], a weighted sum of latents per head
         o_lat = o_lat.reshape(B, h, L, d_c)
         o = o_lat @ w_uv  # [B, h, L, d_c] @ [h, d_c, d_v] -> [B, h, L, d_v]
@@ -448,13 +468,8 @@ class MultiHeadLatentAttention:
             )
         x3, q_keep, kv_keep, c_kv, o, att, unbatched = self._cache
         B, L, _ = x3.shape
-        dy = as_float_array(dy, "dy")
         want = (L, self.d_model) if unbatched else (B, L, self.d_model)
-        if dy.shape != want:
-            raise ValueError(
-                f"dy must have the shape of the layer's output {want}, "
-                f"got {dy.shape}"
-            )
+        dy = check_upstream(dy, "dy", want, "the layer's output")
         dy3 = dy[None] if unbatched else dy
         W, G, h = self.params, self.grads, self.n_heads
         d_h = self.d_head
@@ -501,6 +516,7 @@ class MultiHeadLatentAttention:
     # ---------------------------------------------------------- helpers
     def _check_x(self, x, name):
         x = as_float_array(x, name)
+        check_finite(x, name)
         if x.ndim not in (2, 3) or x.shape[-1] != self.d_model:
             raise ValueError(
                 f"{name} must have shape [L, d_model] or [B, L, d_model] "

@@ -104,20 +104,40 @@ def _layer(variant, seed=1, **over):
 # --------------------------------------------------------------- contract
 def test_signature_and_parameter_keys():
     layer = MultiHeadLatentAttention(
-        16, 4, 8, 12, 6, d_latent_q=10, d_head_v=5, rope_base=500.0,
-        rope_layout="interleaved", seed=3, dtype=np.float32,
+        16,
+        4,
+        8,
+        12,
+        6,
+        d_latent_q=10,
+        d_head_v=5,
+        rope_base=500.0,
+        rope_layout="interleaved",
+        seed=3,
+        dtype=np.float32,
     )
     shapes = {k: p.shape for k, p in layer.params.items()}
     assert shapes == {
-        "W_dq": (16, 10), "W_uq": (10, 32), "W_qr": (10, 24),
-        "W_dkv": (16, 12), "W_uk": (12, 32), "W_uv": (12, 20),
-        "W_kr": (16, 6), "W_o": (20, 16),
+        "W_dq": (16, 10),
+        "W_uq": (10, 32),
+        "W_qr": (10, 24),
+        "W_dkv": (16, 12),
+        "W_uk": (12, 32),
+        "W_uv": (12, 20),
+        "W_kr": (16, 6),
+        "W_o": (20, 16),
     }
     assert all(p.dtype == np.float32 for p in layer.params.values())
     assert set(layer.grads) == set(layer.params)
     plain = MultiHeadLatentAttention(16, 4, 8, 12, 6)
     assert list(plain.params) == [
-        "W_q", "W_qr", "W_dkv", "W_uk", "W_uv", "W_kr", "W_o"
+        "W_q",
+        "W_qr",
+        "W_dkv",
+        "W_uk",
+        "W_uv",
+        "W_kr",
+        "W_o",
     ]
     assert plain.d_head_v == 8 and plain.rope_layout == "half"
     assert plain.n_params == latent_param_count(16, 4, 8, 12, 6)
@@ -178,8 +198,15 @@ def test_gradients_random_shapes(
     h, d_head, d_c, half_r, d_cq, L, B, norm, interleaved, seed
 ):
     layer = MultiHeadLatentAttention(
-        5, h, d_head, d_c, 2 * half_r, d_latent_q=d_cq, rope_base=7.0,
-        rope_layout="interleaved" if interleaved else "half", seed=seed,
+        5,
+        h,
+        d_head,
+        d_c,
+        2 * half_r,
+        d_latent_q=d_cq,
+        rope_base=7.0,
+        rope_layout="interleaved" if interleaved else "half",
+        seed=seed,
         latent_norm=norm,
     )
     rng = np.random.default_rng(seed)
@@ -189,7 +216,9 @@ def test_gradients_random_shapes(
     # fixed-shape test above covers rows with no key at all)
     mask = (rng.random((B, h, L, L)) > 0.2) | np.eye(L, dtype=bool)
     mask[..., 1, 0] = True
-    errors = check_layer_gradients(layer, x, seed=seed, causal=True, mask=mask)
+    errors = check_layer_gradients(
+        layer, x, seed=seed, causal=True, mask=mask
+    )
     assert max(errors.values()) < TOLERANCE, errors
 
 
@@ -227,8 +256,11 @@ def test_decode_paths_equal_full_causal_forward(variant, absorb):
         outs.append(layer.forward(chunk, kv_cache=cache, absorb=absorb))
         start += n
     assert np.max(np.abs(np.concatenate(outs, axis=1) - full)) < EXACT
-    assert np.max(np.abs(layer.attention_weights[:, :, 0] - full_w[:, :, -1])) < EXACT
-    assert len(cache) == 13 and cache.copies > 0
+    assert (
+        np.max(np.abs(layer.attention_weights[:, :, 0] - full_w[:, :, -1]))
+        < EXACT
+    )
+    assert len(cache) == 13 and cache.reallocations > 0
 
 
 @given(
@@ -247,10 +279,17 @@ def test_any_chunking_and_mask(chunks, absorb, plain, masked, seed):
     full = layer.forward(x, causal=True, mask=mask)
     cache, outs, start = LatentKVCache(), [], 0
     for n in chunks:
-        m = None if mask is None else mask[:, :, start : start + n, : start + n]
+        m = (
+            None
+            if mask is None
+            else mask[:, :, start : start + n, : start + n]
+        )
         outs.append(
             layer.forward(
-                x[:, start : start + n], kv_cache=cache, mask=m, absorb=absorb
+                x[:, start : start + n],
+                kv_cache=cache,
+                mask=m,
+                absorb=absorb,
             )
         )
         start += n
@@ -280,7 +319,9 @@ def test_float32_decode_both_paths():
     for absorb in (False, True):
         cache, outs = LatentKVCache(), []
         for t in range(9):
-            outs.append(layer.forward(x[:, t : t + 1], kv_cache=cache, absorb=absorb))
+            outs.append(
+                layer.forward(x[:, t : t + 1], kv_cache=cache, absorb=absorb)
+            )
         out = np.concatenate(outs, axis=1)
         assert out.dtype == np.float32 and cache.dtype == np.float32
         assert np.max(np.abs(out - full)) < 1e-4
@@ -317,7 +358,7 @@ def test_cache_nbytes_views_and_growth():
     for t in range(20):
         layer.forward(x[:, t : t + 1], kv_cache=cache)
     assert cache.nbytes == 2 * 20 * (6 + 4) * 8  # B len (d_c + d_R) 8
-    assert cache.capacity == 32 and cache.copies == 5
+    assert cache.capacity == 32 and cache.reallocations == 5
     assert cache.latents.shape == (2, 20, 6)
     assert cache.rope_keys.shape == (2, 20, 4)
     assert np.shares_memory(cache.latents, cache.rows)
@@ -387,12 +428,16 @@ def test_chunk_cost_by_hand():
     absorbed = latent_chunk_cost(1, 1, 7, *dims, absorb=True)
     common = 2 * d * d_cq + 2 * d_cq * h * (d_h + d_r) + 2 * d * (d_c + d_r)
     common += 2 * h * d_v * d
-    assert naive.flops == common + 2 * 8 * d_c * h * (d_h + d_v) + 2 * h * 8 * (
-        d_h + d_r + d_v
+    assert naive.flops == common + 2 * 8 * d_c * h * (
+        d_h + d_v
+    ) + 2 * h * 8 * (d_h + d_r + d_v)
+    assert (
+        absorbed.flops
+        == common
+        + 2 * h * d_h * d_c
+        + 2 * h * 8 * (2 * d_c + d_r)
+        + 2 * h * d_c * d_v
     )
-    assert absorbed.flops == common + 2 * h * d_h * d_c + 2 * h * 8 * (
-        2 * d_c + d_r
-    ) + 2 * h * d_c * d_v
     step = latent_decode_step_cost(1, 7, *dims, absorb=True)
     assert step.flops_breakdown == absorbed.flops_breakdown
     # the cache read is the same; only naive writes the rebuilt keys/values

@@ -32,29 +32,39 @@ the memory bus at least once, as :mod:`attn_np.costs.decode` does.
 
 from __future__ import annotations
 
-from .._checks import check_positive_int
+from .._checks import check_count
 from .decode import ChunkCost
 
 
 def latent_dims(
-    d_model, n_heads, d_head, d_latent_kv, d_rope, d_latent_q=None,
+    d_model,
+    n_heads,
+    d_head,
+    d_latent_kv,
+    d_rope,
+    d_latent_q=None,
     d_head_v=None,
 ):
     """Validated ``(d, h, d_h, d_c, d_R, d_cq, d_v)``, defaults filled in."""
-    d = check_positive_int(d_model, "d_model")
-    h = check_positive_int(n_heads, "n_heads")
-    d_h = check_positive_int(d_head, "d_head")
-    d_c = check_positive_int(d_latent_kv, "d_latent_kv")
-    d_r = check_positive_int(d_rope, "d_rope")
+    d = check_count(d_model, "d_model")
+    h = check_count(n_heads, "n_heads")
+    d_h = check_count(d_head, "d_head")
+    d_c = check_count(d_latent_kv, "d_latent_kv")
+    d_r = check_count(d_rope, "d_rope")
     d_cq = None
     if d_latent_q is not None:
-        d_cq = check_positive_int(d_latent_q, "d_latent_q")
-    d_v = d_h if d_head_v is None else check_positive_int(d_head_v, "d_head_v")
+        d_cq = check_count(d_latent_q, "d_latent_q")
+    d_v = d_h if d_head_v is None else check_count(d_head_v, "d_head_v")
     return d, h, d_h, d_c, d_r, d_cq, d_v
 
 
 def latent_cache_elements(
-    n_heads, d_head, d_latent_kv, d_rope, d_head_v=None, *,
+    n_heads,
+    d_head,
+    d_latent_kv,
+    d_rope,
+    d_head_v=None,
+    *,
     decompressed=False,
 ) -> int:
     """Numbers cached per token per layer: ``d_c + d_R``.
@@ -71,7 +81,12 @@ def latent_cache_elements(
 
 
 def latent_param_count(
-    d_model, n_heads, d_head, d_latent_kv, d_rope, d_latent_q=None,
+    d_model,
+    n_heads,
+    d_head,
+    d_latent_kv,
+    d_rope,
+    d_latent_q=None,
     d_head_v=None,
 ) -> int:
     """Weights of the layer (no biases, no RMSNorm gains)."""
@@ -87,8 +102,19 @@ def latent_param_count(
 
 
 def latent_chunk_cost(
-    B, L_q, n_cached, d_model, n_heads, d_head, d_latent_kv, d_rope,
-    d_latent_q=None, d_head_v=None, *, absorb, bytes_per_element=4,
+    B,
+    L_q,
+    n_cached,
+    d_model,
+    n_heads,
+    d_head,
+    d_latent_kv,
+    d_rope,
+    d_latent_q=None,
+    d_head_v=None,
+    *,
+    absorb,
+    bytes_per_element=4,
     fused=False,
 ) -> ChunkCost:
     """FLOPs and bytes of ``L_q`` new positions over ``n_cached`` cached.
@@ -96,18 +122,21 @@ def latent_chunk_cost(
     ``absorb`` picks the layer's path. ``fused=True`` leaves out the
     scores written and read back (a fused kernel keeps them on chip).
     """
-    B = check_positive_int(B, "B")
-    L_q = check_positive_int(L_q, "L_q")
-    n = n_cached
-    if isinstance(n, bool) or not hasattr(n, "__index__") or n < 0:
-        raise ValueError(
-            f"n_cached must be a non-negative integer, got {n_cached!r}"
-        )
-    e = check_positive_int(bytes_per_element, "bytes_per_element")
-    dims = (d_model, n_heads, d_head, d_latent_kv, d_rope, d_latent_q,
-            d_head_v)
+    B = check_count(B, "B")
+    L_q = check_count(L_q, "L_q")
+    n = check_count(n_cached, "n_cached", minimum=0)
+    e = check_count(bytes_per_element, "bytes_per_element")
+    dims = (
+        d_model,
+        n_heads,
+        d_head,
+        d_latent_kv,
+        d_rope,
+        d_latent_q,
+        d_head_v,
+    )
     d, h, d_h, d_c, d_r, d_cq, d_v = latent_dims(*dims)
-    N, L_k = B * L_q, int(n) + L_q  # new positions, keys attended
+    N, L_k = B * L_q, n + L_q  # new positions, keys attended
     if d_cq is None:
         query = 2 * N * d * h * (d_h + d_r)  # x @ [W_q, W_qr]
     else:  # x @ W_dq, then c_Q @ [W_uq, W_qr]
@@ -118,7 +147,9 @@ def latent_chunk_cost(
     }
     if absorb:
         flops["absorb W_uk: q_C W_uk^T"] = 2 * N * h * d_h * d_c
-        flops["scores over [c_KV ; k_R]"] = 2 * B * h * L_q * L_k * (d_c + d_r)
+        flops["scores over [c_KV ; k_R]"] = (
+            2 * B * h * L_q * L_k * (d_c + d_r)
+        )
         flops["weights @ c_KV"] = 2 * B * h * L_q * L_k * d_c
         flops["absorb W_uv: o_lat W_uv"] = 2 * N * h * d_c * d_v
     else:
@@ -140,18 +171,40 @@ def latent_chunk_cost(
         )
         per_head = (d_h + d_r) + d_v  # queries, head outputs
     nbytes["queries and head outputs"] = e * 2 * N * h * per_head
-    nbytes["scores [B, h, L_q, L_k]"] = 0 if fused else e * 2 * B * h * L_q * L_k
+    nbytes["scores [B, h, L_q, L_k]"] = (
+        0 if fused else e * 2 * B * h * L_q * L_k
+    )
     return ChunkCost(flops, nbytes)
 
 
 def latent_decode_step_cost(
-    B, n_cached, d_model, n_heads, d_head, d_latent_kv, d_rope,
-    d_latent_q=None, d_head_v=None, *, absorb, bytes_per_element=4,
+    B,
+    n_cached,
+    d_model,
+    n_heads,
+    d_head,
+    d_latent_kv,
+    d_rope,
+    d_latent_q=None,
+    d_head_v=None,
+    *,
+    absorb,
+    bytes_per_element=4,
     fused=False,
 ) -> ChunkCost:
     """One decode step: one new position per sequence over ``n_cached``."""
     return latent_chunk_cost(
-        B, 1, n_cached, d_model, n_heads, d_head, d_latent_kv, d_rope,
-        d_latent_q, d_head_v, absorb=absorb,
-        bytes_per_element=bytes_per_element, fused=fused,
+        B,
+        1,
+        n_cached,
+        d_model,
+        n_heads,
+        d_head,
+        d_latent_kv,
+        d_rope,
+        d_latent_q,
+        d_head_v,
+        absorb=absorb,
+        bytes_per_element=bytes_per_element,
+        fused=fused,
     )
