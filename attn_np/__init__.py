@@ -44,7 +44,13 @@ from .attention import (
     unbroadcast,
 )
 from .convert import mha_to_gqa
-from .costs import MODELS, ModelConfig, kv_bytes_per_token, kv_cache_bytes
+from .costs import (
+    MODELS,
+    ModelConfig,
+    from_hf_config,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+)
 from .instruments import (
     TOLERANCE,
     check_gradients,
@@ -100,6 +106,7 @@ __all__ = [
     "costs",
     "cross_entropy_backward",
     "cross_entropy_forward",
+    "from_hf_config",
     "instruments",
     "kv_bytes_per_token",
     "kv_cache_bytes",
