@@ -442,7 +442,10 @@ class MultiHeadLatentAttention:
         q = np.concatenate([q_lat, q_r], axis=-1)  # [B, h, L, d_c + d_R]
         q = q.reshape(B, 1, h * L, d_c + self.d_rope)  # heads stacked
         kv = rows[:, None]  # [B, 1, L_k, d_c + d_R]: one key for all heads
-        if allowed is not None:  # lay the mask out like the stacked rows
+        # lay the mask out like the stacked rows: head i, query t -> i*L+t
+        if allowed is not None and allowed.ndim <= 2:  # same for all heads
+            allowed = np.tile(np.broadcast_to(allowed, (L, L_k)), (h, 1))
+        elif allowed is not None:  # per batch or per head
             allowed = np.broadcast_to(allowed, (B, h, L, L_k))
             allowed = allowed.reshape(B, 1, h * L, L_k)
         o_lat, att = attention_forward(

@@ -300,12 +300,12 @@ def test_any_chunking_and_mask(chunks, absorb, plain, masked, seed):
 def test_absorbed_forward_without_cache_equals_expanded(causal):
     layer = _layer("latent norm")
     x = _x((2, 6, 8), 11)
-    mask = _x((1, 3, 6, 6), 12) > 0
-    y = layer.forward(x, causal=causal, mask=mask)
-    w = layer.attention_weights
-    y_abs = layer.forward(x, causal=causal, mask=mask, absorb=True)
-    assert np.max(np.abs(y - y_abs)) < EXACT
-    assert np.max(np.abs(w - layer.attention_weights)) < EXACT
+    for mask in (_x((1, 3, 6, 6), 12) > 0, _x((6, 6), 13) > 0, None):
+        y = layer.forward(x, causal=causal, mask=mask)
+        w = layer.attention_weights
+        y_abs = layer.forward(x, causal=causal, mask=mask, absorb=True)
+        assert np.max(np.abs(y - y_abs)) < EXACT
+        assert np.max(np.abs(w - layer.attention_weights)) < EXACT
     with pytest.raises(RuntimeError, match="absorb=False"):
         layer.backward(np.ones_like(y))
 
