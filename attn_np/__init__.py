@@ -32,7 +32,10 @@ Three supporting subpackages: :mod:`.training` (the chapter-5 kit),
 :mod:`.costs` (the cost formulas and the catalogue of released models) and
 :mod:`.instruments` (gradient checks, plotting, measurement, BLAS threads,
 ``show_source``). Argument validation lives in one module, :mod:`._checks`.
-``python -m attn_np.bench NAME`` runs the benchmarks.
+``python -m attn_np.bench NAME`` runs the benchmarks;
+``python -m attn_np.memory CONFIG --seq-len N`` sizes the key/value cache
+of any Hugging Face ``config.json`` (:func:`.costs.from_hf_config`,
+appendix A1).
 """
 
 from . import costs, instruments, training

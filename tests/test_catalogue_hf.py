@@ -945,3 +945,152 @@ def test_weights_unknown_for_a_read_config():
     with pytest.raises(ValueError, match="no parameter count"):
         max_concurrent_sequences(cfg, 4096)
     assert max_context(cfg, 80 * GiB) == 655_360  # the cache alone works
+
+
+# --- the command line: python -m attn_np.memory ----------------------------
+
+
+def run_cli(capsys, *argv):
+    from attn_np.memory import main
+
+    status = main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_cli_on_a_config_file(tmp_path, capsys):
+    path = tmp_path / "gemma-3-27b-it" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(GEMMA_3_27B_IT))
+    status, out, err = run_cli(
+        capsys,
+        str(path),
+        "--seq-len",
+        "131072",
+        "--batch",
+        "8",
+        "--budget",
+        "80GiB",
+    )
+    assert status == 0 and err == ""
+    lines = out.splitlines()
+    assert all(len(line) <= 77 for line in lines)
+    total = kv_cache_bytes(from_hf_config(path), L128K, batch=8)
+    fit = max_context(from_hf_config(path), 80 * GiB, batch=8)
+    assert lines == [
+        "model        gemma-3-27b-it",
+        "kind         GQA, window 1024 in 52 of 62 layers",
+        "shape        62 layers, 32 query heads, 16 key/value heads of 128",
+        "per token    496.00 KiB = 507,904 bytes (2 per number)",
+        "             (window layers stop growing at 1,024 tokens)",
+        f"cache        83.25 GiB = {total:,} bytes",
+        "             for 8 sequences of 131,072 tokens",
+        f"max context  {fit:,} tokens x 8 sequences in 80.00 GiB",
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGUE))
+def test_cli_lines_fit_the_page(name, capsys):
+    status, out, _ = run_cli(
+        capsys,
+        name,
+        "--seq-len",
+        "131072",
+        "--batch",
+        "8",
+        "--bytes-per-element",
+        "1",
+        "--budget",
+        "80GB",
+    )
+    assert status == 0
+    assert all(len(line) <= 77 for line in out.splitlines())
+    assert "1 per number" in out and "in 74.51 GiB" in out  # 80e9 bytes
+
+
+def test_cli_kinds_and_budgets(capsys):
+    _, out, _ = run_cli(capsys, "deepseek-v3", "--seq-len", "131072")
+    assert "kind         MLA\n" in out
+    assert "caching a latent of 512 and a rotary key of 64" in out
+    assert "68.62 KiB = 70,272 bytes" in out and "max context" not in out
+    _, out, _ = run_cli(
+        capsys, "mistral-7b-v0.1", "--seq-len", "10", "--budget", "1GiB"
+    )
+    assert "max context  any context x 1 sequence in 1.00 GiB" in out
+    _, out, _ = run_cli(
+        capsys, "llama-3-8b", "--seq-len", "1", "--budget", "80 GiB"
+    )
+    assert "655,360 tokens x 1 sequence" in out
+
+
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("80GiB", 80 * 2**30),
+        ("80 GB", 80 * 10**9),
+        ("1.5TiB", 3 * 2**39),
+        ("512mib", 512 * 2**20),
+        ("4096", 4096),
+        ("2kB", 2000),
+    ],
+)
+def test_parse_bytes(text, value):
+    from attn_np.memory import parse_bytes
+
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["nope", "--seq-len", "5"], "neither a file nor a model"),
+        (["falcon-7b", "--seq-len", "5", "--budget", "80Gx"], "budget"),
+        (["falcon-7b", "--seq-len", "5", "--budget", "0GB"], "budget"),
+        (["falcon-7b", "--seq-len", "-5"], "seq_len"),
+        (["falcon-7b", "--seq-len", "5", "--batch", "0"], "batch"),
+        (
+            ["falcon-7b", "--seq-len", "5", "--bytes-per-element", "0"],
+            "bytes_per_element",
+        ),
+    ],
+)
+def test_cli_errors(argv, match, capsys):
+    status, out, err = run_cli(capsys, *argv)
+    assert status == 2 and out == ""
+    assert err.startswith("error: ") and match in err
+
+
+def test_cli_config_errors_name_the_key(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(without(LLAMA_3_8B, "num_hidden_layers")))
+    status, _, err = run_cli(capsys, str(path), "--seq-len", "5")
+    assert status == 2 and "no num_hidden_layers" in err
+    with pytest.raises(SystemExit):  # argparse: --seq-len is required
+        run_cli(capsys, "falcon-7b")
+
+
+def test_python_dash_m(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(DEEPSEEK_V2))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attn_np.memory",
+            str(path),
+            "--seq-len",
+            "131072",
+            "--budget",
+            "80GiB",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert "kind         MLA" in done.stdout
+    assert "8.44 GiB = 9,059,696,640 bytes" in done.stdout

@@ -8,7 +8,9 @@ formulas.
 * :mod:`~attn_np.costs.latent`: the cache, FLOPs and bytes of multi-head
   latent attention, naive and absorbed (chapter 7);
 * :mod:`~attn_np.costs.catalogue`: the attention shapes of released models
-  and the size of their key/value caches (chapters 3, 4 and 7 to 9).
+  and the size of their key/value caches (chapters 3, 4 and 7 to 9), and
+  ``from_hf_config``, which reads them from a Hugging Face ``config.json``
+  (appendix A1).
 
 Every name is also available here, so ``from attn_np import costs`` then
 ``costs.forward_flops``.
