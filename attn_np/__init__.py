@@ -9,24 +9,26 @@ them with ``params`` and ``grads`` dicts that share their keys.
 The attention mechanisms sit at the top, one module per idea, in the order of
 the chapters:
 
-====  ==========================================
-============================================ ch.   chapter
-modules ====  ==========================================
-============================================ 1     scaled dot-product
-attention                :mod:`.softmax`, :mod:`.attention` 2     multi-head
-attention                        :mod:`.multihead`, :mod:`.costs.layer` 3
-multi-query and grouped-query attention     :mod:`.multihead`,
-:mod:`.convert`,
-                                                  :mod:`.costs.catalogue`
-4     incremental decoding with a KV cache        :mod:`.kv_cache`,
-:mod:`.costs.decode`,
-                                                  :mod:`.bench`
-5     training MHA, GQA and MQA                   :mod:`.training`
-6     rotary position embeddings (RoPE)           :mod:`.rope`
-7     multi-head latent attention (MLA)           :mod:`.latent`,
-                                                  :mod:`.costs.latent`
-====  ==========================================
-============================================
+==  ===================================  ===================================
+ch  chapter                              modules
+==  ===================================  ===================================
+1   scaled dot-product attention         :mod:`.softmax`, :mod:`.attention`
+2   multi-head attention                 :mod:`.multihead`,
+                                         :mod:`.costs.layer`
+3   multi-query and grouped-query        :mod:`.multihead`, :mod:`.convert`,
+    attention                            :mod:`.costs.catalogue`
+4   incremental decoding, KV cache       :mod:`.kv_cache`,
+                                         :mod:`.costs.decode`, :mod:`.bench`
+5   training MHA, GQA and MQA            :mod:`.training`
+6   rotary position embeddings           :mod:`.rope`
+7   multi-head latent attention          :mod:`.latent`,
+                                         :mod:`.costs.latent`
+8   sliding windows, rolling caches,     :mod:`.attention`, :mod:`.kv_cache`
+    attention sinks
+9   FlashAttention                       :mod:`.flash`
+A1  the KV cache of any model config     :mod:`.costs.catalogue`,
+                                         :mod:`.memory`
+==  ===================================  ===================================
 
 Three supporting subpackages: :mod:`.training` (the chapter-5 kit),
 :mod:`.costs` (the cost formulas and the catalogue of released models) and
@@ -75,6 +77,7 @@ from .rope import (
     rope_forward,
     rope_frequencies,
     rope_permutation,
+    rotate_pairs,
 )
 from .softmax import SoftmaxCache, softmax, softmax_backward, softmax_forward
 from .training import (
@@ -121,6 +124,7 @@ __all__ = [
     "rope_forward",
     "rope_frequencies",
     "rope_permutation",
+    "rotate_pairs",
     "softmax",
     "softmax_backward",
     "softmax_forward",

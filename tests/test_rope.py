@@ -25,6 +25,7 @@ from attn_np import (
     rope_forward,
     rope_frequencies,
     rope_permutation,
+    rotate_pairs,
 )
 
 LAYOUTS = ["half", "interleaved"]
@@ -219,6 +220,19 @@ def test_errors():
         rope_permutation(4, source="x")
     with pytest.raises(ValueError, match="d_k must be even"):
         rope_permutation(5)
+    with pytest.raises(ValueError, match=r"cos must be \[L, r/2\]"):
+        rotate_pairs(x, cache.cos[:3], cache.sin[:3])
+    with pytest.raises(ValueError, match="sin must have the shape"):
+        rotate_pairs(x, cache.cos, cache.sin[:, :1])
+
+
+def test_rotate_pairs_by_a_quarter_turn():
+    x = np.array([[1.0, 2.0, 3.0, 4.0, 5.0]])  # [L=1, d=5], r = 4
+    one, zero = np.ones((1, 2)), np.zeros((1, 2))
+    half = rotate_pairs(x, zero, one, layout="half")
+    assert half.tolist() == [[-3.0, -4.0, 1.0, 2.0, 5.0]]
+    inter = rotate_pairs(x, zero, one, layout="interleaved")
+    assert inter.tolist() == [[-2.0, 1.0, -4.0, 3.0, 5.0]]
 
 
 # ================================================================ layers
