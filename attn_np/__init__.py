@@ -21,7 +21,8 @@ ch  chapter                              modules
                                          :mod:`.costs.decode`, :mod:`.bench`
 5   training MHA, GQA and MQA            :mod:`.training`
 6   rotary position embeddings           :mod:`.rope`
-7   multi-head latent attention          :mod:`.latent`
+7   multi-head latent attention          :mod:`.latent`,
+                                         :mod:`.costs.latent`
 8   sliding windows, rolling caches,     :mod:`.attention`, :mod:`.kv_cache`,
     attention sinks                      :mod:`.streaming`
 9   FlashAttention                       :mod:`.flash`
@@ -64,6 +65,7 @@ from .instruments import (
     rel_error,
 )
 from .kv_cache import KVCache
+from .latent import LatentKVCache, MultiHeadLatentAttention
 from .multihead import (
     GroupedQueryAttention,
     MultiHeadAttention,
@@ -100,10 +102,12 @@ __all__ = [
     "AttentionCache",
     "GroupedQueryAttention",
     "KVCache",
+    "LatentKVCache",
     "MarkedCopy",
     "MODELS",
     "ModelConfig",
     "MultiHeadAttention",
+    "MultiHeadLatentAttention",
     "MultiQueryAttention",
     "RopeCache",
     "SoftmaxCache",

@@ -5,6 +5,8 @@ formulas.
   memory of one attention layer (chapters 2 and 3);
 * :mod:`~attn_np.costs.decode`: FLOPs, bytes and arithmetic intensity of a
   prefill and a decode step, the roofline and Shazeer's ratio (chapter 4);
+* :mod:`~attn_np.costs.latent`: the cache, FLOPs and bytes of multi-head
+  latent attention, naive and absorbed (chapter 7);
 * :mod:`~attn_np.costs.catalogue`: the attention shapes of released models
   and the size of their key/value caches (chapters 3, 4 and 7 to 9), and
   ``from_hf_config``, which reads them from a Hugging Face ``config.json``
@@ -41,6 +43,12 @@ from .decode import (
     ridge_point,
     roofline_time,
     shazeer_ratio,
+)
+from .latent import (
+    latent_cache_elements,
+    latent_chunk_cost,
+    latent_decode_step_cost,
+    latent_param_count,
 )
 from .layer import (
     activation_bytes,
@@ -83,6 +91,10 @@ __all__ = [
     "kv_bytes_per_token",
     "kv_cache_bytes",
     "kv_read_tokens_per_second",
+    "latent_cache_elements",
+    "latent_chunk_cost",
+    "latent_decode_step_cost",
+    "latent_param_count",
     "matmul_flops",
     "max_concurrent_sequences",
     "max_context",
