@@ -14,4 +14,6 @@ def pytest_collection_modifyitems(session, config, items):
         parent = getattr(item, "parent", None)
         skip = getattr(parent, "skip_compare", None)
         if skip is not None and IMAGE_KEYS & set(skip):
-            parent.skip_compare = tuple(k for k in skip if k not in IMAGE_KEYS)
+            parent.skip_compare = tuple(
+                k for k in skip if k not in IMAGE_KEYS
+            )
