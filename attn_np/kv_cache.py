@@ -213,8 +213,9 @@ class KVCache:
         """Add a chunk's keys ``[B, n_kv, L, d_k]`` and values ``[B, n_kv, L,
         d_v]``.
 
-        Returns views of all cached keys and values, the chunk included (no
-        copy of the cache).
+        Returns views of all cached keys and values, the chunk included.
+        Between reallocations no step copies the cache; a reallocation
+        (``O(log n)`` of them) copies what it holds once.
         """
         if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
             raise TypeError(

@@ -211,7 +211,7 @@ class GroupedQueryAttention:
             # rotate q and k by their positions
             q, k, rope = self._rope_forward(q, k, start)
         if kv_cache is not None:
-            # views, no copy: [B, n_kv, L_cached + L, d_k], [.., d_v]
+            # views of the cache: [B, n_kv, L_cached + L, d_k], [.., d_v]
             k, v = kv_cache.append(k, v)
         if self.rope_base is not None and in_cache:
             # [B, n_kv, G*L, 2*d_k] and [B, n_kv, L_k, 2*d_k]

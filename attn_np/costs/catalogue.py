@@ -4,7 +4,8 @@ During decoding every layer keeps the keys and the values of every position
 it has seen. Per token that is ``n_kv_heads * head_dim`` numbers for the keys
 and as many for the values, in each of ``n_layers`` layers::
 
-    kv_bytes_per_token = 2 * n_layers * n_kv_heads * head_dim * bytes
+    kv_bytes_per_token = n_layers * n_kv_heads * (d_k + d_v) * bytes
+                       = 2 * n_layers * n_kv_heads * head_dim * bytes
     kv_cache_bytes     = kv_bytes_per_token * seq_len * batch
 
 (``bytes`` per element: 2 for float16 and bfloat16.)
@@ -460,8 +461,9 @@ def kv_bytes_per_token(config, bytes_per_element: int = 2) -> int:
     """Bytes the cache grows by for each token, in every layer:
     ``n_layers * kv_numbers_per_layer * bytes``.
 
-    That is ``2 * n_layers * n_kv_heads * head_dim * bytes`` (the 2 is one
-    key and one value), or ``n_layers * (d_latent_kv + d_rope) * bytes``
+    That is ``n_layers * n_kv_heads * (d_k + d_v) * bytes``, which is
+    ``2 * n_layers * n_kv_heads * head_dim * bytes`` when keys and values
+    share ``head_dim = d_k = d_v``, or ``n_layers * (d_latent_kv + d_rope) * bytes``
     for a latent cache. A window layer stops growing once its window is
     full: this is the rate before then. ``bytes_per_element`` is 2 for
     fp16/bf16, 1 for an 8-bit cache.
