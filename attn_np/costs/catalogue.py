@@ -466,8 +466,8 @@ def kv_bytes_per_token(config, bytes_per_element: int = 2) -> int:
     share ``head_dim = d_k = d_v``, or
     ``n_layers * (d_latent_kv + d_rope) * bytes`` for a latent cache. A
     window layer stops growing once its window is full: this is the rate
-    before then. ``bytes_per_element`` is 2 for
-    fp16/bf16, 1 for an 8-bit cache.
+    before then. ``bytes_per_element`` is 2 for fp16/bf16, 1 for an 8-bit
+    cache.
     """
     cfg = get_model(config)
     b = check_count(bytes_per_element, "bytes_per_element", minimum=1)
