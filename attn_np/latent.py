@@ -36,6 +36,7 @@ from ._checks import (
     check_count,
     check_finite,
     check_float_dtype,
+    check_latent_dims,
     check_mask,
     check_upstream,
 )
@@ -237,16 +238,14 @@ class MultiHeadLatentAttention:
         *,
         latent_norm=False,
     ):
-        d_model = check_count(d_model, "d_model")
-        h = check_count(n_heads, "n_heads")
-        d_head = check_count(d_head, "d_head")
-        d_c = check_count(d_latent_kv, "d_latent_kv")
-        d_r = check_count(d_rope, "d_rope")
-        d_cq = None
-        if d_latent_q is not None:
-            d_cq = check_count(d_latent_q, "d_latent_q")
-        d_v = (
-            d_head if d_head_v is None else check_count(d_head_v, "d_head_v")
+        d_model, h, d_head, d_c, d_r, d_cq, d_v = check_latent_dims(
+            d_model,
+            n_heads,
+            d_head,
+            d_latent_kv,
+            d_rope,
+            d_latent_q,
+            d_head_v,
         )
         if rope_base is None:
             raise ValueError(

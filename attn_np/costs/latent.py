@@ -32,30 +32,8 @@ the memory bus at least once, as :mod:`attn_np.costs.decode` does.
 
 from __future__ import annotations
 
-from .._checks import check_count
+from .._checks import check_count, check_latent_dims
 from .decode import ChunkCost
-
-
-def latent_dims(
-    d_model,
-    n_heads,
-    d_head,
-    d_latent_kv,
-    d_rope,
-    d_latent_q=None,
-    d_head_v=None,
-):
-    """Validated ``(d, h, d_h, d_c, d_R, d_cq, d_v)``, defaults filled in."""
-    d = check_count(d_model, "d_model")
-    h = check_count(n_heads, "n_heads")
-    d_h = check_count(d_head, "d_head")
-    d_c = check_count(d_latent_kv, "d_latent_kv")
-    d_r = check_count(d_rope, "d_rope")
-    d_cq = None
-    if d_latent_q is not None:
-        d_cq = check_count(d_latent_q, "d_latent_q")
-    d_v = d_h if d_head_v is None else check_count(d_head_v, "d_head_v")
-    return d, h, d_h, d_c, d_r, d_cq, d_v
 
 
 def latent_cache_elements(
@@ -72,7 +50,7 @@ def latent_cache_elements(
     ``decompressed=True``: ``h (d_h + d_R + d_v)``, every head's key and
     value rebuilt from the latent and kept (the pitfall).
     """
-    _, h, d_h, d_c, d_r, _, d_v = latent_dims(
+    _, h, d_h, d_c, d_r, _, d_v = check_latent_dims(
         1, n_heads, d_head, d_latent_kv, d_rope, None, d_head_v
     )
     if decompressed:
@@ -90,7 +68,7 @@ def latent_param_count(
     d_head_v=None,
 ) -> int:
     """Weights of the layer (no biases, no RMSNorm gains)."""
-    d, h, d_h, d_c, d_r, d_cq, d_v = latent_dims(
+    d, h, d_h, d_c, d_r, d_cq, d_v = check_latent_dims(
         d_model, n_heads, d_head, d_latent_kv, d_rope, d_latent_q, d_head_v
     )
     if d_cq is None:
@@ -135,7 +113,7 @@ def latent_chunk_cost(
         d_latent_q,
         d_head_v,
     )
-    d, h, d_h, d_c, d_r, d_cq, d_v = latent_dims(*dims)
+    d, h, d_h, d_c, d_r, d_cq, d_v = check_latent_dims(*dims)
     N, L_k = B * L_q, n + L_q  # new positions, keys attended
     if d_cq is None:
         query = 2 * N * d * h * (d_h + d_r)  # x @ [W_q, W_qr]
