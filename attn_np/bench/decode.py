@@ -4,37 +4,53 @@ allows? (chapter 4)
 One attention layer in float32 decodes one token per sequence over a
 key/value cache of ``--context`` positions, as multi-head (``n_kv_heads =
 n_heads``), grouped-query (``n_heads / 4``) and multi-query (1) attention.
-Printed, all from the same run:
+It prints one table, all from the same run:
 
-* the streaming-read bandwidth of this machine (the best of a one-thread
-  ``np.sum`` and an all-threads BLAS gemv over a 512 MiB array), the
-  reference;
-* for each family: the cache size, the bytes a step must move
-  (:func:`attn_np.costs.decode.decode_step_cost`), the best step time, and
-  the bytes per second as a fraction of the reference;
-* the decode-step time of MHA over MQA.
+* the streaming-read bandwidth of this machine, the reference: the fastest
+  of :func:`~attn_np.instruments.measure.read_probes` over 256 MiB;
+* for each family: the bytes a step must read (the four projection
+  matrices and the cached keys and values), the best step time, the bytes
+  per second and their fraction of the reference;
+* ``roof``: the largest fraction the step could reach on this machine if
+  it read its weights and cache at the reference and did its attention's
+  FLOPs at the measured matmul rate, whichever takes longer;
+* the gap, ``time - bytes / reference``, split by timing the parts of the
+  step alone (:func:`step_parts`): the four projections, the attention
+  over the cache (its softmax apart) and the softmax; the rest of the step
+  is the remainder.
 
 Every candidate is timed in turns with the reference
 (:func:`attn_np.instruments.measure.best_times`), so a busy moment on a
 shared machine slows all of them alike, and the best round of each is kept.
+A read of twice the last-level cache runs before each part, so that no part
+finds its data left in the CPU's caches by the one before.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import textwrap
 from pathlib import Path
 
 import numpy as np
 
+from attn_np.attention import attention_forward
 from attn_np.costs.decode import decode_step_cost
 from attn_np.instruments.measure import best_times, read_probes
 from attn_np.instruments.plotting import format_bytes
 from attn_np.kv_cache import KVCache
 from attn_np.multihead import GroupedQueryAttention
+from attn_np.softmax import masked_softmax
 
-# the decode step should move at least half the reference bandwidth
-GOAL = 0.5
+# every family's step should move its bytes at this fraction of the
+# reference bandwidth, or more
+GOAL = 0.75
+# MHA's step time over MQA's should be at least this fraction of the ratio
+# of their bytes
+RATIO_GOAL = 0.8
+# the parts of a step timed alone
+PARTS = ("weights", "attention", "softmax")
 
 
 def cpu_cache_sizes() -> dict:
@@ -86,25 +102,90 @@ def decode_setup(d_model, n_heads, n_kv_heads, context, batch=1, seed=0):
     return layer, cache, step
 
 
+def step_parts(layer, cache, seed=0) -> dict:
+    """The parts of a decode step of ``layer`` over ``cache``, to be timed
+    alone: ``{"weights": fn, "attention": fn, "softmax": fn}``.
+
+    * ``weights``: the four products with the projection matrices, as the
+      layer makes them (one ``[B, d] @ [d, n]`` product each);
+    * ``attention``: :func:`~attn_np.attention_forward` over the cached
+      keys and values, with the ``G`` query rows of each key/value head
+      stacked, as the layer calls it (its softmax included);
+    * ``softmax``: the softmax over a score array of that shape.
+
+    Inputs are random: the times do not depend on the values.
+    """
+    rng = np.random.default_rng(seed)
+    W, dtype = layer.params, layer.dtype
+    B = cache.batch_size
+    n_kv, G = layer.n_kv_heads, layer.group_size
+    h, d_k, d_v = layer.n_heads, layer.d_k, layer.d_v
+    x = rng.standard_normal((B, layer.d_model), dtype=dtype)  # [B, d]
+    o = rng.standard_normal((B, h * d_v), dtype=dtype)  # [B, h*d_v]
+    q = rng.standard_normal((B, n_kv, G, d_k), dtype=dtype)
+    k, v = cache.keys, cache.values  # [B, n_kv, n, d_k], [.., d_v]
+    # [B, n_kv, G, n]
+    s = rng.standard_normal((B, n_kv, G, k.shape[2]), dtype=dtype)
+
+    def weights():
+        # [B, d] @ [d, h*d_k], [d, n_kv*d_k], [d, n_kv*d_v];
+        # [B, h*d_v] @ [h*d_v, d]
+        return (x @ W["W_q"], x @ W["W_k"], x @ W["W_v"], o @ W["W_o"])
+
+    def attention():
+        # [B, n_kv, G, d_v]
+        return attention_forward(q, k, v, check_finite=False)
+
+    def softmax():
+        # in place: s holds probabilities after the first call, still
+        # finite, and the work per call is the same
+        return masked_softmax(s, None, -1, overwrite=True)
+
+    return {"weights": weights, "attention": attention, "softmax": softmax}
+
+
+def families(n_heads) -> dict:
+    """``{"MHA": n_heads, "GQA": n_heads // 4, "MQA": 1}``: key/value heads
+    of each family."""
+    return {"MHA": n_heads, "GQA": max(1, n_heads // 4), "MQA": 1}
+
+
 def run(
-    d_model=1024,
+    d_model=2048,
     n_heads=16,
-    context=32768,
+    context=8192,
     batch=1,
-    rounds=20,
-    probe_bytes=512 * 2**20,
+    rounds=40,
+    probe_bytes=256 * 2**20,
+    flush_bytes=None,
 ):
-    """Measure; returns a dict of every figure :func:`main` prints."""
-    families = {"MHA": n_heads, "GQA": max(1, n_heads // 4), "MQA": 1}
-    fns, costs, caches = {}, {}, {}
+    """Measure; returns a dict of every figure :func:`main` prints.
+
+    ``flush_bytes`` (default: twice the last-level cache, or 64 MiB) is
+    read before each part, untimed.
+    """
+    fams = families(n_heads)
+    if flush_bytes is None:
+        flush_bytes = 2 * cpu_cache_sizes().get("L3", 32 * 2**20)
+    flush = np.ones(max(1, flush_bytes // 4), dtype=np.float32)
     probes = read_probes(probe_bytes)
-    for name, (fn, _) in probes.items():
-        fns[name] = fn
-    for fam, n_kv in families.items():
+    fns = {name: fn for name, (fn, _) in probes.items()}
+    # the matmul rate, in turns too: [n, n] @ [n, n], 2 n^3 FLOPs
+    n_mm = 1024
+    a = np.ones((n_mm, n_mm), dtype=np.float32)
+    c = np.empty_like(a)
+    fns["matmul"] = lambda: np.matmul(a, a, out=c)
+    costs, caches, keep = {}, {}, []
+    for fam, n_kv in fams.items():
         layer, cache, step = decode_setup(
             d_model, n_heads, n_kv, context, batch
         )
+        keep.append((layer, cache))
+        fns[f"{fam} (flush)"] = flush.sum
         fns[fam] = step
+        for part, fn in step_parts(layer, cache).items():
+            fns[f"{fam} {part} (flush)"] = flush.sum
+            fns[f"{fam} {part}"] = fn
         caches[fam] = cache.nbytes
         costs[fam] = decode_step_cost(batch, context, d_model, n_heads, n_kv)
     times = best_times(fns, rounds=rounds)
@@ -113,18 +194,40 @@ def run(
     }
     ref_name = max(bandwidths, key=bandwidths.get)
     ref = bandwidths[ref_name]
+    matmul_rate = 2 * n_mm**3 / times["matmul"]  # FLOP/s
     rows = {}
-    for fam, n_kv in families.items():
-        rate = costs[fam].bytes / times[fam]
+    for fam, n_kv in fams.items():
+        nb = costs[fam].bytes_breakdown
+        w_bytes = nb["weights"]
+        kv_bytes = nb["keys and values read"]
+        fl = costs[fam].flops_breakdown
+        att_flops = fl["scores Q K^T"] + fl["weights @ V"]
+        t = times[fam]
+        part = {p: times[f"{fam} {p}"] for p in PARTS}
+        # the most this step could reach on this machine
+        best = w_bytes / ref + max(kv_bytes / ref, att_flops / matmul_rate)
+        step_bytes = w_bytes + kv_bytes
         rows[fam] = {
             "n_kv_heads": n_kv,
             "cache_bytes": caches[fam],
-            "step_bytes": costs[fam].bytes,
-            "step_flops": costs[fam].flops,
-            "time": times[fam],
-            "bytes_per_s": rate,
-            "fraction": rate / ref,
+            "step_bytes": step_bytes,
+            "attention_flops": att_flops,
+            "time": t,
+            "bytes_per_s": step_bytes / t,
+            "fraction": step_bytes / t / ref,
+            "roof": step_bytes / ref / best,
+            "parts": part,
+            # time - bytes / ref, part by part; they add up to the gap
+            "gap": {
+                "weights": part["weights"] - w_bytes / ref,
+                "keys and values": part["attention"]
+                - part["softmax"]
+                - kv_bytes / ref,
+                "softmax": part["softmax"],
+                "rest": t - part["weights"] - part["attention"],
+            },
         }
+    mha, mqa = rows["MHA"], rows["MQA"]
     return {
         "config": {
             "d_model": d_model,
@@ -132,14 +235,52 @@ def run(
             "context": context,
             "batch": batch,
             "rounds": rounds,
+            "probe_bytes": probe_bytes,
         },
         "bandwidths": bandwidths,
         "reference": ref,
         "reference_name": ref_name,
+        "matmul_rate": matmul_rate,
         "rows": rows,
-        "mha_over_mqa": times["MHA"] / times["MQA"],
-        "bytes_mha_over_mqa": costs["MHA"].bytes / costs["MQA"].bytes,
+        "mha_over_mqa": mha["time"] / mqa["time"],
+        "bytes_mha_over_mqa": mha["step_bytes"] / mqa["step_bytes"],
     }
+
+
+def table(r) -> list[str]:
+    """The lines of the printed table (each at most 77 characters)."""
+    out = [
+        f"{'':40}{'of':>5}{'':7}time - bytes/ref, ms",
+        f"{'':4}{'n_kv':>4}{'bytes':>12}{'time':>10}{'GiB/s':>7}"
+        f"{'ref':>6}{'roof':>6} |{'wts':>6}{'K/V':>6}{'smax':>6}"
+        f"{'rest':>6}",
+    ]
+    for fam, row in r["rows"].items():
+        g = row["gap"]
+        out.append(
+            f"{fam:4}{row['n_kv_heads']:>4}"
+            f"{format_bytes(row['step_bytes']):>12}"
+            f"{row['time'] * 1e3:>7.2f} ms"
+            f"{row['bytes_per_s'] / 2**30:>7.1f}"
+            f"{row['fraction']:>6.2f}{row['roof']:>6.2f} |"
+            f"{g['weights'] * 1e3:>+6.2f}"
+            f"{g['keys and values'] * 1e3:>+6.2f}"
+            f"{g['softmax'] * 1e3:>6.2f}{g['rest'] * 1e3:>+6.2f}"
+        )
+    return out
+
+
+LEGEND = (
+    "bytes: the four projection matrices and the cached keys and values, "
+    "read once. of ref: bytes per second over the reference. roof: the "
+    "most a step could reach here, reading its bytes at the reference and "
+    "doing its attention's FLOPs at the matmul rate (whichever is slower). "
+    "The gap, time - bytes/reference, split by timing parts of the step "
+    "alone, in turns: wts, the four projections over their bytes at the "
+    "reference; K/V, the attention over the cache without its softmax, "
+    "over the cache's bytes; smax, the softmax; rest, the remainder "
+    "(head splits, cache append, checks)."
+)
 
 
 def main(argv) -> int:
@@ -147,78 +288,81 @@ def main(argv) -> int:
         prog="python -m attn_np.bench decode",
         description=__doc__.split("\n")[0],
     )
-    parser.add_argument("--d-model", type=int, default=1024)
+    parser.add_argument("--d-model", type=int, default=2048)
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument(
         "--context",
         type=int,
-        default=32768,
-        help="cached positions (default 32768)",
+        default=8192,
+        help="cached positions (default 8192)",
     )
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=40)
     args = parser.parse_args(argv)
     busy = busy_warning()
     r = run(args.d_model, args.heads, args.context, args.batch, args.rounds)
     c = r["config"]
     d_k = c["d_model"] // c["n_heads"]
-    print(
+    say = _printer()
+    say(
         "decode step of one attention layer, float32: "
         f"d_model={c['d_model']}, n_heads={c['n_heads']}, "
         f"d_k=d_v={d_k}, batch {c['batch']}, context {c['context']} "
-        f"positions; best of {c['rounds']} rounds"
+        f"positions; best of {c['rounds']} rounds, in turns"
     )
     caches = cpu_cache_sizes()
     if caches:
-        print(
+        say(
             "CPU caches: "
             + ", ".join(f"{k} {format_bytes(v)}" for k, v in caches.items())
         )
     bw = ", ".join(
-        f"{k} {v / 2**30:.1f} GiB/s" for k, v in r["bandwidths"].items()
+        f"{k} {v / 2**30:.1f}" for k, v in r["bandwidths"].items()
     )
-    print(f"streaming read of 512 MiB: {bw}")
-    print(
-        f"reference bandwidth: {r['reference'] / 2**30:.1f} GiB/s "
-        f"({r['reference_name']}, the best of the two)"
+    say(f"streaming read of {format_bytes(c['probe_bytes'])}, GiB/s: {bw}")
+    say(
+        f"reference: {r['reference'] / 2**30:.1f} GiB/s "
+        f"({r['reference_name']}, the fastest); matmul rate "
+        f"{r['matmul_rate'] / 1e9:.0f} GFLOP/s"
     )
     print()
-    print(
-        f"{'':5}{'n_kv':>5}{'KV cache':>12}{'bytes/step':>12}"
-        f"{'time/step':>11}{'bytes/s':>12}{'of reference':>14}"
-    )
-    for fam, row in r["rows"].items():
-        print(
-            f"{fam:5}{row['n_kv_heads']:>5}{format_bytes(row['cache_bytes']):>12}{format_bytes(row['step_bytes']):>12}"
-            f"{row['time'] * 1e3:>8.2f} "
-            f"ms{row['bytes_per_s'] / 2**30:>7.1f} "
-            f"GiB/s{row['fraction']:>14.2f}"
-        )
+    for line in table(r):
+        print(line)
     print()
-    mha = r["rows"]["MHA"]
-    print(
-        f"MHA decode step: {mha['bytes_per_s'] / 2**30:.1f} GiB/s = "
-        f"{mha['fraction']:.2f} of the reference "
-        f"bandwidth (goal >= {GOAL}): "
-        f"{'met' if mha['fraction'] >= GOAL else 'NOT met'}"
-    )
-    print(
-        f"decode-step time MHA / MQA: {r['mha_over_mqa']:.1f}x (bytes "
-        f"moved MHA / MQA: {r['bytes_mha_over_mqa']:.1f}x)"
-    )
-    l3 = caches.get("L3")
-    if l3 and r["rows"]["MQA"]["cache_bytes"] <= l3:
-        print(
-            "note: the MQA cache "
-            f"({format_bytes(r['rows']['MQA']['cache_bytes'])}) is not "
-            "larger than L3 "
-            f"({format_bytes(l3)}); part of it may be served from cache, "
-            "not memory"
+    say(LEGEND)
+    print()
+    low = {f: w["fraction"] for f, w in r["rows"].items()}
+    low = {f: x for f, x in low.items() if x < GOAL}
+    say(
+        f"goal, every family at >= {GOAL} of the reference: "
+        + (
+            "met"
+            if not low
+            else "NOT met ("
+            + ", ".join(f"{f} {x:.2f}" for f, x in low.items())
+            + ")"
         )
+    )
+    want = RATIO_GOAL * r["bytes_mha_over_mqa"]
+    say(
+        f"goal, time MHA / MQA >= {RATIO_GOAL} x their bytes ratio "
+        f"({RATIO_GOAL} x {r['bytes_mha_over_mqa']:.2f} = {want:.2f}): "
+        f"{r['mha_over_mqa']:.2f}, "
+        f"{'met' if r['mha_over_mqa'] >= want else 'NOT met'}"
+    )
     busy = busy or busy_warning()
     if busy:
-        print(busy)
+        say(busy)
     return 0
+
+
+def _printer():
+    """``print`` wrapped at 77 columns (the width of the book's page)."""
+
+    def say(text):
+        print(textwrap.fill(text, 77, subsequent_indent="  "))
+
+    return say
 
 
 def busy_warning() -> str:

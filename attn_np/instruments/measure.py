@@ -57,26 +57,36 @@ def best_times(fns: dict, *, rounds: int = 5) -> dict:
 
 
 def read_probes(nbytes: int = 512 * 2**20) -> dict:
-    """Two ways to stream-read ``nbytes`` of float32 once: ``{name: (fn,
-    bytes read)}``.
+    """Three ways to stream-read ``nbytes`` of float32 once: ``{name: (fn,
+    bytes read)}``. The fastest is the machine's streaming-read bandwidth.
 
     * ``np.sum``: one thread, one addition per element; in the spirit of
       McCalpin's STREAM benchmark, whose kernels read and write, but
       read-only. One core alone may not saturate the memory bus.
-    * ``BLAS gemv``: ``A @ x`` with ``A`` the same bytes as a ``[n, 1024]``
-      matrix. OpenBLAS splits the rows over all its threads, two
-      multiply-adds per 8 bytes, so it is still memory-bound, and it is the
-      very kind of call a decode step makes.
+    * ``BLAS A @ x``: ``A`` the same bytes as a ``[n, 1024]`` matrix, one
+      dot product per row. OpenBLAS splits the rows over all its threads,
+      two multiply-adds per 8 bytes, so it is still memory-bound.
+    * ``BLAS x @ A``: ``A`` as a ``[1024, n]`` matrix, ``x`` times each of
+      its long rows added up (the output stays in cache). This is the
+      product a decode step makes with ``x @ W`` and ``q @ K^T``, and on
+      some machines the faster of the two: a kernel quoted against a
+      slower reference would look better than it is.
     """
     # written once, so every page is really there
     a = np.ones(nbytes // 4, dtype=np.float32)
     A = a.reshape(-1, 1024)  # [n, 1024]
     x = np.ones(1024, dtype=np.float32)
     y = np.empty(A.shape[0], dtype=np.float32)
+    At = a.reshape(1024, -1)  # [1024, n]
+    z = np.empty(At.shape[1], dtype=np.float32)
     return {
         "np.sum (1 thread)": (lambda: a.sum(), a.nbytes),
-        "BLAS gemv (all threads)": (
-            lambda: np.matmul(A, x, out=y),
+        "BLAS A @ x (all threads)": (
+            lambda: np.matmul(A, x, out=y),  # [n, 1024] @ [1024] -> [n]
+            a.nbytes,
+        ),
+        "BLAS x @ A (all threads)": (
+            lambda: np.matmul(x, At, out=z),  # [1024] @ [1024, n] -> [n]
             a.nbytes,
         ),
     }

@@ -1,0 +1,122 @@
+"""python -m attn_np.bench decode: the table's bookkeeping at toy sizes
+(its figures are machine-dependent, its arithmetic is not), the read
+probes, and the parts of a step it times alone."""
+
+import numpy as np
+import pytest
+
+from attn_np import GroupedQueryAttention, KVCache, attention_forward
+from attn_np.bench import decode as bench
+from attn_np.instruments.measure import read_probes
+
+D, H, CTX = 32, 8, 40
+SMALL = dict(
+    d_model=D,
+    n_heads=H,
+    context=CTX,
+    rounds=2,
+    probe_bytes=2**20,
+    flush_bytes=2**16,
+)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return bench.run(**SMALL)
+
+
+def test_families_and_bytes(result):
+    d_k = D // H
+    assert bench.families(16) == {"MHA": 16, "GQA": 4, "MQA": 1}
+    assert set(result["rows"]) == {"MHA", "GQA", "MQA"}
+    for fam, n_kv in bench.families(H).items():
+        row = result["rows"][fam]
+        assert row["n_kv_heads"] == n_kv
+        # the four projections, then the cache with the step's own token
+        weights = 4 * (2 * D * H * d_k + 2 * D * n_kv * d_k)
+        kv = 4 * n_kv * (CTX + 1) * 2 * d_k
+        assert row["step_bytes"] == weights + kv
+        assert row["cache_bytes"] == 4 * n_kv * CTX * 2 * d_k
+        assert row["attention_flops"] == 2 * 2 * H * (CTX + 1) * d_k
+    assert result["bytes_mha_over_mqa"] == pytest.approx(
+        result["rows"]["MHA"]["step_bytes"]
+        / result["rows"]["MQA"]["step_bytes"]
+    )
+
+
+def test_rates_fractions_and_gap_add_up(result):
+    ref = result["reference"]
+    assert ref == max(result["bandwidths"].values()) > 0
+    assert result["bandwidths"][result["reference_name"]] == ref
+    assert result["matmul_rate"] > 0
+    for row in result["rows"].values():
+        t = row["time"]
+        assert row["bytes_per_s"] == pytest.approx(row["step_bytes"] / t)
+        assert row["fraction"] == pytest.approx(row["bytes_per_s"] / ref)
+        assert 0 < row["roof"] <= 1 + 1e-12
+        # the parts of the gap add up to time - bytes / reference
+        gap = sum(row["gap"].values())
+        assert gap == pytest.approx(t - row["step_bytes"] / ref)
+        assert row["gap"]["softmax"] == row["parts"]["softmax"] > 0
+    assert result["mha_over_mqa"] == pytest.approx(
+        result["rows"]["MHA"]["time"] / result["rows"]["MQA"]["time"]
+    )
+
+
+def test_table_fits_the_page(result):
+    lines = bench.table(result)
+    assert len(lines) == 2 + 3
+    assert all(len(line) <= 77 for line in lines)
+    assert [line.split()[0] for line in lines[2:]] == ["MHA", "GQA", "MQA"]
+
+
+def test_main_prints_within_77_columns(capsys, monkeypatch):
+    real_run = bench.run
+    monkeypatch.setattr(
+        bench, "run", lambda *a: real_run(*a, probe_bytes=2**20)
+    )
+    argv = ["--d-model", "32", "--heads", "8", "--context", "40"]
+    assert bench.main(argv + ["--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "goal, every family at >= 0.75" in out
+    assert "MHA / MQA" in out
+    assert max(len(line) for line in out.splitlines()) <= 77
+
+
+def test_read_probes_read_what_they_say():
+    probes = read_probes(2**20)
+    assert len(probes) == 3
+    for name, (fn, nbytes) in probes.items():
+        assert nbytes == 2**20
+        out = np.asarray(fn())
+        # every probe adds up ones: 1024 per row, or all of them
+        assert np.all(out == (2**18 if out.ndim == 0 else 1024)), name
+
+
+def test_step_parts_are_the_steps_work():
+    """The attention part is the layer's attention over the cache: on the
+    same query rows it gives the layer's own output heads."""
+    layer, cache, step = bench.decode_setup(D, H, 2, CTX)
+    parts = bench.step_parts(layer, cache)
+    assert set(parts) == set(bench.PARTS)
+    q, k, v = parts["attention"]()[1].q, cache.keys, cache.values
+    assert q.shape == (1, 2, H // 2, D // H)
+    out, att = attention_forward(q, k, v)
+    np.testing.assert_allclose(parts["attention"]()[0], out, rtol=1e-6)
+    w = parts["weights"]()
+    assert [a.shape for a in w] == [(1, D), (1, 2 * 4), (1, 2 * 4), (1, D)]
+    p = parts["softmax"]()
+    np.testing.assert_allclose(p.sum(-1), 1, rtol=1e-5)
+    step()
+    assert len(cache) == CTX and cache.reallocations == 0
+
+
+def test_decode_setup_step_is_undone():
+    layer, cache, step = bench.decode_setup(D, H, 1, 10, batch=2)
+    before = cache.keys.copy()
+    step()
+    step()
+    assert len(cache) == 10 and cache.reallocations == 0
+    np.testing.assert_array_equal(cache.keys, before)
+    assert isinstance(layer, GroupedQueryAttention)
+    assert isinstance(cache, KVCache)
