@@ -250,22 +250,22 @@ def run(
 def table(r) -> list[str]:
     """The lines of the printed table (each at most 77 characters)."""
     out = [
-        f"{'':40}{'of':>5}{'':7}time - bytes/ref, ms",
-        f"{'':4}{'n_kv':>4}{'bytes':>12}{'time':>10}{'GiB/s':>7}"
-        f"{'ref':>6}{'roof':>6} |{'wts':>6}{'K/V':>6}{'smax':>6}"
-        f"{'rest':>6}",
+        f"{'':37}{'of':>3}{'':14}time - bytes/ref, ms",
+        f"{'':4}{'n_kv':>4}{'bytes':>11}{'time':>9}{'GiB/s':>7}"
+        f"{'ref':>6}{'roof':>6} |{'wts':>7}{'K/V':>7}{'smax':>7}"
+        f"{'rest':>7}",
     ]
     for fam, row in r["rows"].items():
         g = row["gap"]
         out.append(
             f"{fam:4}{row['n_kv_heads']:>4}"
-            f"{format_bytes(row['step_bytes']):>12}"
-            f"{row['time'] * 1e3:>7.2f} ms"
+            f"{format_bytes(row['step_bytes']):>11}"
+            f"{row['time'] * 1e3:>6.2f} ms"
             f"{row['bytes_per_s'] / 2**30:>7.1f}"
             f"{row['fraction']:>6.2f}{row['roof']:>6.2f} |"
-            f"{g['weights'] * 1e3:>+6.2f}"
-            f"{g['keys and values'] * 1e3:>+6.2f}"
-            f"{g['softmax'] * 1e3:>6.2f}{g['rest'] * 1e3:>+6.2f}"
+            f"{g['weights'] * 1e3:>+7.2f}"
+            f"{g['keys and values'] * 1e3:>+7.2f}"
+            f"{g['softmax'] * 1e3:>7.2f}{g['rest'] * 1e3:>+7.2f}"
         )
     return out
 
