@@ -1,6 +1,6 @@
 # Learning Attention: build the book, run the tests, open the notebooks.
 # Every target is phony: book/ and notebooks/ are folders, and make must never call them up to date.
-.PHONY: book test unit nbval book-strict browser figures lab notebooks bench venv clean
+.PHONY: book test lint unit nbval book-strict browser figures lab notebooks bench venv clean
 
 PYTHON ?= python3
 VENV   := .venv
@@ -24,8 +24,15 @@ book: venv
 	@echo
 	@echo "The book is built. Open: file://$(CURDIR)/_build/html/index.html"
 
-test: venv unit nbval book-strict browser
-	@echo "make test: unit tests, nbval on every notebook, the strict book build and the browser test all passed."
+test: venv lint unit nbval book-strict browser
+	@echo "make test: lint, unit tests, nbval on every notebook, the strict book build and the browser test all passed."
+
+# Ruff (pinned in requirements.txt) formats and lints; its line length (pyproject.toml) is what the
+# book's code column holds, since the library's source is shown in the book.
+LINT_PATHS := attn_np tests scripts notebooks
+lint: venv
+	$(BIN)/ruff format --check $(LINT_PATHS)
+	$(BIN)/ruff check $(LINT_PATHS)
 
 # The browser test needs a built book, so `unit` leaves it out and `browser` runs it after `book-strict`.
 unit: venv

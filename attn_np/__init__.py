@@ -1,38 +1,68 @@
-"""attn_np: attention in transformers, in NumPy, with hand-written backpropagation.
+"""attn_np: attention in transformers, in NumPy, with hand-written
+backpropagation.
 
-The library behind the book *Learning Attention*. Every forward function has a backward twin
-(``thing_forward(...) -> (out, cache)``, ``thing_backward(dout, cache) -> grads``); layer classes are
-thin shells over them with ``params`` and ``grads`` dicts that share their keys.
+The library behind the book *Learning Attention*. Every forward function has
+a backward twin (``thing_forward(...) -> (out, cache)``,
+``thing_backward(dout, cache) -> grads``); layer classes are thin shells over
+them with ``params`` and ``grads`` dicts that share their keys.
 
-The attention mechanisms sit at the top, one module per idea, in the order of the chapters:
+The attention mechanisms sit at the top, one module per idea, in the order of
+the chapters:
 
-====  ==========================================  ============================================
-ch.   chapter                                     modules
-====  ==========================================  ============================================
-1     scaled dot-product attention                :mod:`.softmax`, :mod:`.attention`
-2     multi-head attention                        :mod:`.multihead`, :mod:`.costs.layer`
-3     multi-query and grouped-query attention     :mod:`.multihead`, :mod:`.convert`,
+====  ==========================================
+============================================ ch.   chapter
+modules ====  ==========================================
+============================================ 1     scaled dot-product
+attention                :mod:`.softmax`, :mod:`.attention` 2     multi-head
+attention                        :mod:`.multihead`, :mod:`.costs.layer` 3
+multi-query and grouped-query attention     :mod:`.multihead`,
+:mod:`.convert`,
                                                   :mod:`.costs.catalogue`
-4     incremental decoding with a KV cache        :mod:`.kv_cache`, :mod:`.costs.decode`,
+4     incremental decoding with a KV cache        :mod:`.kv_cache`,
+:mod:`.costs.decode`,
                                                   :mod:`.bench`
 5     training MHA, GQA and MQA                   :mod:`.training`
-====  ==========================================  ============================================
+====  ==========================================
+============================================
 
-Three supporting subpackages: :mod:`.training` (the chapter-5 kit), :mod:`.costs` (the cost
-formulas and the catalogue of released models) and :mod:`.instruments` (gradient checks,
-plotting, measurement, BLAS threads, ``show_source``). Argument validation lives in one module,
-:mod:`._checks`. ``python -m attn_np.bench NAME`` runs the benchmarks.
+Three supporting subpackages: :mod:`.training` (the chapter-5 kit),
+:mod:`.costs` (the cost formulas and the catalogue of released models) and
+:mod:`.instruments` (gradient checks, plotting, measurement, BLAS threads,
+``show_source``). Argument validation lives in one module, :mod:`._checks`.
+``python -m attn_np.bench NAME`` runs the benchmarks.
 """
 
 from . import costs, instruments, training
-from .attention import AttentionCache, attention_backward, attention_forward, causal_mask, unbroadcast
+from .attention import (
+    AttentionCache,
+    attention_backward,
+    attention_forward,
+    causal_mask,
+    unbroadcast,
+)
 from .convert import mha_to_gqa
 from .costs import MODELS, ModelConfig, kv_bytes_per_token, kv_cache_bytes
-from .instruments import TOLERANCE, check_gradients, check_layer_gradients, numerical_gradient, rel_error
+from .instruments import (
+    TOLERANCE,
+    check_gradients,
+    check_layer_gradients,
+    numerical_gradient,
+    rel_error,
+)
 from .kv_cache import KVCache
-from .multihead import GroupedQueryAttention, MultiHeadAttention, MultiQueryAttention
+from .multihead import (
+    GroupedQueryAttention,
+    MultiHeadAttention,
+    MultiQueryAttention,
+)
 from .softmax import SoftmaxCache, softmax, softmax_backward, softmax_forward
-from .training import Adam, AssociativeRecall, Transformer, cross_entropy_backward, cross_entropy_forward
+from .training import (
+    Adam,
+    AssociativeRecall,
+    Transformer,
+    cross_entropy_backward,
+    cross_entropy_forward,
+)
 
 __all__ = [
     "Adam",

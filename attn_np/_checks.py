@@ -1,11 +1,14 @@
 """Input checks shared by every public function.
 
-Each check raises a ``ValueError`` (or a ``TypeError`` for a wrong dtype) whose message names the
-argument, the shape or dtype it got and what was expected, so that no broadcasting error from deep
-inside NumPy ever reaches the reader.
+Each check raises a ``ValueError`` (or a ``TypeError`` for a wrong dtype)
+whose message names the argument, the shape or dtype it got and what was
+expected, so that no broadcasting error from deep inside NumPy ever reaches
+the reader.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -13,18 +16,20 @@ import numpy as np
 def as_float_array(x, name: str, *, min_ndim: int = 0) -> np.ndarray:
     """Return ``x`` as a floating-point ndarray, or raise naming ``name``.
 
-    Python lists of floats are accepted; integer, boolean and complex arrays are refused with a
-    ``TypeError`` because silently promoting them hides bugs (integer attention weights are always a
-    mistake).
+    Python lists of floats are accepted; integer, boolean and complex arrays
+    are refused with a ``TypeError`` because silently promoting them hides
+    bugs (integer attention weights are always a mistake).
     """
     arr = np.asarray(x)
     if not np.issubdtype(arr.dtype, np.floating):
         raise TypeError(
-            f"{name} must be a floating-point array (float32 or float64), got dtype {arr.dtype}"
+            f"{name} must be a floating-point array (float32 or float64), "
+            f"got dtype {arr.dtype}"
         )
     if arr.ndim < min_ndim:
         raise ValueError(
-            f"{name} must have at least {min_ndim} axes, got shape {arr.shape}"
+            f"{name} must have at least {min_ndim} axes, got shape "
+            f"{arr.shape}"
         )
     return arr
 
@@ -34,41 +39,152 @@ def as_bool_array(x, name: str) -> np.ndarray:
     arr = np.asarray(x)
     if arr.dtype != np.bool_:
         raise TypeError(
-            f"{name} must be a boolean array (True where a query may attend a key), "
+            f"{name} must be a boolean array (True where a query may "
+            "attend a key), "
             f"got dtype {arr.dtype}"
         )
     return arr
 
 
-def broadcast_shapes(named: dict[str, tuple[int, ...]], what: str) -> tuple[int, ...]:
-    """``np.broadcast_shapes`` with an error message that names every argument."""
+def broadcast_shapes(
+    named: dict[str, tuple[int, ...]], what: str
+) -> tuple[int, ...]:
+    """``np.broadcast_shapes`` with an error message that names every
+    argument."""
     try:
         return np.broadcast_shapes(*named.values())
     except ValueError:
         got = ", ".join(f"{k} {v}" for k, v in named.items())
-        raise ValueError(f"{what} do not broadcast together: {got}") from None
+        raise ValueError(
+            f"{what} do not broadcast together: {got}"
+        ) from None
 
 
 def check_mask(mask, full: tuple[int, ...], layout: str) -> np.ndarray:
-    """A boolean ``mask`` that broadcasts to ``full`` (described as ``layout``), or raise naming both."""
+    """A boolean ``mask`` that broadcasts to ``full`` (described as
+    ``layout``), or raise naming both."""
     m = as_bool_array(mask, "mask")
     try:
         ok = np.broadcast_shapes(m.shape, full) == full
     except ValueError:
         ok = False
     if not ok:
-        raise ValueError(f"mask must broadcast to {layout} = {full}, got mask of shape {m.shape}")
+        raise ValueError(
+            f"mask must broadcast to {layout} = {full}, got mask of shape "
+            f"{m.shape}"
+        )
     return m
 
 
-def check_same_shape(a: np.ndarray, name: str, expected: tuple[int, ...], expected_from: str) -> None:
+def check_same_shape(
+    a: np.ndarray, name: str, expected: tuple[int, ...], expected_from: str
+) -> None:
     if a.shape != tuple(expected):
         raise ValueError(
-            f"{name} must have shape {tuple(expected)} (the shape of {expected_from}), got {a.shape}"
+            f"{name} must have shape {tuple(expected)} (the shape of "
+            f"{expected_from}), got {a.shape}"
         )
 
 
 def check_positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    """A positive integer, or raise naming ``name``."""
+    return check_count(value, name, minimum=1)
+
+
+def check_count(value, name: str, *, minimum: int = 1) -> int:
+    """An integer ``>= minimum`` (1: a positive count, 0: a non-negative
+    one), or raise naming ``name``. Booleans are refused: ``True`` is not a
+    count."""
+    if (
+        isinstance(value, bool)
+        or not hasattr(value, "__index__")
+        or int(value) < minimum
+    ):
+        kind = "a non-negative" if minimum == 0 else "a positive"
+        raise ValueError(f"{name} must be {kind} integer, got {value!r}")
     return int(value)
+
+
+def check_positive_number(value, name: str) -> float:
+    """A positive finite real number, or raise naming ``name``."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        x = float("nan")
+    if isinstance(value, bool) or not (math.isfinite(x) and x > 0):
+        raise ValueError(
+            f"{name} must be a positive finite number, got {value!r}"
+        )
+    return x
+
+
+def check_float_dtype(dtype, name: str = "dtype") -> np.dtype:
+    """A floating-point NumPy dtype, or raise a ``TypeError``."""
+    dtype = np.dtype(dtype)
+    if not np.issubdtype(dtype, np.floating):
+        raise TypeError(f"{name} must be a floating-point type, got {dtype}")
+    return dtype
+
+
+def check_head_dims(d_model, n_heads, n_kv_heads=None, d_k=None, d_v=None):
+    """Validated ``(d_model, n_heads, n_kv_heads, d_k, d_v)`` of an
+    attention layer, defaults filled in: ``n_kv_heads = n_heads`` (MHA) and
+    ``d_k = d_v = d_model // n_heads``."""
+    d_model = check_count(d_model, "d_model")
+    n_heads = check_count(n_heads, "n_heads")
+    n_kv_heads = (
+        n_heads
+        if n_kv_heads is None
+        else check_count(n_kv_heads, "n_kv_heads")
+    )
+    if n_heads % n_kv_heads:
+        raise ValueError(
+            "n_heads must be a multiple of n_kv_heads (each key/value head "
+            f"serves a whole group of query heads), got n_heads={n_heads} "
+            f"and n_kv_heads={n_kv_heads}"
+        )
+    if (d_k is None or d_v is None) and d_model % n_heads:
+        raise ValueError(
+            "d_model must be divisible by n_heads when d_k or d_v is not "
+            "given (they default to d_model // n_heads), got "
+            f"d_model={d_model} and n_heads={n_heads}"
+        )
+    d_k = d_model // n_heads if d_k is None else check_count(d_k, "d_k")
+    d_v = d_model // n_heads if d_v is None else check_count(d_v, "d_v")
+    return d_model, n_heads, n_kv_heads, d_k, d_v
+
+
+def check_finite(x: np.ndarray, name: str) -> None:
+    """Refuse NaN or inf in an input, naming it: a NaN that enters attention
+    silently turns every output it touches into NaN."""
+    if not np.all(np.isfinite(x)):
+        bad = int(np.size(x) - np.count_nonzero(np.isfinite(x)))
+        raise ValueError(
+            f"{name} must be finite, got {bad} NaN or inf value(s) in "
+            f"{name} of shape {np.shape(x)}"
+        )
+
+
+def check_upstream(dout, name: str, expected, what: str) -> np.ndarray:
+    """An upstream gradient ``dout`` with the shape of the output it belongs
+    to (``what``), or raise naming both shapes."""
+    dout = as_float_array(dout, name)
+    check_same_shape(dout, name, expected, what)
+    return dout
+
+
+def check_token_ids(ids, vocab_size: int, name: str = "ids") -> np.ndarray:
+    """``ids`` as an integer array of token ids in ``[0, vocab_size)``, or
+    raise naming the bad values and the vocabulary."""
+    ids = np.asarray(ids)
+    if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(
+            f"{name} must be an integer array of token ids, got dtype "
+            f"{ids.dtype}"
+        )
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(
+            f"{name} must lie in [0, vocab_size) = [0, {vocab_size}), got "
+            f"values from {ids.min()} to {ids.max()}"
+        )
+    return ids

@@ -14,8 +14,9 @@ Backward, given dO = dL/dO::
     dQ = dS K * scale          [L_q, L_k] @ [L_k, d_k] -> [L_q, d_k]
     dK = dS^T Q * scale        [L_k, L_q] @ [L_q, d_k] -> [L_k, d_k]
 
-``rowsum(P * dP)`` equals ``rowsum(dO * O)`` because ``sum_j P_ij dP_ij = dO_i . sum_j P_ij V_j
-= dO_i . O_i``; the right-hand side costs O(L_q d_v) instead of O(L_q L_k).
+``rowsum(P * dP)`` equals ``rowsum(dO * O)`` because ``sum_j P_ij dP_ij =
+dO_i . sum_j P_ij V_j = dO_i . O_i``; the right-hand side costs O(L_q d_v)
+instead of O(L_q L_k).
 """
 
 from __future__ import annotations
@@ -25,35 +26,55 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, broadcast_shapes, check_mask, check_same_shape
+from ._checks import (
+    as_float_array,
+    broadcast_shapes,
+    check_finite,
+    check_mask,
+    check_same_shape,
+)
 from .softmax import masked_softmax
 
 
 @dataclass
 class AttentionCache:
-    """Everything :func:`attention_backward` needs; ``weights`` is P, ready to plot."""
+    """Everything :func:`attention_backward` needs; ``weights`` is P, ready
+    to plot."""
 
     q: np.ndarray  # [..., L_q, d_k]
     k: np.ndarray  # [..., L_k, d_k]
     v: np.ndarray  # [..., L_k, d_v]
     out: np.ndarray  # [..., L_q, d_v]
-    weights: np.ndarray  # [..., L_q, L_k], rows sum to 1 (or are all 0 where nothing is allowed)
+    # [..., L_q, L_k], rows sum to 1 (or are all 0 where nothing is allowed)
+    weights: np.ndarray
     scale: float
 
 
 def causal_mask(L_q: int, L_k: int) -> np.ndarray:
-    """Boolean ``[L_q, L_k]`` mask, True where query ``i`` may attend key ``j``.
+    """Boolean ``[L_q, L_k]`` mask, True where query ``i`` may attend key
+    ``j``.
 
-    The last query aligns with the last key: query ``i`` sits at absolute position
-    ``i + (L_k - L_q)`` and may attend every key up to and including that position. With
-    ``L_q == L_k`` this is the usual lower triangle; with ``L_q < L_k`` (a chunk of new queries over a
-    longer key/value cache) every query also sees the whole cache before the chunk.
+    The last query aligns with the last key: query ``i`` sits at absolute
+    position ``i + (L_k - L_q)`` and may attend every key up to and including
+    that position. With ``L_q == L_k`` this is the usual lower triangle; with
+    ``L_q < L_k`` (a chunk of new queries over a longer key/value cache)
+    every query also sees the whole cache before the chunk.
     """
     offset = L_k - L_q
-    return np.arange(L_k)[None, :] <= np.arange(L_q)[:, None] + offset  # [L_q, 1] vs [1, L_k]
+    # [L_q, 1] vs [1, L_k]
+    return np.arange(L_k)[None, :] <= np.arange(L_q)[:, None] + offset
 
 
-def attention_forward(q, k, v, *, mask=None, causal: bool = False, scale: float | None = None):
+def attention_forward(
+    q,
+    k,
+    v,
+    *,
+    mask=None,
+    causal: bool = False,
+    scale: float | None = None,
+    check_finite: bool = True,
+):
     """Scaled dot-product attention; returns ``(out, cache)``.
 
     Parameters
@@ -61,85 +82,133 @@ def attention_forward(q, k, v, *, mask=None, causal: bool = False, scale: float 
     q : float array ``[..., L_q, d_k]``
     k : float array ``[..., L_k, d_k]``
     v : float array ``[..., L_k, d_v]``
-        Leading axes broadcast against each other, so several query heads can share one key/value
-        head without a copy (give the key/value a size-1 axis there).
+        Leading axes broadcast against each other, so several query heads
+        can share one key/value head without a copy (give the key/value a
+        size-1 axis there).
     mask : bool array broadcastable to ``[..., L_q, L_k]``, optional
         True where a query may attend a key.
     causal : bool
-        Also forbid keys after each query's position, aligning the last query with the last key.
+        Also forbid keys after each query's position, aligning the last
+        query with the last key.
     scale : float, optional
-        Multiplies the scores; defaults to ``1 / sqrt(d_k)`` (Vaswani et al. 2017).
+        Multiplies the scores; defaults to ``1 / sqrt(d_k)`` (Vaswani et
+        al. 2017).
+    check_finite : bool
+        Refuse NaN or inf in ``q``, ``k`` and ``v`` (as ``scipy.linalg``
+        does). The layers check their input ``x`` once and pass False:
+        a decode step would otherwise re-read the whole cache to check it.
 
-    A query with no key to attend (all masked) gets a zero output row and zero gradients.
+    A query with no key to attend (all masked) gets a zero output row and
+    zero gradients.
     """
-    q, k, v, allowed, scale = _check_inputs(q, k, v, mask, causal, scale)
-    scores = (q * scale) @ k.swapaxes(-1, -2)  # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]
-    p = masked_softmax(scores, allowed, -1, overwrite=True)  # [..., L_q, L_k]
+    q, k, v, allowed, scale = _check_inputs(
+        q, k, v, mask, causal, scale, check_finite
+    )
+    # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]
+    scores = (q * scale) @ k.swapaxes(-1, -2)
+    # [..., L_q, L_k]
+    p = masked_softmax(scores, allowed, -1, overwrite=True)
     out = p @ v  # [..., L_q, L_k] @ [..., L_k, d_v] -> [..., L_q, d_v]
-    return out, AttentionCache(q=q, k=k, v=v, out=out, weights=p, scale=scale)
+    return out, AttentionCache(
+        q=q, k=k, v=v, out=out, weights=p, scale=scale
+    )
 
 
 def attention_backward(dout, cache: AttentionCache):
-    """Gradients ``(dq, dk, dv)``, each with the shape of its input (broadcast axes summed)."""
+    """Gradients ``(dq, dk, dv)``, each with the shape of its input
+    (broadcast axes summed)."""
     dout = as_float_array(dout, "dout")
     check_same_shape(dout, "dout", cache.out.shape, "the attention output")
     p, q, k, v, scale = cache.weights, cache.q, cache.k, cache.v, cache.scale
-    dv = p.swapaxes(-1, -2) @ dout  # [..., L_k, L_q] @ [..., L_q, d_v] -> [..., L_k, d_v]
-    ds = dout @ v.swapaxes(-1, -2)  # dP: [..., L_q, d_v] @ [..., d_v, L_k] -> [..., L_q, L_k]
-    inner = np.sum(dout * cache.out, axis=-1, keepdims=True)  # rowsum(P*dP) = rowsum(dO*O): [..., L_q, 1]
+    # [..., L_k, L_q] @ [..., L_q, d_v] -> [..., L_k, d_v]
+    dv = p.swapaxes(-1, -2) @ dout
+    # dP: [..., L_q, d_v] @ [..., d_v, L_k] -> [..., L_q, L_k]
+    ds = dout @ v.swapaxes(-1, -2)
+    # rowsum(P*dP) = rowsum(dO*O): [..., L_q, 1]
+    inner = np.sum(dout * cache.out, axis=-1, keepdims=True)
     ds -= inner
-    ds *= p  # dS = P * (dP - rowsum): zero wherever P is zero (masked keys, empty rows)
-    dq = (ds @ k) * scale  # [..., L_q, L_k] @ [..., L_k, d_k] -> [..., L_q, d_k]
-    dk = (ds.swapaxes(-1, -2) @ q) * scale  # [..., L_k, L_q] @ [..., L_q, d_k] -> [..., L_k, d_k]
-    return unbroadcast(dq, q.shape), unbroadcast(dk, k.shape), unbroadcast(dv, v.shape)
+    # dS = P * (dP - rowsum): zero wherever P is zero (masked keys, empty
+    # rows)
+    ds *= p
+    # [..., L_q, L_k] @ [..., L_k, d_k] -> [..., L_q, d_k]
+    dq = (ds @ k) * scale
+    # [..., L_k, L_q] @ [..., L_q, d_k] -> [..., L_k, d_k]
+    dk = (ds.swapaxes(-1, -2) @ q) * scale
+    return (
+        unbroadcast(dq, q.shape),
+        unbroadcast(dk, k.shape),
+        unbroadcast(dv, v.shape),
+    )
 
 
 def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Sum ``grad`` over the axes that broadcasting added or stretched, giving it ``shape``.
+    """Sum ``grad`` over the axes that broadcasting added or stretched,
+    giving it ``shape``.
 
-    This is the backward of broadcasting: an input used by several outputs (one key/value head read
-    by several query heads) receives the sum of their gradients.
+    This is the backward of broadcasting: an input used by several outputs
+    (one key/value head read by several query heads) receives the sum of
+    their gradients.
     """
     extra = grad.ndim - len(shape)
     if extra:
         grad = grad.sum(axis=tuple(range(extra)))
-    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    stretched = tuple(
+        i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1
+    )
     if stretched:
         grad = grad.sum(axis=stretched, keepdims=True)
     return grad
 
 
-def _check_inputs(q, k, v, mask, causal, scale):
+def _check_inputs(q, k, v, mask, causal, scale, finite=True):
     q = as_float_array(q, "q", min_ndim=2)
     k = as_float_array(k, "k", min_ndim=2)
     v = as_float_array(v, "v", min_ndim=2)
-    (L_q, d_k), (L_k, d_k2), (L_v, d_v) = q.shape[-2:], k.shape[-2:], v.shape[-2:]
+    for name, t in (("q", q), ("k", k), ("v", v)) if finite else ():
+        check_finite(t, name)
+    (L_q, d_k), (L_k, d_k2), L_v = q.shape[-2:], k.shape[-2:], v.shape[-2]
     if d_k != d_k2:
         raise ValueError(
-            f"q and k must have the same last axis d_k, got q {q.shape} and k {k.shape}"
+            f"q and k must have the same last axis d_k, got q {q.shape} "
+            f"and k {k.shape}"
         )
     if L_k != L_v:
         raise ValueError(
-            f"k and v must have the same number of keys L_k (axis -2), got k {k.shape} and v {v.shape}"
+            "k and v must have the same number of keys L_k (axis -2), got "
+            f"k {k.shape} and v {v.shape}"
         )
     if L_k == 0:
-        raise ValueError(f"k and v must hold at least one key, got k {k.shape} and v {v.shape}")
+        raise ValueError(
+            f"k and v must hold at least one key, got k {k.shape} and v "
+            f"{v.shape}"
+        )
     if d_k == 0:
-        raise ValueError(f"q and k must have d_k >= 1, got q {q.shape} and k {k.shape}")
+        raise ValueError(
+            f"q and k must have d_k >= 1, got q {q.shape} and k {k.shape}"
+        )
     batch = broadcast_shapes(
         {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]},
         "the leading (batch/head) axes of q, k and v",
     )
     if scale is None:
         scale = 1.0 / math.sqrt(d_k)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)) or not (
-        math.isfinite(scale) and scale > 0
+    elif (
+        isinstance(scale, bool)
+        or not isinstance(scale, (int, float, np.floating, np.integer))
+        or not (math.isfinite(scale) and scale > 0)
     ):
-        raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+        raise ValueError(
+            f"scale must be a positive finite number, got {scale!r}"
+        )
     allowed = None
     if mask is not None:
-        allowed = check_mask(mask, batch + (L_q, L_k), f"[..., L_q, L_k] (from q {q.shape} and k {k.shape})")
-    if causal and L_q > 1:  # a single query aligned with the last key may attend every key
+        allowed = check_mask(
+            mask,
+            batch + (L_q, L_k),
+            f"[..., L_q, L_k] (from q {q.shape} and k {k.shape})",
+        )
+    # a single query aligned with the last key may attend every key
+    if causal and L_q > 1:
         c = causal_mask(L_q, L_k)
         allowed = c if allowed is None else allowed & c
     return q, k, v, allowed, float(scale)

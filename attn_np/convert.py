@@ -1,14 +1,13 @@
 """Turn a multi-head attention layer into a grouped-query one (chapter 3).
 
-Ainslie et al. (2023) convert a trained multi-head checkpoint by *mean-pooling* the key and value
-projection heads of each group, then train a little more ("uptraining"); they found pooling
-better than keeping one head per group or starting the new heads from scratch. Queries and the
-output projection are untouched: only the number of key/value heads changes.
+Ainslie et al. (2023) convert a trained multi-head checkpoint by
+*mean-pooling* the key and value projection heads of each group, then train a
+little more ("uptraining"); they found pooling better than keeping one head
+per group or starting the new heads from scratch. Queries and the output
+projection are untouched: only the number of key/value heads changes.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from ._checks import check_positive_int
 from .multihead import GroupedQueryAttention
@@ -16,19 +15,25 @@ from .multihead import GroupedQueryAttention
 METHODS = ("mean", "first")
 
 
-def mha_to_gqa(mha, n_kv_heads, method: str = "mean") -> GroupedQueryAttention:
-    """A :class:`GroupedQueryAttention` with ``n_kv_heads`` key/value heads made from ``mha``'s.
+def mha_to_gqa(
+    mha, n_kv_heads, method: str = "mean"
+) -> GroupedQueryAttention:
+    """A :class:`GroupedQueryAttention` with ``n_kv_heads`` key/value heads
+    made from ``mha``'s.
 
-    ``mha`` is a :class:`~attn_np.MultiHeadAttention` (or any grouped-query layer whose number of
-    key/value heads ``n_kv_heads`` divides). Its ``r = mha.n_kv_heads // n_kv_heads`` consecutive
-    key/value heads ``g*r ... g*r + r - 1`` become head ``g``: their mean (``method="mean"``,
-    Ainslie et al. 2023) or the first of them (``method="first"``). Query head ``i`` read head
-    ``i // G_old`` before and reads ``i // G_new = (i // G_old) // r`` after, so every query head is
-    served by the pool of the heads it used to read. ``W_q`` and ``W_o`` are copied unchanged.
+    ``mha`` is a :class:`~attn_np.MultiHeadAttention` (or any grouped-query
+    layer whose number of key/value heads ``n_kv_heads`` divides). Its ``r =
+    mha.n_kv_heads // n_kv_heads`` consecutive key/value heads ``g*r ... g*r
+    + r - 1`` become head ``g``: their mean (``method="mean"``, Ainslie et
+    al. 2023) or the first of them (``method="first"``). Query head ``i``
+    read head ``i // G_old`` before and reads ``i // G_new = (i // G_old) //
+    r`` after, so every query head is served by the pool of the heads it used
+    to read. ``W_q`` and ``W_o`` are copied unchanged.
     """
     if not isinstance(mha, GroupedQueryAttention):
         raise ValueError(
-            f"mha must be a MultiHeadAttention (a GroupedQueryAttention), got {type(mha).__name__}"
+            "mha must be a MultiHeadAttention (a GroupedQueryAttention), "
+            f"got {type(mha).__name__}"
         )
     n_kv_heads = check_positive_int(n_kv_heads, "n_kv_heads")
     if method not in METHODS:
@@ -36,19 +41,29 @@ def mha_to_gqa(mha, n_kv_heads, method: str = "mean") -> GroupedQueryAttention:
     old = mha.n_kv_heads
     if old % n_kv_heads:
         raise ValueError(
-            f"n_kv_heads must divide the layer's {old} key/value heads (n_heads={mha.n_heads}) "
-            f"so that each new head pools a whole group of old ones, got n_kv_heads={n_kv_heads}"
+            f"n_kv_heads must divide the layer's {old} key/value heads "
+            f"(n_heads={mha.n_heads}) "
+            "so that each new head pools a whole group of old ones, got "
+            f"n_kv_heads={n_kv_heads}"
         )
     r = old // n_kv_heads  # old key/value heads pooled into each new one
     gqa = GroupedQueryAttention(
-        mha.d_model, mha.n_heads, n_kv_heads, d_k=mha.d_k, d_v=mha.d_v, dtype=mha.dtype
+        mha.d_model,
+        mha.n_heads,
+        n_kv_heads,
+        d_k=mha.d_k,
+        d_v=mha.d_v,
+        dtype=mha.dtype,
     )
     gqa.params["W_q"] = mha.params["W_q"].copy()  # [d_model, h*d_k]
     gqa.params["W_o"] = mha.params["W_o"].copy()  # [h*d_v, d_model]
     d_model = mha.d_model
     for name, d_head in (("W_k", mha.d_k), ("W_v", mha.d_v)):
-        w = mha.params[name].reshape(d_model, n_kv_heads, r, d_head)  # -> [d_model, n_kv, r, d_head]
-        pooled = w.mean(axis=2) if method == "mean" else w[:, :, 0]  # -> [d_model, n_kv, d_head]
-        pooled = pooled.reshape(d_model, n_kv_heads * d_head)  # -> [d_model, n_kv*d_head]
+        # -> [d_model, n_kv, r, d_head]
+        w = mha.params[name].reshape(d_model, n_kv_heads, r, d_head)
+        # -> [d_model, n_kv, d_head]
+        pooled = w.mean(axis=2) if method == "mean" else w[:, :, 0]
+        # -> [d_model, n_kv*d_head]
+        pooled = pooled.reshape(d_model, n_kv_heads * d_head)
         gqa.params[name] = pooled.astype(mha.dtype)
     return gqa

@@ -1,31 +1,43 @@
-"""Multi-head, grouped-query and multi-query attention layers (chapters 2 to 4).
+"""Multi-head, grouped-query and multi-query attention layers (chapters 2 to
+4).
 
-One code path serves all three. ``n_kv_heads`` key/value heads are shared by groups of
-``G = n_heads // n_kv_heads`` query heads; query head ``i`` reads key/value head ``i // G``.
-``n_kv_heads = n_heads`` is multi-head attention (Vaswani et al. 2017), ``n_kv_heads = 1`` is
-multi-query attention (Shazeer 2019), anything in between is grouped-query attention
-(Ainslie et al. 2023).
+One code path serves all three. ``n_kv_heads`` key/value heads are shared by
+groups of ``G = n_heads // n_kv_heads`` query heads; query head ``i`` reads
+key/value head ``i // G``. ``n_kv_heads = n_heads`` is multi-head attention
+(Vaswani et al. 2017), ``n_kv_heads = 1`` is multi-query attention (Shazeer
+2019), anything in between is grouped-query attention (Ainslie et al. 2023).
 
-Layout. The ``G`` query heads of a group are stacked along the query axis, so attention sees
+Layout. The ``G`` query heads of a group are stacked along the query axis, so
+attention sees
 
-    q: [B, n_kv, G*L_q, d_k]   k: [B, n_kv, L_k, d_k]   v: [B, n_kv, L_k, d_v]
+    q: [B, n_kv, G*L_q, d_k]
+    k: [B, n_kv, L_k, d_k]
+    v: [B, n_kv, L_k, d_v]
 
-and each key/value head meets *one* contiguous ``[G*L_q, d_k]`` query matrix in a single matmul.
-Keys and values are never copied per query head, and in the backward the matmul
-``dS^T Q`` over the stacked rows sums the gradients of the whole group into its one key/value head.
+and each key/value head meets *one* contiguous ``[G*L_q, d_k]`` query matrix
+in a single matmul. Keys and values are never copied per query head, and in
+the backward the matmul ``dS^T Q`` over the stacked rows sums the gradients
+of the whole group into its one key/value head.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._checks import as_float_array, check_mask, check_positive_int
+from ._checks import (
+    as_float_array,
+    check_finite,
+    check_float_dtype,
+    check_head_dims,
+    check_mask,
+)
 from .attention import attention_backward, attention_forward, causal_mask
 from .kv_cache import KVCache
 
 
 class GroupedQueryAttention:
-    """Attention with ``n_heads`` query heads sharing ``n_kv_heads`` key/value heads.
+    """Attention with ``n_heads`` query heads sharing ``n_kv_heads``
+    key/value heads.
 
     Parameters (the document's shapes, no biases)::
 
@@ -33,29 +45,23 @@ class GroupedQueryAttention:
         W_v [d_model, n_kv_heads * d_v]   W_o [n_heads * d_v, d_model]
     """
 
-    def __init__(self, d_model, n_heads, n_kv_heads, d_k=None, d_v=None, seed=0, dtype=np.float64):
-        d_model = check_positive_int(d_model, "d_model")
-        n_heads = check_positive_int(n_heads, "n_heads")
-        n_kv_heads = check_positive_int(n_kv_heads, "n_kv_heads")
-        if n_heads % n_kv_heads:
-            raise ValueError(
-                f"n_heads must be a multiple of n_kv_heads (each key/value head serves a whole group "
-                f"of query heads), got n_heads={n_heads} and n_kv_heads={n_kv_heads}"
-            )
-        if d_k is None or d_v is None:
-            if d_model % n_heads:
-                raise ValueError(
-                    f"d_model must be divisible by n_heads when d_k or d_v is not given "
-                    f"(they default to d_model // n_heads), got d_model={d_model} and n_heads={n_heads}"
-                )
-        d_k = d_model // n_heads if d_k is None else check_positive_int(d_k, "d_k")
-        d_v = d_model // n_heads if d_v is None else check_positive_int(d_v, "d_v")
-        dtype = np.dtype(dtype)
-        if not np.issubdtype(dtype, np.floating):
-            raise TypeError(f"dtype must be a floating-point type, got {dtype}")
-        self.d_model, self.n_heads, self.n_kv_heads, self.d_k, self.d_v = d_model, n_heads, n_kv_heads, d_k, d_v
+    def __init__(
+        self,
+        d_model,
+        n_heads,
+        n_kv_heads,
+        d_k=None,
+        d_v=None,
+        seed=0,
+        dtype=np.float64,
+    ):
+        d_model, n_heads, n_kv_heads, d_k, d_v = check_head_dims(
+            d_model, n_heads, n_kv_heads, d_k, d_v
+        )
+        self.d_model, self.n_heads = d_model, n_heads
+        self.n_kv_heads, self.d_k, self.d_v = n_kv_heads, d_k, d_v
         self.group_size = n_heads // n_kv_heads
-        self.dtype = dtype
+        self.dtype = dtype = check_float_dtype(dtype)
         rng = np.random.default_rng(seed)
         shapes = {
             "W_q": (d_model, n_heads * d_k),
@@ -63,127 +69,199 @@ class GroupedQueryAttention:
             "W_v": (d_model, n_kv_heads * d_v),
             "W_o": (n_heads * d_v, d_model),
         }
-        # N(0, 1/fan_in): keeps the variance of every projection's output near that of its input.
+        # N(0, 1/fan_in): keeps the variance of every projection's output
+        # near that of its input.
         self.params = {
-            name: (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(dtype) for name, shape in shapes.items()
+            name: (rng.standard_normal(shape) / np.sqrt(shape[0])).astype(
+                dtype
+            )
+            for name, shape in shapes.items()
         }
-        self.grads = {name: np.zeros_like(p) for name, p in self.params.items()}
-        self.attention_weights = None  # [B, n_heads, L_q, L_k] after each forward
+        self.grads = {
+            name: np.zeros_like(p) for name, p in self.params.items()
+        }
+        # [B, n_heads, L_q, L_k] after each forward
+        self.attention_weights = None
         self._cache = None
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(d_model={self.d_model}, n_heads={self.n_heads}, "
-            f"n_kv_heads={self.n_kv_heads}, d_k={self.d_k}, d_v={self.d_v}, dtype={self.dtype})"
+            f"{type(self).__name__}(d_model={self.d_model}, "
+            f"n_heads={self.n_heads}, "
+            f"n_kv_heads={self.n_kv_heads}, d_k={self.d_k}, "
+            f"d_v={self.d_v}, dtype={self.dtype})"
         )
 
     @property
     def n_params(self) -> int:
         return sum(p.size for p in self.params.values())
 
-    # ------------------------------------------------------------------ forward
+    # ------------------------------------------------------------------
+    # forward
     def forward(self, x, *, causal: bool = False, mask=None, kv_cache=None):
-        """``x`` is ``[L, d_model]`` or ``[B, L, d_model]``; returns ``y`` of the same shape.
+        """``x`` is ``[L, d_model]`` or ``[B, L, d_model]``; returns ``y`` of
+        the same shape.
 
-        ``mask`` (bool, True where a query may attend a key) broadcasts to ``[B, n_heads, L_q, L_k]``.
-        With ``kv_cache`` (a :class:`~attn_np.KVCache`), ``x`` is the next chunk: it attends causally
-        over every cached position plus itself, and its keys and values are added to the cache.
+        ``mask`` (bool, True where a query may attend a key) broadcasts to
+        ``[B, n_heads, L_q, L_k]``. With ``kv_cache`` (a
+        :class:`~attn_np.KVCache`), ``x`` is the next chunk: it attends
+        causally over every cached position plus itself, and its keys and
+        values are added to the cache.
         """
-        x3, unbatched = self._check_x(x, "x" if kv_cache is None else "x_chunk")
+        x3, unbatched = self._check_x(
+            x, "x" if kv_cache is None else "x_chunk"
+        )
         B, L, _ = x3.shape
-        h, n_kv, G, d_k, d_v = self.n_heads, self.n_kv_heads, self.group_size, self.d_k, self.d_v
+        h, n_kv, d_k, d_v = self.n_heads, self.n_kv_heads, self.d_k, self.d_v
         W = self.params
         if kv_cache is not None:
             if not isinstance(kv_cache, KVCache):
-                raise TypeError(f"kv_cache must be an attn_np.KVCache, got {type(kv_cache).__name__}")
-            dtype = np.result_type(x3.dtype, W["W_k"].dtype)  # the dtype of the keys and values
-            kv_cache.check_chunk(x3.shape, batch=B, n_kv_heads=n_kv, d_k=d_k, d_v=d_v, dtype=dtype)
-            causal = True  # the chunk attends over the cache and causally over itself
+                raise TypeError(
+                    "kv_cache must be an attn_np.KVCache, got "
+                    f"{type(kv_cache).__name__}"
+                )
+            # the dtype of the keys and values
+            dtype = np.result_type(x3.dtype, W["W_k"].dtype)
+            kv_cache.check_chunk(
+                x3.shape,
+                batch=B,
+                n_kv_heads=n_kv,
+                d_k=d_k,
+                d_v=d_v,
+                dtype=dtype,
+            )
+            # the chunk attends over the cache and causally over itself
+            causal = True
 
-        q = x3 @ W["W_q"]  # [B, L, d_model] @ [d_model, h*d_k] -> [B, L, h*d_k]
-        k = x3 @ W["W_k"]  # [B, L, d_model] @ [d_model, n_kv*d_k] -> [B, L, n_kv*d_k]
-        v = x3 @ W["W_v"]  # [B, L, d_model] @ [d_model, n_kv*d_v] -> [B, L, n_kv*d_v]
-        q = self._split_queries(q, d_k)  # [B, L, h*d_k] -> [B, n_kv, G*L, d_k]
+        # [B, L, d_model] @ [d_model, h*d_k] -> [B, L, h*d_k]
+        q = x3 @ W["W_q"]
+        # [B, L, d_model] @ [d_model, n_kv*d_k] -> [B, L, n_kv*d_k]
+        k = x3 @ W["W_k"]
+        # [B, L, d_model] @ [d_model, n_kv*d_v] -> [B, L, n_kv*d_v]
+        v = x3 @ W["W_v"]
+        # [B, L, h*d_k] -> [B, n_kv, G*L, d_k]
+        q = self._split_queries(q, d_k)
         k = split_kv(k, n_kv, d_k)  # [B, L, n_kv*d_k] -> [B, n_kv, L, d_k]
         v = split_kv(v, n_kv, d_v)  # [B, L, n_kv*d_v] -> [B, n_kv, L, d_v]
         if kv_cache is not None:
-            k, v = kv_cache.append(k, v)  # views, no copy: [B, n_kv, L_cached + L, d_k], [.., d_v]
+            # views, no copy: [B, n_kv, L_cached + L, d_k], [.., d_v]
+            k, v = kv_cache.append(k, v)
         L_k = k.shape[2]
 
-        allowed = self._group_mask(mask, causal, B, L, L_k)  # None or [..., G*L, L_k]
-        o, att = attention_forward(q, k, v, mask=allowed)  # [B, n_kv, G*L, d_v], weights [B, n_kv, G*L, L_k]
-        o = self._merge_heads(o, L, d_v)  # [B, n_kv, G*L, d_v] -> [B, L, h*d_v]
-        y = o @ W["W_o"]  # [B, L, h*d_v] @ [h*d_v, d_model] -> [B, L, d_model]
+        # None or [..., G*L, L_k]
+        allowed = self._group_mask(mask, causal, B, L, L_k)
+        # [B, n_kv, G*L, d_v], weights [B, n_kv, G*L, L_k]
+        # x was checked finite once, in _check_x
+        o, att = attention_forward(q, k, v, mask=allowed, check_finite=False)
+        # [B, n_kv, G*L, d_v] -> [B, L, h*d_v]
+        o = self._merge_heads(o, L, d_v)
+        # [B, L, h*d_v] @ [h*d_v, d_model] -> [B, L, d_model]
+        y = o @ W["W_o"]
 
-        self.attention_weights = att.weights.reshape(B, h, L, L_k)  # head i = kv*G + g
-        self._cache = None if kv_cache is not None else (x3, o, att, unbatched)
+        # head i = kv*G + g
+        self.attention_weights = att.weights.reshape(B, h, L, L_k)
+        self._cache = (
+            None if kv_cache is not None else (x3, o, att, unbatched)
+        )
         return y[0] if unbatched else y
 
-    # ----------------------------------------------------------------- backward
+    # -----------------------------------------------------------------
+    # backward
     def backward(self, dy):
-        """Gradient with respect to ``x``; fills ``self.grads`` (same keys as ``self.params``)."""
+        """Gradient with respect to ``x``; fills ``self.grads`` (same keys as
+        ``self.params``)."""
         if self._cache is None:
             raise RuntimeError(
-                "backward needs a preceding forward without kv_cache (decoding with a cache is inference only)"
+                "backward needs a preceding forward without kv_cache "
+                "(decoding with a cache is inference only)"
             )
         x3, o, att, unbatched = self._cache
         B, L, _ = x3.shape
         dy = as_float_array(dy, "dy")
         want = (L, self.d_model) if unbatched else (B, L, self.d_model)
         if dy.shape != want:
-            raise ValueError(f"dy must have the shape of the layer's output {want}, got {dy.shape}")
+            raise ValueError(
+                f"dy must have the shape of the layer's output {want}, got "
+                f"{dy.shape}"
+            )
         dy3 = dy[None] if unbatched else dy
-        W, h, n_kv, d_k, d_v = self.params, self.n_heads, self.n_kv_heads, self.d_k, self.d_v
+        W, d_k, d_v = self.params, self.d_k, self.d_v
 
-        self.grads["W_o"] = _flat(o).T @ _flat(dy3)  # [h*d_v, B*L] @ [B*L, d_model] -> [h*d_v, d_model]
-        do = dy3 @ W["W_o"].T  # [B, L, d_model] @ [d_model, h*d_v] -> [B, L, h*d_v]
+        # [h*d_v, B*L] @ [B*L, d_model] -> [h*d_v, d_model]
+        self.grads["W_o"] = _flat(o).T @ _flat(dy3)
+        # [B, L, d_model] @ [d_model, h*d_v] -> [B, L, h*d_v]
+        do = dy3 @ W["W_o"].T
         do = self._split_queries(do, d_v)  # -> [B, n_kv, G*L, d_v]
-        dq, dk, dv = attention_backward(do, att)  # dk, dv already summed over each group's query heads
-        dq = self._merge_heads(dq, L, d_k)  # [B, n_kv, G*L, d_k] -> [B, L, h*d_k]
+        # dk, dv already summed over each group's query heads
+        dq, dk, dv = attention_backward(do, att)
+        # [B, n_kv, G*L, d_k] -> [B, L, h*d_k]
+        dq = self._merge_heads(dq, L, d_k)
         dk = merge_kv(dk)  # [B, n_kv, L, d_k] -> [B, L, n_kv*d_k]
         dv = merge_kv(dv)  # [B, n_kv, L, d_v] -> [B, L, n_kv*d_v]
         xf = _flat(x3)  # [B*L, d_model]
-        self.grads["W_q"] = xf.T @ _flat(dq)  # [d_model, B*L] @ [B*L, h*d_k] -> [d_model, h*d_k]
+        # [d_model, B*L] @ [B*L, h*d_k] -> [d_model, h*d_k]
+        self.grads["W_q"] = xf.T @ _flat(dq)
         self.grads["W_k"] = xf.T @ _flat(dk)  # -> [d_model, n_kv*d_k]
         self.grads["W_v"] = xf.T @ _flat(dv)  # -> [d_model, n_kv*d_v]
-        dx = dq @ W["W_q"].T + dk @ W["W_k"].T + dv @ W["W_v"].T  # three paths into x: [B, L, d_model]
+        # three paths into x: [B, L, d_model]
+        dx = dq @ W["W_q"].T + dk @ W["W_k"].T + dv @ W["W_v"].T
         return dx[0] if unbatched else dx
 
-    # ------------------------------------------------------------------ helpers
+    # ------------------------------------------------------------------
+    # helpers
     def _check_x(self, x, name):
         x = as_float_array(x, name)
+        check_finite(x, name)
         if x.ndim not in (2, 3) or x.shape[-1] != self.d_model:
             raise ValueError(
-                f"{name} must have shape [L, d_model] or [B, L, d_model] with d_model={self.d_model}, "
+                f"{name} must have shape [L, d_model] or [B, L, d_model] "
+                f"with d_model={self.d_model}, "
                 f"got {x.shape}"
             )
         if x.shape[-2] == 0:
-            raise ValueError(f"{name} must hold at least one position, got shape {x.shape}")
+            raise ValueError(
+                f"{name} must hold at least one position, got shape "
+                f"{x.shape}"
+            )
         return (x[None], True) if x.ndim == 2 else (x, False)
 
     def _split_queries(self, t, d):
-        """[B, L, h*d] -> [B, n_kv, G*L, d]: query head kv*G + g goes to group kv, rows g*L ... g*L+L-1."""
+        """[B, L, h*d] -> [B, n_kv, G*L, d]: query head kv*G + g goes to
+        group kv, rows g*L ... g*L+L-1."""
         B, L, _ = t.shape
-        t = t.reshape(B, L, self.n_kv_heads, self.group_size, d)  # head index = kv*G + g
+        # head index = kv*G + g
+        t = t.reshape(B, L, self.n_kv_heads, self.group_size, d)
         t = t.transpose(0, 2, 3, 1, 4)  # [B, n_kv, G, L, d]
-        return np.ascontiguousarray(t).reshape(B, self.n_kv_heads, self.group_size * L, d)
+        return np.ascontiguousarray(t).reshape(
+            B, self.n_kv_heads, self.group_size * L, d
+        )
 
     def _merge_heads(self, t, L, d):
-        """[B, n_kv, G*L, d] -> [B, L, h*d], the inverse of :meth:`_split_queries` (concatenate heads)."""
+        """[B, n_kv, G*L, d] -> [B, L, h*d], the inverse of
+        :meth:`_split_queries` (concatenate heads)."""
         B = t.shape[0]
-        t = t.reshape(B, self.n_kv_heads, self.group_size, L, d).transpose(0, 3, 1, 2, 4)  # [B, L, n_kv, G, d]
+        # [B, L, n_kv, G, d]
+        t = t.reshape(B, self.n_kv_heads, self.group_size, L, d).transpose(
+            0, 3, 1, 2, 4
+        )
         return t.reshape(B, L, self.n_heads * d)
 
     def _group_mask(self, mask, causal, B, L_q, L_k):
-        """Combine the caller's mask and the causal mask into one for the stacked query rows."""
+        """Combine the caller's mask and the causal mask into one for the
+        stacked query rows."""
         G, h, n_kv = self.group_size, self.n_heads, self.n_kv_heads
         allowed = None
         if mask is not None:
             full = (B, h, L_q, L_k)
             m = check_mask(mask, full, "[B, n_heads, L_q, L_k]")
-            if m.ndim <= 2:  # the same mask for every head: repeat it for the G heads of a group
-                allowed = np.tile(np.broadcast_to(m, (L_q, L_k)), (G, 1))  # [G*L_q, L_k]
-            else:  # per-batch or per-head masks: lay them out like the stacked queries
+            # the same mask for every head: repeat it for the G heads of a
+            # group
+            if m.ndim <= 2:
+                # [G*L_q, L_k]
+                allowed = np.tile(np.broadcast_to(m, (L_q, L_k)), (G, 1))
+            # per-batch or per-head masks: lay them out like the stacked
+            # queries
+            else:
                 m = np.broadcast_to(m, full).reshape(B, n_kv, G, L_q, L_k)
                 allowed = m.reshape(B, n_kv, G * L_q, L_k)
         if causal and L_q > 1:
@@ -193,22 +271,41 @@ class GroupedQueryAttention:
 
 
 class MultiHeadAttention(GroupedQueryAttention):
-    """Multi-head attention (Vaswani et al. 2017): every query head has its own key/value head."""
+    """Multi-head attention (Vaswani et al. 2017): every query head has its
+    own key/value head."""
 
-    def __init__(self, d_model, n_heads, d_k=None, d_v=None, seed=0, dtype=np.float64):
-        super().__init__(d_model, n_heads, n_heads, d_k=d_k, d_v=d_v, seed=seed, dtype=dtype)
+    def __init__(
+        self, d_model, n_heads, d_k=None, d_v=None, seed=0, dtype=np.float64
+    ):
+        super().__init__(
+            d_model,
+            n_heads,
+            n_heads,
+            d_k=d_k,
+            d_v=d_v,
+            seed=seed,
+            dtype=dtype,
+        )
 
 
 class MultiQueryAttention(GroupedQueryAttention):
-    """Multi-query attention (Shazeer 2019): all query heads share one key/value head."""
+    """Multi-query attention (Shazeer 2019): all query heads share one
+    key/value head."""
 
-    def __init__(self, d_model, n_heads, d_k=None, d_v=None, seed=0, dtype=np.float64):
-        super().__init__(d_model, n_heads, 1, d_k=d_k, d_v=d_v, seed=seed, dtype=dtype)
+    def __init__(
+        self, d_model, n_heads, d_k=None, d_v=None, seed=0, dtype=np.float64
+    ):
+        super().__init__(
+            d_model, n_heads, 1, d_k=d_k, d_v=d_v, seed=seed, dtype=dtype
+        )
 
 
 def split_kv(t, n_kv, d):
     B, L, _ = t.shape
-    return np.ascontiguousarray(t.reshape(B, L, n_kv, d).transpose(0, 2, 1, 3))  # [B, n_kv, L, d]
+    # [B, n_kv, L, d]
+    return np.ascontiguousarray(
+        t.reshape(B, L, n_kv, d).transpose(0, 2, 1, 3)
+    )
 
 
 def merge_kv(t):

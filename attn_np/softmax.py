@@ -1,22 +1,25 @@
-"""A softmax that cannot overflow, with an optional boolean mask, and its backward.
+"""A softmax that cannot overflow, with an optional boolean mask, and its
+backward.
 
 Forward, along one axis of ``x``::
 
     p_j = exp(x_j - m) / sum_k exp(x_k - m),     m = max_k x_k
 
-Subtracting the row maximum ``m`` changes nothing mathematically (it cancels between numerator
-and denominator) but makes the largest exponent ``exp(0) = 1``, so nothing overflows, whatever the
-size of the logits.
+Subtracting the row maximum ``m`` changes nothing mathematically (it cancels
+between numerator and denominator) but makes the largest exponent ``exp(0) =
+1``, so nothing overflows, whatever the size of the logits.
 
-With a mask (True where an entry takes part), masked entries get probability exactly 0 and the
-maximum is taken over the unmasked entries only. A row with no unmasked entry at all is defined to
-be all zeros (not NaN): nothing may be attended, so nothing is.
+With a mask (True where an entry takes part), masked entries get probability
+exactly 0 and the maximum is taken over the unmasked entries only. A row with
+no unmasked entry at all is defined to be all zeros (not NaN): nothing may be
+attended, so nothing is.
 
 Backward (the Jacobian-vector product of the softmax)::
 
     dx_j = p_j * (dp_j - sum_k p_k dp_k)
 
-which is zero wherever ``p`` is zero, so masked entries and empty rows get zero gradient.
+which is zero wherever ``p`` is zero, so masked entries and empty rows get
+zero gradient.
 """
 
 from __future__ import annotations
@@ -25,12 +28,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_bool_array, as_float_array, broadcast_shapes, check_same_shape
+from ._checks import (
+    as_bool_array,
+    as_float_array,
+    broadcast_shapes,
+    check_same_shape,
+)
 
 
 @dataclass
 class SoftmaxCache:
-    """What the backward needs: the probabilities and the axis they sum over."""
+    """What the backward needs: the probabilities and the axis they sum
+    over."""
 
     p: np.ndarray
     axis: int
@@ -39,7 +48,8 @@ class SoftmaxCache:
 def softmax_forward(x, *, axis: int = -1, mask=None):
     """Softmax of ``x`` along ``axis``; returns ``(p, cache)``.
 
-    ``mask`` is boolean and broadcastable to ``x.shape``; True marks the entries that take part.
+    ``mask`` is boolean and broadcastable to ``x.shape``; True marks the
+    entries that take part.
     """
     x = as_float_array(x, "x", min_ndim=1)
     axis = _normalise_axis(axis, x.ndim)
@@ -52,7 +62,8 @@ def softmax_forward(x, *, axis: int = -1, mask=None):
     broadcast_shapes({"x": x.shape, "mask": mask.shape}, "x and mask")
     if np.broadcast_shapes(x.shape, mask.shape) != x.shape:
         raise ValueError(
-            f"mask must broadcast to the shape of x {x.shape}, got mask of shape {mask.shape}"
+            f"mask must broadcast to the shape of x {x.shape}, got mask of "
+            f"shape {mask.shape}"
         )
     _check_finite(x, mask)
     p = masked_softmax(x, mask, axis)
@@ -65,39 +76,56 @@ def softmax(x, *, axis: int = -1, mask=None) -> np.ndarray:
 
 
 def softmax_backward(dp, cache: SoftmaxCache) -> np.ndarray:
-    """Gradient of the loss with respect to the logits ``x`` given ``dp = dL/dp``."""
+    """Gradient of the loss with respect to the logits ``x`` given ``dp =
+    dL/dp``."""
     dp = as_float_array(dp, "dp")
     check_same_shape(dp, "dp", cache.p.shape, "the softmax output")
     p, axis = cache.p, cache.axis
-    inner = np.sum(p * dp, axis=axis, keepdims=True)  # sum_k p_k dp_k: [..., 1, ...]
+    # sum_k p_k dp_k: [..., 1, ...]
+    inner = np.sum(p * dp, axis=axis, keepdims=True)
     return p * (dp - inner)  # zero wherever p is zero
 
 
-def masked_softmax(x: np.ndarray, mask: np.ndarray | None, axis: int, *, overwrite: bool = False) -> np.ndarray:
-    """Overflow-free softmax along ``axis``; masked entries get 0 and empty rows come out as zeros.
+def masked_softmax(
+    x: np.ndarray,
+    mask: np.ndarray | None,
+    axis: int,
+    *,
+    overwrite: bool = False,
+) -> np.ndarray:
+    """Overflow-free softmax along ``axis``; masked entries get 0 and empty
+    rows come out as zeros.
 
-    Masked logits become ``-inf`` before the maximum is taken, so they never win it, and
-    ``exp(-inf) = 0`` gives them probability exactly 0 without any sentinel like ``-1e9``.
-    A row with no allowed entry has maximum ``-inf``; it is shifted by 0 instead, its exponentials
-    are all 0, and it is divided by 1, not 0, so it stays all zeros instead of turning into NaN.
-    With ``overwrite=True`` the work is done in ``x``'s own memory (attention passes a fresh
-    score array it no longer needs), which saves two passes over an [..., L_q, L_k] array.
+    Masked logits become ``-inf`` before the maximum is taken, so they never
+    win it, and ``exp(-inf) = 0`` gives them probability exactly 0 without
+    any sentinel like ``-1e9``. A row with no allowed entry has maximum
+    ``-inf``; it is shifted by 0 instead, its exponentials are all 0, and it
+    is divided by 1, not 0, so it stays all zeros instead of turning into
+    NaN. With ``overwrite=True`` the work is done in ``x``'s own memory
+    (attention passes a fresh score array it no longer needs), which saves
+    two passes over an [..., L_q, L_k] array.
     """
-    in_place = overwrite and (mask is None or np.broadcast_shapes(mask.shape, x.shape) == x.shape)
+    in_place = overwrite and (
+        mask is None or np.broadcast_shapes(mask.shape, x.shape) == x.shape
+    )
     if in_place:
         s = x
         if mask is not None:
-            np.copyto(s, -np.inf, where=~mask)  # masked logits -> -inf, in place: no second [L, L] array
+            # masked logits -> -inf, in place: no second [L, L] array
+            np.copyto(s, -np.inf, where=~mask)
     elif mask is not None:
-        s = np.where(mask, x, -np.inf)  # a fresh array (as large as x and mask broadcast): masked -> -inf
+        # a fresh array (as large as x and mask broadcast): masked -> -inf
+        s = np.where(mask, x, -np.inf)
     else:
         s = x.copy()
-    m = np.max(s, axis=axis, keepdims=True)  # [..., 1, ...]: maxima over allowed entries
+    # [..., 1, ...]: maxima over allowed entries
+    m = np.max(s, axis=axis, keepdims=True)
     if mask is not None:
         m[~np.isfinite(m)] = 0.0  # empty rows: any finite shift will do
     s -= m  # every allowed exponent <= 0, so nothing overflows
     np.exp(s, out=s)  # masked entries: exp(-inf) = 0
-    denom = np.sum(s, axis=axis, keepdims=True)  # >= 1 on every row with an allowed entry
+    # >= 1 on every row with an allowed entry
+    denom = np.sum(s, axis=axis, keepdims=True)
     if mask is not None:
         denom[denom == 0] = 1.0  # empty rows: 0 / 1 = 0, not NaN
     s /= denom
@@ -105,16 +133,20 @@ def masked_softmax(x: np.ndarray, mask: np.ndarray | None, axis: int, *, overwri
 
 
 def _check_finite(x: np.ndarray, mask: np.ndarray | None) -> None:
-    """Refuse inf/NaN logits where they take part: exclude entries with ``mask``, not with ``-inf``."""
+    """Refuse inf/NaN logits where they take part: exclude entries with
+    ``mask``, not with ``-inf``."""
     taking_part = x if mask is None else np.where(mask, x, 0.0)
     if not np.all(np.isfinite(taking_part)):
         raise ValueError(
-            f"x must be finite wherever it takes part (exclude entries with mask=, not with -inf), "
+            "x must be finite wherever it takes part (exclude entries "
+            "with mask=, not with -inf), "
             f"got inf or NaN in x of shape {x.shape}"
         )
 
 
 def _normalise_axis(axis: int, ndim: int) -> int:
     if not isinstance(axis, (int, np.integer)) or not -ndim <= axis < ndim:
-        raise ValueError(f"axis must be an integer in [-{ndim}, {ndim}), got {axis!r}")
+        raise ValueError(
+            f"axis must be an integer in [-{ndim}, {ndim}), got {axis!r}"
+        )
     return int(axis) % ndim

@@ -19,8 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import make_figures  # noqa: E402  (scripts/ is not a package)
 
-
 # --- the bibliography's author-year style -------------------------------------------------------
+
 
 def _register_authoryear_style() -> None:
     """Register pybtex style ``authoryear``: the alphabetical list labelled "Author et al., Year"."""
@@ -38,15 +38,28 @@ def _register_authoryear_style() -> None:
                     yield label
                 else:
                     used[label] = used.get(label, 0) + 1
-                    yield label + "abcdefghijklmnopqrstuvwxyz"[used[label] - 1]
+                    yield (
+                        label + "abcdefghijklmnopqrstuvwxyz"[used[label] - 1]
+                    )
 
         def _labels(self, sorted_entries):
             for entry in sorted_entries:
-                people = entry.persons.get("author") or entry.persons.get("editor") or []
-                names = ["".join(p.last_names) or "".join(p.first_names) for p in people]
+                people = (
+                    entry.persons.get("author")
+                    or entry.persons.get("editor")
+                    or []
+                )
+                names = [
+                    "".join(p.last_names) or "".join(p.first_names)
+                    for p in people
+                ]
                 names = [n.replace("{", "").replace("}", "") for n in names]
                 if not names:
-                    who = entry.fields.get("title", entry.key).replace("{", "").replace("}", "")
+                    who = (
+                        entry.fields.get("title", entry.key)
+                        .replace("{", "")
+                        .replace("}", "")
+                    )
                 elif len(names) == 1:
                     who = names[0]
                 elif len(names) == 2:
@@ -57,10 +70,14 @@ def _register_authoryear_style() -> None:
 
     class AuthorYearStyle(UnsrtStyle):
         default_label_style = AuthorYearLabelStyle
-        default_sorting_style = find_plugin("pybtex.style.sorting", "author_year_title")
+        default_sorting_style = find_plugin(
+            "pybtex.style.sorting", "author_year_title"
+        )
 
     try:
-        register_plugin("pybtex.style.formatting", "authoryear", AuthorYearStyle)
+        register_plugin(
+            "pybtex.style.formatting", "authoryear", AuthorYearStyle
+        )
     except Exception:  # already registered in this process (a second build)
         pass
 
@@ -93,7 +110,10 @@ def _write_each_script_once(app, pagename, templatename, context, doctree):
     seen, unique = set(), []
     for script in context.get("script_files", []):
         attributes = getattr(script, "attributes", {})
-        key = (str(getattr(script, "filename", script) or ""), tuple(sorted(attributes.items())))
+        key = (
+            str(getattr(script, "filename", script) or ""),
+            tuple(sorted(attributes.items())),
+        )
         if key not in seen:
             seen.add(key)
             unique.append(script)

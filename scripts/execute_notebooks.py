@@ -28,7 +28,11 @@ def execute(path: Path) -> float:
     elapsed = time.perf_counter() - start
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
-    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    nb.metadata["kernelspec"] = {
+        "display_name": "Python 3 (ipykernel)",
+        "language": "python",
+        "name": "python3",
+    }
     nb.metadata.pop("widgets", None)
     nbformat.write(nb, path)
     return elapsed
@@ -36,7 +40,9 @@ def execute(path: Path) -> float:
 
 def main(paths: list[str]) -> int:
     if not paths:
-        print("usage: execute_notebooks.py NOTEBOOK.ipynb ...", file=sys.stderr)
+        print(
+            "usage: execute_notebooks.py NOTEBOOK.ipynb ...", file=sys.stderr
+        )
         return 2
     for p in paths:
         elapsed = execute(Path(p))

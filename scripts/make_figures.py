@@ -32,10 +32,15 @@ def _pyplot():
 def head_grouping(path: Path, n_heads: int = 8, kv_heads=(8, 2, 1)) -> None:
     """The introduction's figure: which query head reads which key/value head in MHA, GQA and MQA."""
     plt = _pyplot()
-    from attn_np.instruments.plotting import plot_head_grouping, use_book_style
+    from attn_np.instruments.plotting import (
+        plot_head_grouping,
+        use_book_style,
+    )
 
     use_book_style()
-    fig, axes = plt.subplots(len(kv_heads), 1, figsize=(6.4, 1.8 * len(kv_heads)))
+    fig, axes = plt.subplots(
+        len(kv_heads), 1, figsize=(6.4, 1.8 * len(kv_heads))
+    )
     for ax, n_kv in zip(axes, kv_heads):
         plot_head_grouping(n_heads, n_kv, ax=ax)
     fig.tight_layout()
@@ -58,7 +63,14 @@ def favicon(path: Path) -> None:
     ax.set_ylim(0, 4)
     for q in range(4):  # a 4 x 4 causal mask: query q sees keys 0..q
         for k in range(q + 1):
-            ax.add_patch(Rectangle((k + 0.08, 3 - q + 0.08), 0.84, 0.84, color=colours[(q - k) % 3]))
+            ax.add_patch(
+                Rectangle(
+                    (k + 0.08, 3 - q + 0.08),
+                    0.84,
+                    0.84,
+                    color=colours[(q - k) % 3],
+                )
+            )
     fig.savefig(path, transparent=True, metadata={"Software": None})
     plt.close(fig)
 
@@ -71,7 +83,9 @@ FIGURES = {
 
 def make_all(out: Path = OUT) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
-    (out / ".gitignore").write_text("# drawn at every book build by scripts/make_figures.py\n*\n")
+    (out / ".gitignore").write_text(
+        "# drawn at every book build by scripts/make_figures.py\n*\n"
+    )
     paths = []
     for name, draw in FIGURES.items():
         draw(out / name)

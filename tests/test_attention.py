@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attn_np import TOLERANCE, attention_backward, attention_forward, causal_mask, check_gradients, unbroadcast
+from attn_np import (
+    TOLERANCE,
+    attention_backward,
+    attention_forward,
+    causal_mask,
+    check_gradients,
+    unbroadcast,
+)
 
 NUMPY_BROADCAST_MESSAGE = "could not be broadcast"
 
@@ -50,7 +57,9 @@ def attention_cases(draw, max_len=5):
         mshape = (L_q, L_k) if kind == "2d" else batch + (L_q, L_k)
         mask = rng.random(mshape) < 0.7
         if draw(st.booleans()):
-            mask[..., draw(st.integers(0, L_q - 1)), :] = False  # a query with no key at all
+            mask[..., draw(st.integers(0, L_q - 1)), :] = (
+                False  # a query with no key at all
+            )
     causal = draw(st.booleans())
     scale = draw(st.sampled_from([None, 1.0, 1.0 / d_k, 0.3]))
     return q, k, v, mask, causal, scale
@@ -65,16 +74,29 @@ def naive_attention(q, k, v, mask=None, causal=False, scale=None):
     qb = np.broadcast_to(q, batch + q.shape[-2:])
     kb = np.broadcast_to(k, batch + k.shape[-2:])
     vb = np.broadcast_to(v, batch + v.shape[-2:])
-    mb = np.ones(batch + (L_q, L_k), bool) if mask is None else np.broadcast_to(mask, batch + (L_q, L_k))
+    mb = (
+        np.ones(batch + (L_q, L_k), bool)
+        if mask is None
+        else np.broadcast_to(mask, batch + (L_q, L_k))
+    )
     out = np.zeros(batch + (L_q, d_v))
     weights = np.zeros(batch + (L_q, L_k))
     for b in np.ndindex(batch):
         for i in range(L_q):
-            pos = i + L_k - L_q  # absolute position of query i: the last query sits on the last key
-            allowed = [j for j in range(L_k) if mb[b][i, j] and (not causal or j <= pos)]
+            pos = (
+                i + L_k - L_q
+            )  # absolute position of query i: the last query sits on the last key
+            allowed = [
+                j
+                for j in range(L_k)
+                if mb[b][i, j] and (not causal or j <= pos)
+            ]
             if not allowed:
                 continue
-            s = {j: scale * sum(qb[b][i, c] * kb[b][j, c] for c in range(d_k)) for j in allowed}
+            s = {
+                j: scale * sum(qb[b][i, c] * kb[b][j, c] for c in range(d_k))
+                for j in allowed
+            }
             m = max(s.values())
             e = {j: math.exp(s[j] - m) for j in allowed}
             total = sum(e.values())
@@ -86,7 +108,11 @@ def naive_attention(q, k, v, mask=None, causal=False, scale=None):
 
 def _backward(q, k, v, seed=0, **kw):
     out, cache = attention_forward(q, k, v, **kw)
-    dout = np.random.default_rng(seed).standard_normal(out.shape).astype(out.dtype)
+    dout = (
+        np.random.default_rng(seed)
+        .standard_normal(out.shape)
+        .astype(out.dtype)
+    )
     return out, cache, attention_backward(dout, cache)
 
 
@@ -94,21 +120,32 @@ def _backward(q, k, v, seed=0, **kw):
 @given(attention_cases())
 def test_matches_naive_reference(case):
     q, k, v, mask, causal, scale = case
-    out, cache = attention_forward(q, k, v, mask=mask, causal=causal, scale=scale)
+    out, cache = attention_forward(
+        q, k, v, mask=mask, causal=causal, scale=scale
+    )
     ref_out, ref_w = naive_attention(q, k, v, mask, causal, scale)
     # weights carry the leading axes of q, k (and mask) only: v's extra axes never copy them
-    np.testing.assert_allclose(np.broadcast_to(cache.weights, ref_w.shape), ref_w, rtol=1e-11, atol=1e-14)
+    np.testing.assert_allclose(
+        np.broadcast_to(cache.weights, ref_w.shape),
+        ref_w,
+        rtol=1e-11,
+        atol=1e-14,
+    )
     np.testing.assert_allclose(out, ref_out, rtol=1e-11, atol=1e-13)
 
 
 @given(attention_cases())
 def test_weights_from_cache_are_probabilities(case):
     q, k, v, mask, causal, scale = case
-    out, cache = attention_forward(q, k, v, mask=mask, causal=causal, scale=scale)
+    out, cache = attention_forward(
+        q, k, v, mask=mask, causal=causal, scale=scale
+    )
     w = cache.weights
     L_q, L_k = q.shape[-2], k.shape[-2]
     assert w.shape[-2:] == (L_q, L_k)
-    assert np.broadcast_shapes(w.shape[:-2], out.shape[:-2]) == out.shape[:-2]
+    assert (
+        np.broadcast_shapes(w.shape[:-2], out.shape[:-2]) == out.shape[:-2]
+    )
     assert np.all(w >= 0)
     sums = w.sum(axis=-1)
     assert np.all(np.isclose(sums, 1.0, rtol=1e-12) | (sums == 0.0))
@@ -116,11 +153,19 @@ def test_weights_from_cache_are_probabilities(case):
 
 def test_default_scale_is_one_over_sqrt_d_k():
     rng = np.random.default_rng(0)
-    q, k, v = rng.standard_normal((3, 16)), rng.standard_normal((5, 16)), rng.standard_normal((5, 2))
+    q, k, v = (
+        rng.standard_normal((3, 16)),
+        rng.standard_normal((5, 16)),
+        rng.standard_normal((5, 2)),
+    )
     out, cache = attention_forward(q, k, v)
     assert cache.scale == 0.25
-    np.testing.assert_array_equal(out, attention_forward(q, k, v, scale=0.25)[0])
-    assert not np.allclose(out, attention_forward(q, k, v, scale=1 / 16)[0])  # not the document's 1/d_k
+    np.testing.assert_array_equal(
+        out, attention_forward(q, k, v, scale=0.25)[0]
+    )
+    assert not np.allclose(
+        out, attention_forward(q, k, v, scale=1 / 16)[0]
+    )  # not the document's 1/d_k
 
 
 def test_values_for_a_hand_computed_case():
@@ -138,14 +183,25 @@ def test_values_for_a_hand_computed_case():
 def test_gradient_check(case):
     q, k, v, mask, causal, scale = case
     errors = check_gradients(
-        attention_forward, attention_backward, {"q": q, "k": k, "v": v}, seed=1, mask=mask, causal=causal, scale=scale
+        attention_forward,
+        attention_backward,
+        {"q": q, "k": k, "v": v},
+        seed=1,
+        mask=mask,
+        causal=causal,
+        scale=scale,
     )
     assert max(errors.values()) < TOLERANCE, errors
 
 
 @pytest.mark.parametrize(
     "q_lead, k_lead, v_lead",
-    [((2, 3), (2, 1), (1,)), ((2, 3), (1, 1), (3,)), ((4,), (), (1,)), ((2, 1), (1, 3), (2, 3))],
+    [
+        ((2, 3), (2, 1), (1,)),
+        ((2, 3), (1, 1), (3,)),
+        ((4,), (), (1,)),
+        ((2, 1), (1, 3), (2, 3)),
+    ],
 )
 def test_gradient_check_with_broadcast_leading_axes(q_lead, k_lead, v_lead):
     rng = np.random.default_rng(1)
@@ -153,17 +209,31 @@ def test_gradient_check_with_broadcast_leading_axes(q_lead, k_lead, v_lead):
     k = rng.standard_normal(k_lead + (5, 4))
     v = rng.standard_normal(v_lead + (5, 2))
     _, _, (dq, dk, dv) = _backward(q, k, v)
-    assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
-    errors = check_gradients(attention_forward, attention_backward, {"q": q, "k": k, "v": v}, seed=2, causal=True)
+    assert (
+        dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+    )
+    errors = check_gradients(
+        attention_forward,
+        attention_backward,
+        {"q": q, "k": k, "v": v},
+        seed=2,
+        causal=True,
+    )
     assert max(errors.values()) < TOLERANCE, errors
 
 
 def test_shared_key_value_head_gets_the_sum_of_its_query_heads_gradients():
     """Broadcasting one k/v head over 3 query heads equals copying it 3 times and summing the grads."""
     rng = np.random.default_rng(2)
-    q, k, v = rng.standard_normal((3, 4, 5)), rng.standard_normal((1, 6, 5)), rng.standard_normal((1, 6, 2))
+    q, k, v = (
+        rng.standard_normal((3, 4, 5)),
+        rng.standard_normal((1, 6, 5)),
+        rng.standard_normal((1, 6, 2)),
+    )
     out, _, (dq, dk, dv) = _backward(q, k, v, seed=3, causal=True)
-    out_c, _, (dq_c, dk_c, dv_c) = _backward(q, np.repeat(k, 3, 0), np.repeat(v, 3, 0), seed=3, causal=True)
+    out_c, _, (dq_c, dk_c, dv_c) = _backward(
+        q, np.repeat(k, 3, 0), np.repeat(v, 3, 0), seed=3, causal=True
+    )
     np.testing.assert_allclose(out, out_c, rtol=1e-14)
     np.testing.assert_allclose(dq, dq_c, rtol=1e-13)
     np.testing.assert_allclose(dk, dk_c.sum(0, keepdims=True), rtol=1e-12)
@@ -173,22 +243,38 @@ def test_shared_key_value_head_gets_the_sum_of_its_query_heads_gradients():
 @pytest.mark.parametrize("L_q, L_k", [(1, 7), (3, 7), (7, 7)])
 def test_gradient_check_causal_chunk_over_a_longer_cache(L_q, L_k):
     rng = np.random.default_rng(3)
-    q, k, v = rng.standard_normal((2, L_q, 3)), rng.standard_normal((2, L_k, 3)), rng.standard_normal((2, L_k, 4))
-    errors = check_gradients(attention_forward, attention_backward, {"q": q, "k": k, "v": v}, seed=4, causal=True)
+    q, k, v = (
+        rng.standard_normal((2, L_q, 3)),
+        rng.standard_normal((2, L_k, 3)),
+        rng.standard_normal((2, L_k, 4)),
+    )
+    errors = check_gradients(
+        attention_forward,
+        attention_backward,
+        {"q": q, "k": k, "v": v},
+        seed=4,
+        causal=True,
+    )
     assert max(errors.values()) < TOLERANCE, errors
 
 
 def test_unbroadcast_sums_over_added_and_stretched_axes():
     g = np.arange(24.0).reshape(2, 3, 4)
     np.testing.assert_array_equal(unbroadcast(g, (3, 4)), g.sum(0))
-    np.testing.assert_array_equal(unbroadcast(g, (1, 4)), g.sum((0, 1))[None])
-    np.testing.assert_array_equal(unbroadcast(g, (2, 1, 4)), g.sum(1, keepdims=True))
+    np.testing.assert_array_equal(
+        unbroadcast(g, (1, 4)), g.sum((0, 1))[None]
+    )
+    np.testing.assert_array_equal(
+        unbroadcast(g, (2, 1, 4)), g.sum(1, keepdims=True)
+    )
     np.testing.assert_array_equal(unbroadcast(g, (2, 3, 4)), g)
 
 
 # --------------------------------------------------------------------------- causal masks
 def test_causal_mask_square_is_the_lower_triangle():
-    np.testing.assert_array_equal(causal_mask(4, 4), np.tril(np.ones((4, 4), bool)))
+    np.testing.assert_array_equal(
+        causal_mask(4, 4), np.tril(np.ones((4, 4), bool))
+    )
 
 
 def test_causal_mask_aligns_the_last_query_with_the_last_key():
@@ -203,41 +289,66 @@ def test_causal_mask_aligns_the_last_query_with_the_last_key():
     np.testing.assert_array_equal(causal_mask(3, 5), expected)
     np.testing.assert_array_equal(causal_mask(1, 5), np.ones((1, 5), bool))
     # more queries than keys: the first queries come before every key and see nothing
-    np.testing.assert_array_equal(causal_mask(3, 2), np.array([[0, 0], [1, 0], [1, 1]], bool))
+    np.testing.assert_array_equal(
+        causal_mask(3, 2), np.array([[0, 0], [1, 0], [1, 1]], bool)
+    )
 
 
 @given(st.integers(1, 6), st.integers(0, 6), st.integers(0, 2**32 - 1))
-def test_causal_chunk_equals_the_last_rows_of_full_causal_attention(L_q, n_cached, seed):
+def test_causal_chunk_equals_the_last_rows_of_full_causal_attention(
+    L_q, n_cached, seed
+):
     """A chunk of L_q new queries over n_cached + L_q keys gives the last L_q rows of the full result."""
     rng = np.random.default_rng(seed)
     L = n_cached + L_q
-    q, k, v = rng.standard_normal((L, 3)), rng.standard_normal((L, 3)), rng.standard_normal((L, 2))
+    q, k, v = (
+        rng.standard_normal((L, 3)),
+        rng.standard_normal((L, 3)),
+        rng.standard_normal((L, 2)),
+    )
     full, full_cache = attention_forward(q, k, v, causal=True)
     chunk, chunk_cache = attention_forward(q[-L_q:], k, v, causal=True)
     np.testing.assert_allclose(chunk, full[-L_q:], rtol=1e-13, atol=1e-15)
-    np.testing.assert_allclose(chunk_cache.weights, full_cache.weights[-L_q:], rtol=1e-13, atol=1e-15)
+    np.testing.assert_allclose(
+        chunk_cache.weights,
+        full_cache.weights[-L_q:],
+        rtol=1e-13,
+        atol=1e-15,
+    )
 
 
 def test_causal_and_mask_combine():
     rng = np.random.default_rng(4)
-    q, k, v = rng.standard_normal((4, 2)), rng.standard_normal((4, 2)), rng.standard_normal((4, 3))
+    q, k, v = (
+        rng.standard_normal((4, 2)),
+        rng.standard_normal((4, 2)),
+        rng.standard_normal((4, 3)),
+    )
     mask = np.array([[0, 1, 1, 1]] * 4, bool)  # key 0 is padding
     _, cache = attention_forward(q, k, v, mask=mask, causal=True)
     allowed = cache.weights > 0
     np.testing.assert_array_equal(allowed, mask & causal_mask(4, 4))
-    assert np.all(cache.weights[0] == 0.0)  # query 0 may only see key 0, which is masked
+    assert np.all(
+        cache.weights[0] == 0.0
+    )  # query 0 may only see key 0, which is masked
 
 
 # --------------------------------------------------------------------------- fully masked rows
 def test_fully_masked_query_gets_zero_output_and_zero_gradients():
     rng = np.random.default_rng(5)
-    q, k, v = rng.standard_normal((2, 4, 3)), rng.standard_normal((2, 5, 3)), rng.standard_normal((2, 5, 2))
+    q, k, v = (
+        rng.standard_normal((2, 4, 3)),
+        rng.standard_normal((2, 5, 3)),
+        rng.standard_normal((2, 5, 2)),
+    )
     mask = np.ones((4, 5), bool)
     mask[1] = False  # query 1 may attend nothing
     out, cache, (dq, dk, dv) = _backward(q, k, v, seed=6, mask=mask)
     assert np.all(out[:, 1] == 0.0) and np.all(cache.weights[:, 1] == 0.0)
     assert np.all(dq[:, 1] == 0.0)
-    assert np.all(np.isfinite(out)) and all(np.all(np.isfinite(g)) for g in (dq, dk, dv))
+    assert np.all(np.isfinite(out)) and all(
+        np.all(np.isfinite(g)) for g in (dq, dk, dv)
+    )
     # the empty query contributes nothing to dk and dv: removing it changes neither
     keep = [0, 2, 3]
     out2, cache2 = attention_forward(q[:, keep], k, v, mask=mask[keep])
@@ -256,14 +367,24 @@ def test_everything_masked_gives_zeros_not_nan():
 
 # --------------------------------------------------------------------------- stability
 @pytest.mark.parametrize("causal", [False, True])
-def test_logits_of_1e4_give_finite_outputs_and_gradients_without_warnings(causal):
+def test_logits_of_1e4_give_finite_outputs_and_gradients_without_warnings(
+    causal,
+):
     q = np.array([[100.0, 0.0], [-100.0, 0.0], [0.0, 100.0]])
-    k = np.array([[100.0, 0.0], [-100.0, 0.0], [0.0, -100.0]])  # scores q.k of +-1e4 and 0
+    k = np.array(
+        [[100.0, 0.0], [-100.0, 0.0], [0.0, -100.0]]
+    )  # scores q.k of +-1e4 and 0
     v = np.random.default_rng(7).standard_normal((3, 4))
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # an overflow or a NaN on the way would raise here
-        out, cache, (dq, dk, dv) = _backward(q, k, v, seed=8, causal=causal, scale=1.0)
-    assert np.all(np.isfinite(out)) and all(np.all(np.isfinite(g)) for g in (dq, dk, dv))
+        warnings.simplefilter(
+            "error"
+        )  # an overflow or a NaN on the way would raise here
+        out, cache, (dq, dk, dv) = _backward(
+            q, k, v, seed=8, causal=causal, scale=1.0
+        )
+    assert np.all(np.isfinite(out)) and all(
+        np.all(np.isfinite(g)) for g in (dq, dk, dv)
+    )
     w = cache.weights
     assert w[0, 0] == 1.0  # score 1e4 against -1e4 (and 0): all the weight
     if not causal:
@@ -274,7 +395,10 @@ def test_logits_of_1e4_give_finite_outputs_and_gradients_without_warnings(causal
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_dtype_is_preserved(dtype):
     rng = np.random.default_rng(9)
-    q, k, v = (rng.standard_normal(s).astype(dtype) for s in ((2, 3, 4), (2, 5, 4), (1, 5, 6)))
+    q, k, v = (
+        rng.standard_normal(s).astype(dtype)
+        for s in ((2, 3, 4), (2, 5, 4), (1, 5, 6))
+    )
     out, cache, grads = _backward(q, k, v, causal=True)
     assert out.dtype == dtype and cache.weights.dtype == dtype
     assert all(g.dtype == dtype for g in grads)
@@ -282,9 +406,15 @@ def test_dtype_is_preserved(dtype):
 
 def test_float32_agrees_with_float64():
     rng = np.random.default_rng(10)
-    q, k, v = rng.standard_normal((4, 8)), rng.standard_normal((6, 8)), rng.standard_normal((6, 3))
+    q, k, v = (
+        rng.standard_normal((4, 8)),
+        rng.standard_normal((6, 8)),
+        rng.standard_normal((6, 3)),
+    )
     out64, _, g64 = _backward(q, k, v)
-    out32, _, g32 = _backward(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32))
+    out32, _, g32 = _backward(
+        q.astype(np.float32), k.astype(np.float32), v.astype(np.float32)
+    )
     np.testing.assert_allclose(out32, out64, rtol=1e-5, atol=1e-6)
     for a, b in zip(g32, g64):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
@@ -309,32 +439,67 @@ def _qkv(lead=(2,), L_q=3, L_k=5, d_k=4, d_v=2):
 
 def test_q_and_k_with_different_d_k():
     q, k, v = _qkv()
-    _raises(ValueError, r"q and k .* d_k, got q \(2, 3, 4\) and k \(2, 5, 3\)", attention_forward, q, k[..., :3], v)
+    _raises(
+        ValueError,
+        r"q and k .* d_k, got q \(2, 3, 4\) and k \(2, 5, 3\)",
+        attention_forward,
+        q,
+        k[..., :3],
+        v,
+    )
 
 
 def test_k_and_v_with_different_number_of_keys():
     q, k, v = _qkv()
-    _raises(ValueError, r"k and v .* L_k .* got k \(2, 5, 4\) and v \(2, 4, 2\)", attention_forward, q, k, v[:, :4])
+    _raises(
+        ValueError,
+        r"k and v .* L_k .* got k \(2, 5, 4\) and v \(2, 4, 2\)",
+        attention_forward,
+        q,
+        k,
+        v[:, :4],
+    )
 
 
 @pytest.mark.parametrize("mshape", [(3, 4), (5, 3), (3, 2, 3, 5), (4, 3, 5)])
 def test_mask_that_does_not_broadcast(mshape):
     q, k, v = _qkv()
     shape = "\\(" + ", ".join(map(str, mshape)) + "\\)"
-    _raises(ValueError, rf"mask must broadcast to .*\(2, 3, 5\).* got mask of shape {shape}", attention_forward, q, k, v, mask=np.ones(mshape, bool))
+    _raises(
+        ValueError,
+        rf"mask must broadcast to .*\(2, 3, 5\).* got mask of shape {shape}",
+        attention_forward,
+        q,
+        k,
+        v,
+        mask=np.ones(mshape, bool),
+    )
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.int64, np.uint8])
 def test_non_boolean_mask(dtype):
     q, k, v = _qkv()
-    _raises(TypeError, rf"mask must be a boolean array .* got dtype {np.dtype(dtype)}", attention_forward, q, k, v, mask=np.ones((3, 5), dtype))
+    _raises(
+        TypeError,
+        rf"mask must be a boolean array .* got dtype {np.dtype(dtype)}",
+        attention_forward,
+        q,
+        k,
+        v,
+        mask=np.ones((3, 5), dtype),
+    )
 
 
 @pytest.mark.parametrize("which", ["q", "k", "v"])
 def test_integer_arrays(which):
     args = dict(zip("qkv", _qkv()))
     args[which] = np.ones(args[which].shape, dtype=np.int64)
-    _raises(TypeError, rf"{which} must be a floating-point array .* got dtype int64", attention_forward, **args)
+    _raises(
+        TypeError,
+        rf"{which} must be a floating-point array .* got dtype int64",
+        attention_forward,
+        **args,
+    )
 
 
 @pytest.mark.parametrize("which", ["q", "k", "v"])
@@ -342,12 +507,24 @@ def test_arrays_with_fewer_than_two_axes(which):
     args = dict(zip("qkv", _qkv(lead=())))
     args[which] = args[which][0]
     shape = "\\(" + str(args[which].shape[0]) + ",\\)"
-    _raises(ValueError, rf"{which} must have at least 2 axes, got shape {shape}", attention_forward, **args)
+    _raises(
+        ValueError,
+        rf"{which} must have at least 2 axes, got shape {shape}",
+        attention_forward,
+        **args,
+    )
 
 
 def test_empty_key_sequence():
     q, k, v = _qkv(L_k=0)
-    _raises(ValueError, r"at least one key, got k \(2, 0, 4\) and v \(2, 0, 2\)", attention_forward, q, k, v)
+    _raises(
+        ValueError,
+        r"at least one key, got k \(2, 0, 4\) and v \(2, 0, 2\)",
+        attention_forward,
+        q,
+        k,
+        v,
+    )
 
 
 def test_leading_axes_that_do_not_broadcast():
@@ -355,18 +532,44 @@ def test_leading_axes_that_do_not_broadcast():
     _raises(
         ValueError,
         r"leading .* q, k and v do not broadcast together: q \(2, 3\), k \(2, 2\), v \(2, 3\)",
-        attention_forward, q, k[:, :2], v,
+        attention_forward,
+        q,
+        k[:, :2],
+        v,
     )
 
 
 def test_wrong_dout_shape():
     q, k, v = _qkv()
     out, cache = attention_forward(q, k, v)
-    _raises(ValueError, r"dout must have shape \(2, 3, 2\) .* got \(3, 2\)", attention_backward, out[0], cache)
-    _raises(TypeError, r"dout must be a floating-point array", attention_backward, np.ones(out.shape, int), cache)
+    _raises(
+        ValueError,
+        r"dout must have shape \(2, 3, 2\) .* got \(3, 2\)",
+        attention_backward,
+        out[0],
+        cache,
+    )
+    _raises(
+        TypeError,
+        r"dout must be a floating-point array",
+        attention_backward,
+        np.ones(out.shape, int),
+        cache,
+    )
 
 
-@pytest.mark.parametrize("scale", [0.0, -1.0, math.inf, math.nan, "0.5", True, np.array([0.5, 0.5])])
+@pytest.mark.parametrize(
+    "scale",
+    [0.0, -1.0, math.inf, math.nan, "0.5", True, np.array([0.5, 0.5])],
+)
 def test_bad_scale(scale):
     q, k, v = _qkv()
-    _raises(ValueError, r"scale must be a positive finite number, got", attention_forward, q, k, v, scale=scale)
+    _raises(
+        ValueError,
+        r"scale must be a positive finite number, got",
+        attention_forward,
+        q,
+        k,
+        v,
+        scale=scale,
+    )

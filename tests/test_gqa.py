@@ -32,11 +32,23 @@ def naive_gqa(layer, x, *, causal=False, mask=None):
     """
     x3 = x[None] if x.ndim == 2 else x
     B, L, _ = x3.shape
-    h, n_kv, G, d_k, d_v = layer.n_heads, layer.n_kv_heads, layer.group_size, layer.d_k, layer.d_v
+    h, n_kv, G, d_k, d_v = (
+        layer.n_heads,
+        layer.n_kv_heads,
+        layer.group_size,
+        layer.d_k,
+        layer.d_v,
+    )
     W = layer.params
-    q = (x3 @ W["W_q"]).reshape(B, L, h, d_k).transpose(0, 2, 1, 3)  # [B, h, L, d_k]
-    k = (x3 @ W["W_k"]).reshape(B, L, n_kv, d_k).transpose(0, 2, 1, 3)  # [B, n_kv, L, d_k]
-    v = (x3 @ W["W_v"]).reshape(B, L, n_kv, d_v).transpose(0, 2, 1, 3)  # [B, n_kv, L, d_v]
+    q = (
+        (x3 @ W["W_q"]).reshape(B, L, h, d_k).transpose(0, 2, 1, 3)
+    )  # [B, h, L, d_k]
+    k = (
+        (x3 @ W["W_k"]).reshape(B, L, n_kv, d_k).transpose(0, 2, 1, 3)
+    )  # [B, n_kv, L, d_k]
+    v = (
+        (x3 @ W["W_v"]).reshape(B, L, n_kv, d_v).transpose(0, 2, 1, 3)
+    )  # [B, n_kv, L, d_v]
     k = np.repeat(k, G, axis=1)  # [B, h, L, d_k]: head i gets kv head i // G
     v = np.repeat(v, G, axis=1)  # [B, h, L, d_v]
     s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d_k)  # [B, h, L, L]
@@ -50,8 +62,12 @@ def naive_gqa(layer, x, *, causal=False, mask=None):
     m = np.where(np.isfinite(m), m, 0.0)
     e = np.where(allowed, np.exp(s - m), 0.0)
     z = e.sum(axis=-1, keepdims=True)
-    p = np.divide(e, z, out=np.zeros_like(e), where=z > 0)  # empty rows -> zeros
-    o = (p @ v).transpose(0, 2, 1, 3).reshape(B, L, h * d_v)  # concat heads: [B, L, h*d_v]
+    p = np.divide(
+        e, z, out=np.zeros_like(e), where=z > 0
+    )  # empty rows -> zeros
+    o = (
+        (p @ v).transpose(0, 2, 1, 3).reshape(B, L, h * d_v)
+    )  # concat heads: [B, L, h*d_v]
     y = o @ W["W_o"]
     return (y[0] if x.ndim == 2 else y), p
 
@@ -80,7 +96,12 @@ def test_mqa_is_gqa_with_one_kv_head():
     gqa = _copy_params(GroupedQueryAttention(12, 6, 1, seed=0), mqa)
     assert mqa.n_kv_heads == 1 and mqa.params["W_k"].shape == (12, 2)
     x = _x((3, 5, 12))
-    assert np.max(np.abs(mqa.forward(x, causal=True) - gqa.forward(x, causal=True))) < EXACT
+    assert (
+        np.max(
+            np.abs(mqa.forward(x, causal=True) - gqa.forward(x, causal=True))
+        )
+        < EXACT
+    )
     dy = _x((3, 5, 12), 2)
     assert np.max(np.abs(mqa.backward(dy) - gqa.backward(dy))) < EXACT
     for name in mqa.grads:
@@ -91,13 +112,23 @@ def test_gqa_is_mha_with_repeated_kv_heads():
     """GQA(n_kv) equals an MHA whose key/value heads are copies: head i gets kv head i // G."""
     gqa = GroupedQueryAttention(16, 8, 2, d_k=3, d_v=5, seed=4)
     mha = MultiHeadAttention(16, 8, d_k=3, d_v=5, seed=0)
-    mha.params["W_q"], mha.params["W_o"] = gqa.params["W_q"].copy(), gqa.params["W_o"].copy()
+    mha.params["W_q"], mha.params["W_o"] = (
+        gqa.params["W_q"].copy(),
+        gqa.params["W_o"].copy(),
+    )
     for name, d in (("W_k", 3), ("W_v", 5)):
         w = gqa.params[name].reshape(16, 2, d)
         mha.params[name] = np.repeat(w, 4, axis=1).reshape(16, 8 * d)
     x = _x((2, 7, 16))
-    assert np.max(np.abs(gqa.forward(x, causal=True) - mha.forward(x, causal=True))) < EXACT
-    assert np.max(np.abs(gqa.attention_weights - mha.attention_weights)) < EXACT
+    assert (
+        np.max(
+            np.abs(gqa.forward(x, causal=True) - mha.forward(x, causal=True))
+        )
+        < EXACT
+    )
+    assert (
+        np.max(np.abs(gqa.attention_weights - mha.attention_weights)) < EXACT
+    )
 
 
 @pytest.mark.parametrize("n_kv", [1, 2, 3, 6])
@@ -123,16 +154,22 @@ def test_naive_reference_unbatched_with_2d_mask():
 
 
 @given(
-    n_kv_and_G=st.sampled_from([(1, 1), (1, 3), (2, 2), (3, 1), (1, 4), (2, 3)]),
+    n_kv_and_G=st.sampled_from(
+        [(1, 1), (1, 3), (2, 2), (3, 1), (1, 4), (2, 3)]
+    ),
     B=st.integers(1, 2),
     L=st.integers(1, 5),
     d_k=st.integers(1, 3),
     causal=st.booleans(),
     seed=st.integers(0, 2**16),
 )
-def test_gqa_matches_naive_reference_property(n_kv_and_G, B, L, d_k, causal, seed):
+def test_gqa_matches_naive_reference_property(
+    n_kv_and_G, B, L, d_k, causal, seed
+):
     n_kv, G = n_kv_and_G
-    layer = GroupedQueryAttention(5, n_kv * G, n_kv, d_k=d_k, d_v=d_k + 1, seed=seed)
+    layer = GroupedQueryAttention(
+        5, n_kv * G, n_kv, d_k=d_k, d_v=d_k + 1, seed=seed
+    )
     x = _x((B, L, 5), seed)
     y_ref, p_ref = naive_gqa(layer, x, causal=causal)
     assert np.max(np.abs(layer.forward(x, causal=causal) - y_ref)) < EXACT
@@ -147,7 +184,9 @@ def test_group_reads_one_kv_head():
     before = layer.attention_weights.copy()
     layer.params["W_k"][:, 2:4] += 0.5  # d_k = 2: columns of kv head 1
     layer.forward(x)
-    change = np.abs(layer.attention_weights - before).max(axis=(0, 2, 3))  # per query head
+    change = np.abs(layer.attention_weights - before).max(
+        axis=(0, 2, 3)
+    )  # per query head
     assert np.all(change[:4] == 0) and np.all(change[4:] > 1e-3)
 
 
@@ -158,7 +197,9 @@ def test_gradients_batched_causal_masked(n_kv):
     x = _x((2, 4, 6), 10 + n_kv)
     mask = np.ones((2, 1, 4, 4), dtype=bool)
     mask[1, :, :, 0] = False  # batch 1: key 0 is padding
-    errors = check_layer_gradients(layer, x, seed=n_kv, causal=True, mask=mask)
+    errors = check_layer_gradients(
+        layer, x, seed=n_kv, causal=True, mask=mask
+    )
     assert set(errors) == {"x", "W_q", "W_k", "W_v", "W_o"}
     assert max(errors.values()) < TOLERANCE, errors
 
@@ -168,7 +209,9 @@ def test_gradients_unbatched_per_head_mask_with_empty_row(n_kv):
     layer = GroupedQueryAttention(6, 4, n_kv, seed=20 + n_kv, d_k=2, d_v=2)
     x = _x((5, 6), 30 + n_kv)
     mask = _x((4, 5, 5), 40 + n_kv) > -0.5
-    mask[2, 1] = False  # head 2, query 1 attends nothing: zero output, zero gradient, no NaN
+    mask[2, 1] = (
+        False  # head 2, query 1 attends nothing: zero output, zero gradient, no NaN
+    )
     errors = check_layer_gradients(layer, x, seed=1, mask=mask)
     assert max(errors.values()) < TOLERANCE, errors
 
@@ -177,16 +220,23 @@ def test_kv_gradient_is_the_sum_over_the_group():
     """dW_k of GQA = dW_k of the repeated-head MHA summed over each group's copies."""
     gqa = GroupedQueryAttention(8, 4, 2, seed=6)
     mha = MultiHeadAttention(8, 4, seed=0)
-    mha.params["W_q"], mha.params["W_o"] = gqa.params["W_q"].copy(), gqa.params["W_o"].copy()
+    mha.params["W_q"], mha.params["W_o"] = (
+        gqa.params["W_q"].copy(),
+        gqa.params["W_o"].copy(),
+    )
     for name in ("W_k", "W_v"):
-        mha.params[name] = np.repeat(gqa.params[name].reshape(8, 2, 2), 2, axis=1).reshape(8, 8)
+        mha.params[name] = np.repeat(
+            gqa.params[name].reshape(8, 2, 2), 2, axis=1
+        ).reshape(8, 8)
     x, dy = _x((2, 5, 8), 1), _x((2, 5, 8), 2)
     gqa.forward(x, causal=True)
     mha.forward(x, causal=True)
     gqa.backward(dy)
     mha.backward(dy)
     for name in ("W_k", "W_v"):
-        summed = mha.grads[name].reshape(8, 2, 2, 2).sum(axis=2).reshape(8, 4)  # sum the G copies
+        summed = (
+            mha.grads[name].reshape(8, 2, 2, 2).sum(axis=2).reshape(8, 4)
+        )  # sum the G copies
         assert np.max(np.abs(gqa.grads[name] - summed)) < EXACT
 
 
@@ -199,7 +249,9 @@ def test_conversion_with_h_kv_heads_is_the_identity():
         assert type(gqa) is GroupedQueryAttention and gqa.n_kv_heads == 4
         for name in mha.params:
             assert np.array_equal(gqa.params[name], mha.params[name])
-            assert gqa.params[name] is not mha.params[name]  # copies, not views
+            assert (
+                gqa.params[name] is not mha.params[name]
+            )  # copies, not views
         assert np.max(np.abs(gqa.forward(x) - mha.forward(x))) < EXACT
 
 
@@ -207,22 +259,36 @@ def test_conversion_with_h_kv_heads_is_the_identity():
 @pytest.mark.parametrize("method", ["mean", "first"])
 def test_conversion_of_identical_heads_reproduces_mha(n_kv, method):
     mha = MultiHeadAttention(12, 4, seed=2)
-    for name in ("W_k", "W_v"):  # every key/value head the same: pooling loses nothing
+    for name in (
+        "W_k",
+        "W_v",
+    ):  # every key/value head the same: pooling loses nothing
         head = mha.params[name][:, :3]
         mha.params[name] = np.tile(head, (1, 4))
     gqa = mha_to_gqa(mha, n_kv, method=method)
     assert gqa.params["W_k"].shape == (12, 3 * n_kv)
     x = _x((2, 6, 12), 3)
-    assert np.max(np.abs(gqa.forward(x, causal=True) - mha.forward(x, causal=True))) < EXACT
+    assert (
+        np.max(
+            np.abs(gqa.forward(x, causal=True) - mha.forward(x, causal=True))
+        )
+        < EXACT
+    )
 
 
 def test_conversion_pools_the_right_heads():
     mha = MultiHeadAttention(8, 4, d_k=1, d_v=1, seed=0)
-    mha.params["W_k"] = np.tile(np.array([1.0, 2.0, 3.0, 5.0]), (8, 1))  # head j has weight value w_j
+    mha.params["W_k"] = np.tile(
+        np.array([1.0, 2.0, 3.0, 5.0]), (8, 1)
+    )  # head j has weight value w_j
     mha.params["W_v"] = mha.params["W_k"] * 10
     mean2 = mha_to_gqa(mha, 2)
-    assert np.allclose(mean2.params["W_k"][0], [1.5, 4.0]) and np.allclose(mean2.params["W_v"][0], [15, 40])
-    assert np.allclose(mha_to_gqa(mha, 2, method="first").params["W_k"][0], [1.0, 3.0])
+    assert np.allclose(mean2.params["W_k"][0], [1.5, 4.0]) and np.allclose(
+        mean2.params["W_v"][0], [15, 40]
+    )
+    assert np.allclose(
+        mha_to_gqa(mha, 2, method="first").params["W_k"][0], [1.0, 3.0]
+    )
     assert np.allclose(mha_to_gqa(mha, 1).params["W_k"][0], [2.75])
     # From a GQA layer too: 4 kv heads -> 2 pools pairs of kv heads.
     gqa4 = GroupedQueryAttention(8, 8, 4, d_k=1, d_v=1, seed=0)
@@ -239,7 +305,10 @@ def test_conversion_keeps_dtype():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"n_kv_heads": 3}, "n_kv_heads must divide the layer's 4 key/value heads"),
+        (
+            {"n_kv_heads": 3},
+            "n_kv_heads must divide the layer's 4 key/value heads",
+        ),
         ({"n_kv_heads": 0}, "n_kv_heads must be a positive integer"),
         ({"n_kv_heads": 2, "method": "median"}, "method must be one of"),
     ],
@@ -254,11 +323,16 @@ def test_conversion_errors(kwargs, match):
 # ------------------------------------------------------------------------------ errors
 @pytest.mark.parametrize("n_heads, n_kv", [(8, 3), (6, 4), (4, 8)])
 def test_divisibility_error(n_heads, n_kv):
-    with pytest.raises(ValueError, match=f"n_heads must be a multiple of n_kv_heads.*n_heads={n_heads}"):
+    with pytest.raises(
+        ValueError,
+        match=f"n_heads must be a multiple of n_kv_heads.*n_heads={n_heads}",
+    ):
         GroupedQueryAttention(24, n_heads, n_kv)
 
 
 def test_mask_of_wrong_shape_is_named():
     layer = GroupedQueryAttention(8, 4, 2)
-    with pytest.raises(ValueError, match=r"mask must broadcast to \[B, n_heads, L_q, L_k\]"):
+    with pytest.raises(
+        ValueError, match=r"mask must broadcast to \[B, n_heads, L_q, L_k\]"
+    ):
         layer.forward(_x((2, 5, 8)), mask=np.ones((2, 2, 5, 5), dtype=bool))

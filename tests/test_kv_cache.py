@@ -5,7 +5,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attn_np import GroupedQueryAttention, KVCache, MultiHeadAttention, MultiQueryAttention
+from attn_np import (
+    GroupedQueryAttention,
+    KVCache,
+    MultiHeadAttention,
+    MultiQueryAttention,
+)
 
 FAMILIES = {"MHA": 8, "GQA": 2, "MQA": 1}
 
@@ -28,7 +33,9 @@ def run_chunks(layer, x, chunks, cache=None):
         [19],  # one prefill
         [1] * 19,  # pure decoding from the first token
         [7] + [1] * 12,  # prefill, then one-token decode steps
-        [5, 3, 4] + [1] * 7,  # a prefill in several chunks that do not divide the length
+        [5, 3, 4]
+        + [1]
+        * 7,  # a prefill in several chunks that do not divide the length
         [6, 6, 6, 1],
     ],
 )
@@ -42,7 +49,12 @@ def test_chunks_reproduce_full_causal_forward(family, chunks):
     np.testing.assert_allclose(got, full, rtol=0, atol=1e-12)
     # the last chunk's attention weights are the last rows of the full causal map
     last = chunks[-1]
-    np.testing.assert_allclose(layer.attention_weights, weights_full[:, :, -last:], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        layer.attention_weights,
+        weights_full[:, :, -last:],
+        rtol=0,
+        atol=1e-12,
+    )
     assert len(cache) == 19
 
 
@@ -96,10 +108,23 @@ def test_len_nbytes_keys_values_against_formula():
     assert len(cache) == L
     assert cache.nbytes == B * n_kv * L * (d_k + d_v) * itemsize == 5280
     assert cache.layout == (B, n_kv, d_k, d_v)
-    assert cache.keys.shape == (B, n_kv, L, d_k) and cache.values.shape == (B, n_kv, L, d_v)
+    assert cache.keys.shape == (B, n_kv, L, d_k) and cache.values.shape == (
+        B,
+        n_kv,
+        L,
+        d_v,
+    )
     # the cached keys and values are the projections of x, split into heads
-    k = (x @ layer.params["W_k"]).reshape(B, L, n_kv, d_k).transpose(0, 2, 1, 3)
-    v = (x @ layer.params["W_v"]).reshape(B, L, n_kv, d_v).transpose(0, 2, 1, 3)
+    k = (
+        (x @ layer.params["W_k"])
+        .reshape(B, L, n_kv, d_k)
+        .transpose(0, 2, 1, 3)
+    )
+    v = (
+        (x @ layer.params["W_v"])
+        .reshape(B, L, n_kv, d_v)
+        .transpose(0, 2, 1, 3)
+    )
     np.testing.assert_allclose(cache.keys, k, atol=1e-13)
     np.testing.assert_allclose(cache.values, v, atol=1e-13)
 
@@ -113,7 +138,9 @@ def test_growth_is_amortised():
     for _ in range(n):
         layer.forward(x, kv_cache=cache)
     assert len(cache) == n
-    assert cache.copies == int(np.ceil(np.log2(n)))  # 1 -> 2 -> 4 -> ... -> 1024: ten doublings
+    assert cache.reallocations == int(
+        np.ceil(np.log2(n))
+    )  # 1 -> 2 -> 4 -> ... -> 1024: ten doublings
     assert cache.capacity == 1024
 
 
@@ -122,7 +149,7 @@ def test_preallocated_cache_never_reallocates():
     x = np.random.default_rng(0).standard_normal((1, 50, 8))
     cache = KVCache(initial_capacity=50)
     run_chunks(layer, x, [10] + [1] * 40, cache)
-    assert cache.copies == 0 and cache.capacity == 50
+    assert cache.reallocations == 0 and cache.capacity == 50
 
 
 def test_decode_step_returns_views_not_copies():
@@ -130,7 +157,9 @@ def test_decode_step_returns_views_not_copies():
     k = np.ones((1, 2, 3, 4))
     keys, values = cache.append(k, 2 * k)
     keys2, values2 = cache.append(k[:, :, :1], 2 * k[:, :, :1])
-    assert np.shares_memory(keys, keys2) and np.shares_memory(values, values2)
+    assert np.shares_memory(keys, keys2) and np.shares_memory(
+        values, values2
+    )
     assert keys2.shape == (1, 2, 4, 4) and values2.shape == (1, 2, 4, 4)
 
 
@@ -144,8 +173,12 @@ def test_truncate_forgets_positions():
     layer.forward(x[:, 6:8], kv_cache=cache)
     cache.truncate(5)
     assert len(cache) == 5
-    np.testing.assert_allclose(layer.forward(x[:, 5:6], kv_cache=cache), y_first, atol=1e-14)
-    with pytest.raises(ValueError, match="length must be an integer in \\[0, 6\\]"):
+    np.testing.assert_allclose(
+        layer.forward(x[:, 5:6], kv_cache=cache), y_first, atol=1e-14
+    )
+    with pytest.raises(
+        ValueError, match="length must be an integer in \\[0, 6\\]"
+    ):
         cache.truncate(7)
 
 
@@ -159,10 +192,17 @@ def filled_cache(n_kv=2, B=2, dtype=np.float64):
 
 def test_batch_mismatch_raises_naming_both():
     layer, cache = filled_cache(B=2)
-    with pytest.raises(ValueError, match=r"x_chunk has batch size 3 .*kv_cache holds batch size 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"x_chunk \(3, 1, 16\) gives batch 3.*kv_cache holds batch 2",
+    ):
         layer.forward(np.zeros((3, 1, 16)), kv_cache=cache)
-    with pytest.raises(ValueError, match=r"x_chunk has batch size 1 \(shape \(1, 1, 16\)\)"):
-        layer.forward(np.zeros((1, 16)), kv_cache=cache)  # unbatched is batch 1
+    with pytest.raises(
+        ValueError, match=r"x_chunk \(1, 1, 16\) gives batch 1"
+    ):
+        layer.forward(
+            np.zeros((1, 16)), kv_cache=cache
+        )  # unbatched is batch 1
     assert len(cache) == 3  # nothing was appended
 
 
@@ -170,17 +210,25 @@ def test_width_mismatch_raises_naming_both():
     """A cache filled by one layer handed to a layer with other key/value widths."""
     _, cache = filled_cache(n_kv=2)
     other = GroupedQueryAttention(16, 4, 4, seed=0)
-    with pytest.raises(ValueError, match=r"x_chunk .*width n_kv_heads\*d_k = 4\*4.*kv_cache holds 2\*4"):
+    with pytest.raises(
+        ValueError,
+        match=r"x_chunk .*n_kv_heads 4, d_k 4.*kv_cache holds .*n_kv_heads 2, d_k 4",
+    ):
         other.forward(np.zeros((2, 1, 16)), kv_cache=cache)
     wide = GroupedQueryAttention(16, 4, 2, d_k=8, seed=0)
-    with pytest.raises(ValueError, match=r"kv_cache holds 2\*4 and 2\*4"):
+    with pytest.raises(
+        ValueError, match=r"d_k 8, d_v 4, but kv_cache holds .*d_k 4, d_v 4"
+    ):
         wide.forward(np.zeros((2, 1, 16)), kv_cache=cache)
     assert len(cache) == 3
 
 
 def test_model_width_mismatch_names_x_chunk():
     layer, cache = filled_cache()
-    with pytest.raises(ValueError, match=r"x_chunk must have shape .*d_model=16, got \(2, 1, 12\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"x_chunk must have shape .*d_model=16, got \(2, 1, 12\)",
+    ):
         layer.forward(np.zeros((2, 1, 12)), kv_cache=cache)
 
 
@@ -193,7 +241,9 @@ def test_dtype_mismatch_raises_type_error():
 
 def test_kv_cache_must_be_a_kvcache():
     layer = GroupedQueryAttention(16, 4, 2, seed=0)
-    with pytest.raises(TypeError, match="kv_cache must be an attn_np.KVCache"):
+    with pytest.raises(
+        TypeError, match="kv_cache must be an attn_np.KVCache"
+    ):
         layer.forward(np.zeros((1, 1, 16)), kv_cache={})
 
 
@@ -202,9 +252,15 @@ def test_append_checks_its_arguments():
     with pytest.raises(ValueError, match="same B, n_kv_heads and L"):
         cache.append(np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 4, 4)))
     with pytest.raises(TypeError, match="floating-point"):
-        cache.append(np.zeros((1, 2, 3, 4), dtype=int), np.zeros((1, 2, 3, 4), dtype=int))
+        cache.append(
+            np.zeros((1, 2, 3, 4), dtype=int),
+            np.zeros((1, 2, 3, 4), dtype=int),
+        )
     cache.append(np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3, 5)))
-    with pytest.raises(ValueError, match=r"k must be \(1, 2, 1, 4\) and v \(1, 2, 1, 5\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"k \(1, 2, 1, 4\) and v \(1, 2, 1, 4\) gives .*d_v 4, but kv_cache holds .*d_v 5",
+    ):
         cache.append(np.zeros((1, 2, 1, 4)), np.zeros((1, 2, 1, 4)))
     with pytest.raises(ValueError, match="initial_capacity"):
         KVCache(initial_capacity=0)
@@ -212,7 +268,7 @@ def test_append_checks_its_arguments():
 
 def test_empty_cache_has_no_keys():
     with pytest.raises(ValueError, match="empty"):
-        KVCache().keys
+        _ = KVCache().keys
     assert repr(KVCache()) == "KVCache(empty)"
 
 

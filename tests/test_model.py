@@ -5,19 +5,33 @@ import copy
 import numpy as np
 import pytest
 
-from attn_np.instruments.blas import blas_threads, get_blas_threads, set_blas_threads
 from attn_np.convert import mha_to_gqa
+from attn_np.instruments.blas import (
+    blas_threads,
+    get_blas_threads,
+    set_blas_threads,
+)
 from attn_np.instruments.gradcheck import TOLERANCE, check_layer_gradients
 from attn_np.multihead import GroupedQueryAttention
-from attn_np.training.transformer import Block, Transformer
-from attn_np.training.tasks import AssociativeRecall
 from attn_np.training.loop import evaluate, lr_at, train
+from attn_np.training.tasks import AssociativeRecall
+from attn_np.training.transformer import Block, Transformer
 
 VARIANTS = {"MHA": 4, "GQA": 2, "MQA": 1}  # n_kv_heads for n_heads = 4
 
 
 def tiny_model(n_kv_heads, dtype=np.float64, seed=0, vocab=7):
-    return Transformer(vocab, d_model=8, n_layers=2, n_heads=4, n_kv_heads=n_kv_heads, d_ff=12, max_len=6, seed=seed, dtype=dtype)
+    return Transformer(
+        vocab_size=vocab,
+        d_model=8,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=n_kv_heads,
+        d_ff=12,
+        max_len=6,
+        seed=seed,
+        dtype=dtype,
+    )
 
 
 def randomise_gains(model, seed):
@@ -33,21 +47,43 @@ def test_recall_sequences_are_well_formed():
     task = AssociativeRecall(n_pairs=5, n_queries=3, n_keys=9, n_values=4)
     b = task.sample(200, seed=0)
     P = task.n_pairs
-    assert b.inputs.shape == b.targets.shape == b.mask.shape == (200, task.seq_len) == (200, 13)
-    keys, values, queries = b.inputs[:, 0 : 2 * P : 2], b.inputs[:, 1 : 2 * P : 2], b.inputs[:, 2 * P :]
-    assert keys.max() < 9 and values.min() >= 9 and values.max() < task.vocab_size == 13
+    assert (
+        b.inputs.shape
+        == b.targets.shape
+        == b.mask.shape
+        == (200, task.seq_len)
+        == (200, 13)
+    )
+    keys, values, queries = (
+        b.inputs[:, 0 : 2 * P : 2],
+        b.inputs[:, 1 : 2 * P : 2],
+        b.inputs[:, 2 * P :],
+    )
+    assert (
+        keys.max() < 9
+        and values.min() >= 9
+        and values.max() < task.vocab_size == 13
+    )
     for row in range(200):
         assert len(set(keys[row])) == P  # keys in a sequence are distinct
         assert len(set(queries[row])) == 3  # so are the queried keys
         lookup = dict(zip(keys[row], values[row]))
-        assert [lookup[q] for q in queries[row]] == list(b.targets[row, 2 * P :])
+        assert [lookup[q] for q in queries[row]] == list(
+            b.targets[row, 2 * P :]
+        )
     assert not b.mask[:, : 2 * P].any() and b.mask[:, 2 * P :].all()
 
 
 def test_recall_is_deterministic_in_its_seed():
     task = AssociativeRecall()
-    a, b, c = task.sample(4, seed=(1, 2)), task.sample(4, seed=(1, 2)), task.sample(4, seed=(1, 3))
-    assert np.array_equal(a.inputs, b.inputs) and np.array_equal(a.targets, b.targets)
+    a, b, c = (
+        task.sample(4, seed=(1, 2)),
+        task.sample(4, seed=(1, 2)),
+        task.sample(4, seed=(1, 3)),
+    )
+    assert np.array_equal(a.inputs, b.inputs) and np.array_equal(
+        a.targets, b.targets
+    )
     assert not np.array_equal(a.inputs, c.inputs)
     assert task.labels([0, 15, 16, 31]) == ["k0", "k15", "v0", "v15"]
 
@@ -57,7 +93,9 @@ def test_recall_rejects_impossible_sizes():
         AssociativeRecall(n_pairs=9, n_keys=8)
     with pytest.raises(ValueError, match="n_queries must be <= n_pairs"):
         AssociativeRecall(n_pairs=3, n_queries=4)
-    with pytest.raises(ValueError, match="n_values must be a positive integer"):
+    with pytest.raises(
+        ValueError, match="n_values must be a positive integer"
+    ):
         AssociativeRecall(n_values=0)
 
 
@@ -75,10 +113,16 @@ def test_block_gradients_every_input_and_parameter():
 def test_whole_model_gradients_every_parameter(family):
     model = tiny_model(VARIANTS[family], seed=6)
     randomise_gains(model, 7)
-    ids = np.array([[0, 3, 6, 3, 1], [5, 5, 2, 0, 4]])  # repeated tokens, every embedding row but none
+    ids = np.array(
+        [[0, 3, 6, 3, 1], [5, 5, 2, 0, 4]]
+    )  # repeated tokens, every embedding row but none
     errors = check_layer_gradients(model, ids, seed=8)
-    assert set(errors) == set(model.params)  # token ids have no gradient; every parameter is checked
-    assert len(errors) == 1 + 2 * 10 + 3  # embed, 2 x (norm1.g, W_q/k/v/o, norm2.g, W1/b1/W2/b2), norm_f.g, head W/b
+    assert set(errors) == set(
+        model.params
+    )  # token ids have no gradient; every parameter is checked
+    assert (
+        len(errors) == 1 + 2 * 10 + 3
+    )  # embed, 2 x (norm1.g, W_q/k/v/o, norm2.g, W1/b1/W2/b2), norm_f.g, head W/b
     bad = {k: v for k, v in errors.items() if not v < TOLERANCE}
     assert not bad, bad
 
@@ -88,8 +132,11 @@ def test_params_are_keyed_by_layer_and_shared_with_the_layers():
     model = tiny_model(2)
     params = model.params
     assert params["block1.attn.W_k"] is model.blocks[1].attn.params["W_k"]
-    assert params["block0.attn.W_k"].shape == (8, 2 * 2)  # [d_model, n_kv_heads * d_k]
-    assert params["block0.ffn.W1"].shape == (8, 12)
+    assert params["block0.attn.W_k"].shape == (
+        8,
+        2 * 2,
+    )  # [d_model, n_kv_heads * d_k]
+    assert params["block0.ffn.up.W"].shape == (8, 12)
     assert list(params)[0] == "embed.W" and list(params)[-1] == "head.b"
     assert set(model.grads) == set(params)
 
@@ -97,19 +144,29 @@ def test_params_are_keyed_by_layer_and_shared_with_the_layers():
 def test_kv_bytes_per_token():
     for n_kv in (4, 2, 1):
         model = tiny_model(n_kv, dtype=np.float32)
-        assert model.kv_bytes_per_token() == 2 * 2 * n_kv * 2 * 4  # layers * (K and V) * n_kv * d_k * 4 bytes
+        assert (
+            model.kv_bytes_per_token() == 2 * 2 * n_kv * 2 * 4
+        )  # layers * (K and V) * n_kv * d_k * 4 bytes
     assert tiny_model(1).kv_bytes_per_token() == 2 * 2 * 1 * 2 * 8
 
 
 def test_same_seed_same_non_attention_weights():
     a, b = tiny_model(4, seed=3), tiny_model(1, seed=3)
-    for name in ("embed.W", "block0.ffn.W1", "block1.ffn.W2", "head.W"):
+    for name in (
+        "embed.W",
+        "block0.ffn.up.W",
+        "block1.ffn.down.W",
+        "head.W",
+    ):
         assert np.array_equal(a.params[name], b.params[name])
 
 
 def test_model_rejects_bad_token_ids():
     model = tiny_model(2)
-    with pytest.raises(ValueError, match=r"ids must lie in \[0, vocab_size\) = \[0, 7\), got values from 0 to 7"):
+    with pytest.raises(
+        ValueError,
+        match=r"ids must lie in \[0, vocab_size\) = \[0, 7\), got values from 0 to 7",
+    ):
         model.forward(np.array([[0, 7]]))
     with pytest.raises(ValueError, match=r"ids must lie in"):
         model.forward(np.array([[-1, 2]]))
@@ -127,7 +184,9 @@ def test_causal_no_position_sees_the_future():
     logits = model.forward(ids)
     changed = ids.copy()
     changed[0, 3:] = 0
-    np.testing.assert_allclose(model.forward(changed)[0, :3], logits[0, :3], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        model.forward(changed)[0, :3], logits[0, :3], rtol=1e-12, atol=1e-12
+    )
 
 
 # ---------------------------------------------------------------------------------- training
@@ -140,8 +199,20 @@ def test_lr_schedule_warms_up_and_decays():
 @pytest.mark.parametrize("family", VARIANTS)
 def test_short_training_lowers_the_loss(family):
     task = AssociativeRecall(n_pairs=3, n_queries=3, n_keys=4, n_values=3)
-    model = Transformer(task.vocab_size, 16, 2, 4, VARIANTS[family], 32, task.seq_len, seed=0, dtype=np.float32)
-    with blas_threads(1):  # tiny matrices: one BLAS thread is much faster (attn_np.instruments.blas)
+    model = Transformer(
+        vocab_size=task.vocab_size,
+        d_model=16,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=VARIANTS[family],
+        d_ff=32,
+        max_len=task.seq_len,
+        seed=0,
+        dtype=np.float32,
+    )
+    with blas_threads(
+        1
+    ):  # tiny matrices: one BLAS thread is much faster (attn_np.instruments.blas)
         log = train(model, task, steps=150, batch_size=32, lr=1e-2, seed=0)
     first, last = np.mean(log.losses[:10]), np.mean(log.losses[-10:])
     assert first > 1.0  # about log(3): guessing among the values
@@ -150,7 +221,17 @@ def test_short_training_lowers_the_loss(family):
 
 def test_mean_pool_conversion_then_training_runs_on_the_model():
     task = AssociativeRecall(n_pairs=3, n_queries=3, n_keys=4, n_values=3)
-    model = Transformer(task.vocab_size, 16, 2, 4, 4, 32, task.seq_len, seed=0, dtype=np.float32)
+    model = Transformer(
+        vocab_size=task.vocab_size,
+        d_model=16,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=4,
+        d_ff=32,
+        max_len=task.seq_len,
+        seed=0,
+        dtype=np.float32,
+    )
     converted = copy.deepcopy(model)
     for blk in converted.blocks:
         blk.attn = mha_to_gqa(blk.attn, 2)
@@ -159,7 +240,10 @@ def test_mean_pool_conversion_then_training_runs_on_the_model():
     batch = task.sample(64, seed=1)
     before = evaluate(converted, batch)
     train(converted, task, steps=5, batch_size=8, lr=1e-3, seed=2)
-    assert 0.0 <= before <= 1.0 and converted.params["block0.attn.W_k"].dtype == np.float32
+    assert (
+        0.0 <= before <= 1.0
+        and converted.params["block0.attn.W_k"].dtype == np.float32
+    )
 
 
 def test_blas_threads_sets_and_restores():

@@ -9,8 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attn_np.instruments.gradcheck import TOLERANCE, check_gradients, check_layer_gradients, numerical_gradient, rel_error
-from attn_np.training.losses import accuracy, cross_entropy_backward, cross_entropy_forward
+from attn_np.instruments.gradcheck import (
+    TOLERANCE,
+    check_gradients,
+    check_layer_gradients,
+    numerical_gradient,
+    rel_error,
+)
 from attn_np.training.layers import (
     Embedding,
     FeedForward,
@@ -26,6 +31,11 @@ from attn_np.training.layers import (
     rmsnorm_forward,
     sinusoidal_positions,
 )
+from attn_np.training.losses import (
+    accuracy,
+    cross_entropy_backward,
+    cross_entropy_forward,
+)
 from attn_np.training.optim import Adam, clip_grad_norm
 
 
@@ -37,27 +47,50 @@ def assert_all_ok(errors):
 # ------------------------------------------------------------------------------ gradient checks
 def test_linear_gradients():
     rng = np.random.default_rng(0)
-    inputs = {"x": rng.standard_normal((2, 3, 4)), "W": rng.standard_normal((4, 5)), "b": rng.standard_normal(5)}
-    assert_all_ok(check_gradients(linear_forward, linear_backward, inputs, seed=1))
+    inputs = {
+        "x": rng.standard_normal((2, 3, 4)),
+        "W": rng.standard_normal((4, 5)),
+        "b": rng.standard_normal(5),
+    }
+    assert_all_ok(
+        check_gradients(linear_forward, linear_backward, inputs, seed=1)
+    )
 
 
-@given(B=st.integers(1, 3), L=st.integers(1, 4), d=st.integers(2, 6), scale=st.sampled_from([0.1, 1.0, 30.0]))
+@given(
+    B=st.integers(1, 3),
+    L=st.integers(1, 4),
+    d=st.integers(2, 6),
+    scale=st.sampled_from([0.1, 1.0, 30.0]),
+)
 @settings(max_examples=20, deadline=None)
 def test_rmsnorm_gradients(B, L, d, scale):
     # d >= 2: with d = 1 the output is g * sign(x) and its tiny derivative drowns in finite-difference noise
     rng = np.random.default_rng(B * 100 + L * 10 + d)
-    inputs = {"x": scale * rng.standard_normal((B, L, d)), "g": rng.standard_normal(d)}
-    assert_all_ok(check_gradients(rmsnorm_forward, rmsnorm_backward, inputs, seed=2))
+    inputs = {
+        "x": scale * rng.standard_normal((B, L, d)),
+        "g": rng.standard_normal(d),
+    }
+    assert_all_ok(
+        check_gradients(rmsnorm_forward, rmsnorm_backward, inputs, seed=2)
+    )
 
 
 def test_gelu_gradients():
-    x = np.linspace(-6, 6, 37).reshape(37, 1) + np.random.default_rng(3).standard_normal((37, 3)) * 0.1
-    assert_all_ok(check_gradients(gelu_forward, gelu_backward, {"x": x}, seed=3))
+    x = (
+        np.linspace(-6, 6, 37).reshape(37, 1)
+        + np.random.default_rng(3).standard_normal((37, 3)) * 0.1
+    )
+    assert_all_ok(
+        check_gradients(gelu_forward, gelu_backward, {"x": x}, seed=3)
+    )
 
 
 def test_embedding_gradient_with_repeated_tokens():
     rng = np.random.default_rng(4)
-    ids = np.array([[1, 3, 1, 0], [3, 3, 2, 1]])  # repeats must add up; token 4 never appears
+    ids = np.array(
+        [[1, 3, 1, 0], [3, 3, 2, 1]]
+    )  # repeats must add up; token 4 never appears
     W = rng.standard_normal((5, 3))
     y, cache = embedding_forward(ids, W)
     dy = rng.standard_normal(y.shape)
@@ -70,15 +103,23 @@ def test_embedding_gradient_with_repeated_tokens():
 @pytest.mark.parametrize(
     "layer, x",
     [
-        (Linear(4, 3, seed=1), np.random.default_rng(5).standard_normal((2, 3, 4))),
+        (
+            Linear(4, 3, seed=1),
+            np.random.default_rng(5).standard_normal((2, 3, 4)),
+        ),
         (RMSNorm(4), np.random.default_rng(6).standard_normal((2, 3, 4))),
-        (FeedForward(4, 7, seed=2), np.random.default_rng(7).standard_normal((2, 3, 4))),
+        (
+            FeedForward(4, 7, seed=2),
+            np.random.default_rng(7).standard_normal((2, 3, 4)),
+        ),
         (Embedding(6, 4, seed=3), np.array([[0, 5, 5], [2, 1, 0]])),
     ],
     ids=["Linear", "RMSNorm", "FeedForward", "Embedding"],
 )
 def test_layer_shells_gradients(layer, x):
-    if isinstance(layer, RMSNorm):  # a gain of ones hides errors that a random gain exposes
+    if isinstance(
+        layer, RMSNorm
+    ):  # a gain of ones hides errors that a random gain exposes
         layer.params["g"][:] = np.random.default_rng(8).standard_normal(4)
     errors = check_layer_gradients(layer, x, seed=9)
     expected = set(layer.params) | ({"x"} if x.dtype.kind == "f" else set())
@@ -93,13 +134,21 @@ def test_cross_entropy_gradient_with_mask():
     m = np.array([[True, False, True], [False, True, True]])
     loss, cache = cross_entropy_forward(z, t, mask=m)
     dloss = 0.7  # a non-unit upstream gradient
-    num = numerical_gradient(lambda: np.asarray(cross_entropy_forward(z, t, mask=m)[0]), z, np.asarray(dloss))
+    num = numerical_gradient(
+        lambda: np.asarray(cross_entropy_forward(z, t, mask=m)[0]),
+        z,
+        np.asarray(dloss),
+    )
     dz = cross_entropy_backward(dloss, cache)
     assert rel_error(dz, num) < TOLERANCE
     assert np.all(dz[~m] == 0)
 
 
-@given(shape=st.lists(st.integers(1, 3), min_size=1, max_size=3), V=st.integers(2, 6), seed=st.integers(0, 10**6))
+@given(
+    shape=st.lists(st.integers(1, 3), min_size=1, max_size=3),
+    V=st.integers(2, 6),
+    seed=st.integers(0, 10**6),
+)
 @settings(max_examples=25, deadline=None)
 def test_cross_entropy_gradient_any_shape_and_mask(shape, V, seed):
     rng = np.random.default_rng(seed)
@@ -109,7 +158,11 @@ def test_cross_entropy_gradient_any_shape_and_mask(shape, V, seed):
     m.flat[0] = True  # at least one counted position
     dloss = rng.standard_normal()
     _, cache = cross_entropy_forward(z, t, mask=m)
-    num = numerical_gradient(lambda: np.asarray(cross_entropy_forward(z, t, mask=m)[0]), z, np.asarray(dloss))
+    num = numerical_gradient(
+        lambda: np.asarray(cross_entropy_forward(z, t, mask=m)[0]),
+        z,
+        np.asarray(dloss),
+    )
     assert rel_error(cross_entropy_backward(dloss, cache), num) < TOLERANCE
 
 
@@ -117,7 +170,9 @@ def test_cross_entropy_gradient_any_shape_and_mask(shape, V, seed):
 def test_rmsnorm_output_has_unit_rms():
     x = np.random.default_rng(11).standard_normal((3, 8)) * 50
     y, _ = rmsnorm_forward(x, np.ones(8), eps=0.0)
-    np.testing.assert_allclose(np.sqrt(np.mean(y**2, axis=-1)), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(
+        np.sqrt(np.mean(y**2, axis=-1)), 1.0, rtol=1e-12
+    )
 
 
 def test_gelu_matches_its_limits():
@@ -128,10 +183,16 @@ def test_gelu_matches_its_limits():
 def test_sinusoidal_positions():
     P = sinusoidal_positions(50, 7)
     assert P.shape == (50, 7)
-    np.testing.assert_allclose(P[0], [0, 1, 0, 1, 0, 1, 0])  # sin 0, cos 0, ...
-    np.testing.assert_allclose(P[:, 0], np.sin(np.arange(50)))  # the fastest pair has frequency 1
+    np.testing.assert_allclose(
+        P[0], [0, 1, 0, 1, 0, 1, 0]
+    )  # sin 0, cos 0, ...
+    np.testing.assert_allclose(
+        P[:, 0], np.sin(np.arange(50))
+    )  # the fastest pair has frequency 1
     np.testing.assert_allclose(P[:, 2] ** 2 + P[:, 3] ** 2, 1.0)
-    assert len({tuple(np.round(r, 6)) for r in P}) == 50  # every position gets its own code
+    assert (
+        len({tuple(np.round(r, 6)) for r in P}) == 50
+    )  # every position gets its own code
 
 
 def test_cross_entropy_value_and_stability():
@@ -139,7 +200,9 @@ def test_cross_entropy_value_and_stability():
     t = np.array([2, 1])
     loss, cache = cross_entropy_forward(z, t)
     logp0 = 3.0 - np.log(np.exp(1.0) + np.exp(2.0) + np.exp(3.0))
-    assert loss == pytest.approx((-logp0 + 1e4) / 2, rel=1e-12)  # row 2: -log p = 1e4 exactly
+    assert loss == pytest.approx(
+        (-logp0 + 1e4) / 2, rel=1e-12
+    )  # row 2: -log p = 1e4 exactly
     assert np.all(np.isfinite(cross_entropy_backward(1.0, cache)))
 
 
@@ -148,14 +211,19 @@ def test_cross_entropy_ignores_unmasked_targets():
     z = rng.standard_normal((4, 6))
     m = np.array([True, False, True, False])
     t1, t2 = np.array([1, 2, 3, 4]), np.array([1, 5, 3, 0])
-    assert cross_entropy_forward(z, t1, mask=m)[0] == cross_entropy_forward(z, t2, mask=m)[0]
+    assert (
+        cross_entropy_forward(z, t1, mask=m)[0]
+        == cross_entropy_forward(z, t2, mask=m)[0]
+    )
     assert accuracy(np.eye(4, 6) * 5, np.array([0, 1, 0, 0]), mask=m) == 0.5
 
 
 # ------------------------------------------------------------------------------------- errors
 def test_embedding_rejects_out_of_range_and_float_ids():
     emb = Embedding(5, 3)
-    with pytest.raises(ValueError, match=r"ids must lie in \[0, vocab_size\) = \[0, 5\).*5"):
+    with pytest.raises(
+        ValueError, match=r"ids must lie in \[0, vocab_size\) = \[0, 5\).*5"
+    ):
         emb.forward(np.array([[0, 5]]))
     with pytest.raises(ValueError, match="ids must lie"):
         emb.forward(np.array([-1]))
@@ -165,14 +233,25 @@ def test_embedding_rejects_out_of_range_and_float_ids():
 
 def test_cross_entropy_rejects_bad_targets():
     z = np.zeros((2, 3, 5))
-    with pytest.raises(ValueError, match=r"targets must have the shape of logits.*\(2, 3\).*\(3, 2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"targets must have the shape of logits.*\(2, 3\).*\(3, 2\)",
+    ):
         cross_entropy_forward(z, np.zeros((3, 2), dtype=int))
-    with pytest.raises(ValueError, match=r"targets must lie in \[0, vocab_size\) = \[0, 5\)"):
+    with pytest.raises(
+        ValueError, match=r"targets must lie in \[0, vocab_size\) = \[0, 5\)"
+    ):
         cross_entropy_forward(z, np.full((2, 3), 5))
-    with pytest.raises(ValueError, match="mask must have the shape of targets"):
-        cross_entropy_forward(z, np.zeros((2, 3), dtype=int), mask=np.ones((2, 1), dtype=bool))
+    with pytest.raises(
+        ValueError, match="mask must have the shape of targets"
+    ):
+        cross_entropy_forward(
+            z, np.zeros((2, 3), dtype=int), mask=np.ones((2, 1), dtype=bool)
+        )
     with pytest.raises(ValueError, match="mask selects no position"):
-        cross_entropy_forward(z, np.zeros((2, 3), dtype=int), mask=np.zeros((2, 3), dtype=bool))
+        cross_entropy_forward(
+            z, np.zeros((2, 3), dtype=int), mask=np.zeros((2, 3), dtype=bool)
+        )
 
 
 def test_shape_errors_name_the_shapes():
@@ -205,7 +284,9 @@ def test_adam_matches_the_paper_loop():
         opt.step({"w": g.copy()})
         m = 0.8 * m + 0.2 * g
         v = 0.95 * v + 0.05 * g * g
-        w_ref = w_ref - 0.01 * (m / (1 - 0.8**t)) / (np.sqrt(v / (1 - 0.95**t)) + 1e-6)
+        w_ref = w_ref - 0.01 * (m / (1 - 0.8**t)) / (
+            np.sqrt(v / (1 - 0.95**t)) + 1e-6
+        )
     np.testing.assert_allclose(w, w_ref, rtol=1e-12)
 
 
@@ -232,4 +313,6 @@ def test_clip_grad_norm():
     np.testing.assert_allclose(grads["a"], [0.6, 0.0])
     np.testing.assert_allclose(grads["b"], [[0.8]])
     assert clip_grad_norm(grads, 10.0) == pytest.approx(1.0)
-    np.testing.assert_allclose(grads["b"], [[0.8]])  # under the limit: untouched
+    np.testing.assert_allclose(
+        grads["b"], [[0.8]]
+    )  # under the limit: untouched

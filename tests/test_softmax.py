@@ -8,7 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from attn_np import TOLERANCE, check_gradients, rel_error, softmax, softmax_backward, softmax_forward
+from attn_np import (
+    TOLERANCE,
+    check_gradients,
+    rel_error,
+    softmax,
+    softmax_backward,
+    softmax_forward,
+)
 
 NUMPY_BROADCAST_MESSAGE = "could not be broadcast"
 
@@ -25,9 +32,13 @@ def softmax_cases(draw, with_mask=True):
     if with_mask and draw(st.booleans()):
         # the mask may omit leading axes or have size-1 axes: it only has to broadcast to x
         n_drop = draw(st.integers(0, len(shape) - 1))
-        mshape = tuple(1 if draw(st.booleans()) else n for n in shape[n_drop:])
+        mshape = tuple(
+            1 if draw(st.booleans()) else n for n in shape[n_drop:]
+        )
         mask = rng.random(mshape) < 0.7
-        if draw(st.booleans()):  # force at least one fully masked row along the softmax axis
+        if draw(
+            st.booleans()
+        ):  # force at least one fully masked row along the softmax axis
             full = np.broadcast_to(mask, shape).copy()
             idx = [slice(None)] * len(shape)
             for ax in range(len(shape)):
@@ -41,7 +52,11 @@ def softmax_cases(draw, with_mask=True):
 def naive_softmax(x, axis, mask=None):
     """Reference: one row at a time, in Python floats, over the allowed entries only."""
     x = np.asarray(x, dtype=np.float64)
-    allowed = np.ones(x.shape, bool) if mask is None else np.broadcast_to(mask, x.shape)
+    allowed = (
+        np.ones(x.shape, bool)
+        if mask is None
+        else np.broadcast_to(mask, x.shape)
+    )
     x, allowed = np.moveaxis(x, axis, -1), np.moveaxis(allowed, axis, -1)
     out = np.zeros_like(x)
     for idx in np.ndindex(x.shape[:-1]):
@@ -60,7 +75,9 @@ def naive_softmax(x, axis, mask=None):
 def test_softmax_matches_naive_reference(case):
     x, axis, mask = case
     p = softmax(x, axis=axis, mask=mask)
-    np.testing.assert_allclose(p, naive_softmax(x, axis, mask), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(
+        p, naive_softmax(x, axis, mask), rtol=1e-12, atol=1e-15
+    )
 
 
 @given(softmax_cases())
@@ -72,8 +89,12 @@ def test_rows_sum_to_one_or_zero_when_fully_masked(case):
         np.testing.assert_allclose(sums, 1.0, rtol=1e-12)
     else:
         any_allowed = np.broadcast_to(mask, x.shape).any(axis=axis)
-        np.testing.assert_allclose(sums, np.where(any_allowed, 1.0, 0.0), rtol=1e-12, atol=0)
-        assert np.all(p[~np.broadcast_to(mask, x.shape)] == 0.0)  # masked entries: exactly 0
+        np.testing.assert_allclose(
+            sums, np.where(any_allowed, 1.0, 0.0), rtol=1e-12, atol=0
+        )
+        assert np.all(
+            p[~np.broadcast_to(mask, x.shape)] == 0.0
+        )  # masked entries: exactly 0
 
 
 def test_shift_invariance():
@@ -85,7 +106,10 @@ def test_shift_invariance():
 def test_known_values():
     p = softmax(np.log(np.array([[1.0, 2.0, 5.0]])))
     np.testing.assert_allclose(p, [[0.125, 0.25, 0.625]], rtol=1e-14)
-    p = softmax(np.array([[0.0, 0.0, 0.0, 0.0]]), mask=np.array([[True, False, True, False]]))
+    p = softmax(
+        np.array([[0.0, 0.0, 0.0, 0.0]]),
+        mask=np.array([[True, False, True, False]]),
+    )
     np.testing.assert_array_equal(p, [[0.5, 0.0, 0.5, 0.0]])
 
 
@@ -93,7 +117,12 @@ def test_mask_ignores_masked_logits_even_when_infinite():
     x = np.array([[np.inf, 1.0, 2.0], [np.nan, 0.0, 0.0]])
     mask = np.array([[False, True, True], [False, True, True]])
     p = softmax(x, mask=mask)
-    np.testing.assert_allclose(p[0], naive_softmax(np.array([0.0, 1.0, 2.0]), -1, np.array([False, True, True])))
+    np.testing.assert_allclose(
+        p[0],
+        naive_softmax(
+            np.array([0.0, 1.0, 2.0]), -1, np.array([False, True, True])
+        ),
+    )
     np.testing.assert_array_equal(p[1], [0.0, 0.5, 0.5])
 
 
@@ -101,7 +130,14 @@ def test_mask_ignores_masked_logits_even_when_infinite():
 @given(softmax_cases())
 def test_gradient_check(case):
     x, axis, mask = case
-    errors = check_gradients(softmax_forward, softmax_backward, {"x": x}, seed=1, axis=axis, mask=mask)
+    errors = check_gradients(
+        softmax_forward,
+        softmax_backward,
+        {"x": x},
+        seed=1,
+        axis=axis,
+        mask=mask,
+    )
     assert errors["x"] < TOLERANCE, errors
 
 
@@ -114,15 +150,21 @@ def test_backward_is_the_jacobian_transpose_product(case):
     dx = softmax_backward(dp, cache)
     pr, dpr, dxr = (np.moveaxis(a, axis, -1) for a in (p, dp, dx))
     for idx in np.ndindex(pr.shape[:-1]):
-        J = np.diag(pr[idx]) - np.outer(pr[idx], pr[idx])  # J[i, j] = dp_i / dx_j
-        np.testing.assert_allclose(dxr[idx], J.T @ dpr[idx], rtol=1e-10, atol=1e-14)
+        J = np.diag(pr[idx]) - np.outer(
+            pr[idx], pr[idx]
+        )  # J[i, j] = dp_i / dx_j
+        np.testing.assert_allclose(
+            dxr[idx], J.T @ dpr[idx], rtol=1e-10, atol=1e-14
+        )
 
 
 def test_gradient_rows_sum_to_zero():
     """Adding a constant to a row changes nothing, so the gradient has no component along it."""
     x = np.random.default_rng(3).standard_normal((5, 7))
     p, cache = softmax_forward(x)
-    dx = softmax_backward(np.random.default_rng(4).standard_normal(x.shape), cache)
+    dx = softmax_backward(
+        np.random.default_rng(4).standard_normal(x.shape), cache
+    )
     np.testing.assert_allclose(dx.sum(axis=-1), 0.0, atol=1e-15)
 
 
@@ -132,7 +174,9 @@ def test_fully_masked_row_gives_zero_output_and_zero_gradient():
     mask[1] = False
     mask[2, :2] = False
     p, cache = softmax_forward(x, mask=mask)
-    dx = softmax_backward(np.random.default_rng(6).standard_normal(x.shape), cache)
+    dx = softmax_backward(
+        np.random.default_rng(6).standard_normal(x.shape), cache
+    )
     assert np.all(p[1] == 0.0) and np.all(dx[1] == 0.0)
     assert np.all(p[2, :2] == 0.0) and np.all(dx[2, :2] == 0.0)
     assert np.all(np.isfinite(p)) and np.all(np.isfinite(dx))
@@ -140,15 +184,45 @@ def test_fully_masked_row_gives_zero_output_and_zero_gradient():
 
 # --------------------------------------------------------------------------- stability
 @pytest.mark.parametrize("masked", [False, True])
-def test_huge_logits_give_finite_values_and_gradients_without_warnings(masked):
-    x = np.array([[1e4, -1e4, 0.0, 1e4 - 1.0], [-1e4, -1e4, -1e4, -1e4], [1e4, 1e4, 1e4, 1e4]])
-    mask = np.array([[True, True, True, True], [False, False, False, False], [True, True, False, True]]) if masked else None
+def test_huge_logits_give_finite_values_and_gradients_without_warnings(
+    masked,
+):
+    x = np.array(
+        [
+            [1e4, -1e4, 0.0, 1e4 - 1.0],
+            [-1e4, -1e4, -1e4, -1e4],
+            [1e4, 1e4, 1e4, 1e4],
+        ]
+    )
+    mask = (
+        np.array(
+            [
+                [True, True, True, True],
+                [False, False, False, False],
+                [True, True, False, True],
+            ]
+        )
+        if masked
+        else None
+    )
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # any overflow, 0/0 or inf-inf would raise here
+        warnings.simplefilter(
+            "error"
+        )  # any overflow, 0/0 or inf-inf would raise here
         p, cache = softmax_forward(x, mask=mask)
-        dx = softmax_backward(np.random.default_rng(7).standard_normal(x.shape), cache)
+        dx = softmax_backward(
+            np.random.default_rng(7).standard_normal(x.shape), cache
+        )
     assert np.all(np.isfinite(p)) and np.all(np.isfinite(dx))
-    np.testing.assert_allclose(p[0], [1 / (1 + math.exp(-1)), 0.0, 0.0, math.exp(-1) / (1 + math.exp(-1))])
+    np.testing.assert_allclose(
+        p[0],
+        [
+            1 / (1 + math.exp(-1)),
+            0.0,
+            0.0,
+            math.exp(-1) / (1 + math.exp(-1)),
+        ],
+    )
     if masked:
         np.testing.assert_array_equal(p[1], 0.0)
         np.testing.assert_allclose(p[2], [1 / 3, 1 / 3, 0.0, 1 / 3])
@@ -184,37 +258,82 @@ def _raises(exc, match, fn, *args, **kwargs):
 
 
 def test_integer_logits_are_refused():
-    _raises(TypeError, r"x must be a floating-point array .* got dtype int", softmax, np.arange(4))
+    _raises(
+        TypeError,
+        r"x must be a floating-point array .* got dtype int",
+        softmax,
+        np.arange(4),
+    )
 
 
 def test_scalar_logits_are_refused():
-    _raises(ValueError, r"x must have at least 1 axes, got shape \(\)", softmax, np.float64(1.0))
+    _raises(
+        ValueError,
+        r"x must have at least 1 axes, got shape \(\)",
+        softmax,
+        np.float64(1.0),
+    )
 
 
 def test_non_boolean_mask_is_refused():
-    _raises(TypeError, r"mask must be a boolean array .* got dtype float64", softmax, np.zeros((2, 3)), mask=np.ones((2, 3)))
+    _raises(
+        TypeError,
+        r"mask must be a boolean array .* got dtype float64",
+        softmax,
+        np.zeros((2, 3)),
+        mask=np.ones((2, 3)),
+    )
 
 
 @pytest.mark.parametrize("mshape", [(2, 4), (3, 2, 3)])
 def test_mask_that_does_not_broadcast_to_x_is_refused(mshape):
     shape_text = re_shape(mshape)
-    _raises(ValueError, rf"mask.*{shape_text}", softmax, np.zeros((2, 3)), mask=np.ones(mshape, bool))
+    _raises(
+        ValueError,
+        rf"mask.*{shape_text}",
+        softmax,
+        np.zeros((2, 3)),
+        mask=np.ones(mshape, bool),
+    )
 
 
 @pytest.mark.parametrize("axis", [2, -3, 1.0])
 def test_bad_axis_is_refused(axis):
-    _raises(ValueError, r"axis must be an integer in \[-2, 2\)", softmax, np.zeros((2, 3)), axis=axis)
+    _raises(
+        ValueError,
+        r"axis must be an integer in \[-2, 2\)",
+        softmax,
+        np.zeros((2, 3)),
+        axis=axis,
+    )
 
 
 def test_wrong_upstream_gradient_shape_is_refused():
     _, cache = softmax_forward(np.zeros((2, 3)))
-    _raises(ValueError, r"dp must have shape \(2, 3\) .* got \(3,\)", softmax_backward, np.zeros(3), cache)
-    _raises(TypeError, r"dp must be a floating-point array", softmax_backward, np.zeros((2, 3), int), cache)
+    _raises(
+        ValueError,
+        r"dp must have shape \(2, 3\) .* got \(3,\)",
+        softmax_backward,
+        np.zeros(3),
+        cache,
+    )
+    _raises(
+        TypeError,
+        r"dp must be a floating-point array",
+        softmax_backward,
+        np.zeros((2, 3), int),
+        cache,
+    )
 
 
 def re_shape(shape):
     """The regex for a shape tuple as Python prints it."""
-    return "\\(" + ", ".join(str(n) for n in shape) + ("," if len(shape) == 1 else "") + "\\)"
+    return (
+        "\\("
+        + ", ".join(str(n) for n in shape)
+        + ("," if len(shape) == 1 else "")
+        + "\\)"
+    )
 
 
 def test_rel_error_of_the_gradient_check_detects_a_wrong_backward():
@@ -224,7 +343,9 @@ def test_rel_error_of_the_gradient_check_detects_a_wrong_backward():
     def wrong_backward(dp, cache):
         return cache.p * dp
 
-    errors = check_gradients(softmax_forward, wrong_backward, {"x": x}, seed=1)
+    errors = check_gradients(
+        softmax_forward, wrong_backward, {"x": x}, seed=1
+    )
     assert errors["x"] > 1e-3
     assert rel_error(np.ones(3), np.ones(3)) == 0.0
 
@@ -233,7 +354,9 @@ def test_rel_error_of_the_gradient_check_detects_a_wrong_backward():
 def test_softmax_refuses_non_finite_logits_that_take_part(bad):
     x = np.zeros((2, 3))
     x[0, 1] = bad
-    with pytest.raises(ValueError, match=r"x must be finite.*shape \(2, 3\)"):
+    with pytest.raises(
+        ValueError, match=r"x must be finite.*shape \(2, 3\)"
+    ):
         softmax(x)
     mask = np.ones((2, 3), dtype=bool)
     mask[0, 1] = False  # the bad entry is excluded: fine

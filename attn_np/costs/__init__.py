@@ -1,13 +1,15 @@
-"""Cost models: what attention costs in parameters, FLOPs, bytes and time, as formulas.
+"""Cost models: what attention costs in parameters, FLOPs, bytes and time, as
+formulas.
 
-* :mod:`~attn_np.costs.layer`: parameters, training FLOPs and activation memory of one attention
-  layer (chapters 2 and 3);
-* :mod:`~attn_np.costs.decode`: FLOPs, bytes and arithmetic intensity of a prefill and a decode
-  step, the roofline and Shazeer's ratio (chapter 4);
-* :mod:`~attn_np.costs.catalogue`: the attention shapes of released models and the size of their
-  key/value caches (chapters 3, 4 and 7 to 9).
+* :mod:`~attn_np.costs.layer`: parameters, training FLOPs and activation
+  memory of one attention layer (chapters 2 and 3);
+* :mod:`~attn_np.costs.decode`: FLOPs, bytes and arithmetic intensity of a
+  prefill and a decode step, the roofline and Shazeer's ratio (chapter 4);
+* :mod:`~attn_np.costs.catalogue`: the attention shapes of released models
+  and the size of their key/value caches (chapters 3, 4 and 7 to 9).
 
-Every name is also available here, so ``from attn_np import costs`` then ``costs.forward_flops``.
+Every name is also available here, so ``from attn_np import costs`` then
+``costs.forward_flops``.
 """
 
 from .catalogue import (
@@ -41,6 +43,7 @@ from .layer import (
     forward_flops_breakdown,
     forward_retained_bytes,
     head_dims,
+    matmul_flops,
     param_count,
     training_flops,
     weights_crossover_length,
@@ -67,6 +70,7 @@ __all__ = [
     "kv_bytes_per_token",
     "kv_cache_bytes",
     "kv_read_tokens_per_second",
+    "matmul_flops",
     "max_concurrent_sequences",
     "param_count",
     "prefill_cost",

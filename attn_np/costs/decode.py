@@ -1,42 +1,54 @@
-"""What a prefill and a decode step cost: FLOPs, bytes and arithmetic intensity (chapter 4).
+"""What a prefill and a decode step cost: FLOPs, bytes and arithmetic
+intensity (chapter 4).
 
-One attention layer (:class:`attn_np.GroupedQueryAttention`) processes a *chunk* of ``L_q`` new
-positions for each of ``B`` sequences, over a key/value cache that already holds ``n`` positions.
-A prefill is one chunk over an empty cache (``L_q = L``, ``n = 0``); a decode step is one position
-over a cache of ``n`` (``L_q = 1``). The keys the chunk attends over number ``L_k = n + L_q``.
+One attention layer (:class:`attn_np.GroupedQueryAttention`) processes a
+*chunk* of ``L_q`` new positions for each of ``B`` sequences, over a
+key/value cache that already holds ``n`` positions. A prefill is one chunk
+over an empty cache (``L_q = L``, ``n = 0``); a decode step is one position
+over a cache of ``n`` (``L_q = 1``). The keys the chunk attends over number
+``L_k = n + L_q``.
 
-FLOPs count matrix products only, ``2 m n k`` for ``[m, k] @ [k, n]``, as :mod:`attn_np.costs` does.
+FLOPs count matrix products only, ``2 m n k`` for ``[m, k] @ [k, n]``, as
+:mod:`attn_np.costs` does.
 
-Bytes count what must cross the memory bus at least once, each tensor read once where it is an
-input and written once where it is an output:
+Bytes count what must cross the memory bus at least once, each tensor read
+once where it is an input and written once where it is an output:
 
-* the weights ``W_q, W_k, W_v, W_o``, read once per chunk whatever ``B`` and ``L_q``;
-* the cached keys and values, ``B n_kv L_k (d_k + d_v)`` numbers read, and the chunk's new ones written;
-* the chunk's input ``x`` read and output ``y`` written, its queries and head outputs written and
-  read back;
-* the scores ``[B, h, L_q, L_k]``, written and read back once. NumPy materialises them; a fused
-  kernel (FlashAttention, Dao et al. 2022) would not, so ``fused=True`` leaves them out.
+* the weights ``W_q, W_k, W_v, W_o``, read once per chunk whatever ``B`` and
+  ``L_q``;
+* the cached keys and values, ``B n_kv L_k (d_k + d_v)`` numbers read, and
+  the chunk's new ones written;
+* the chunk's input ``x`` read and output ``y`` written, its queries and head
+  outputs written and read back;
+* the scores ``[B, h, L_q, L_k]``, written and read back once. NumPy
+  materialises them; a fused kernel (FlashAttention, Dao et al. 2022) would
+  not, so ``fused=True`` leaves them out.
 
 Arithmetic intensity is FLOPs per byte. Shazeer (2019) states the same
-accounting as a ratio the other way up, memory access over arithmetic, summed over the ``n`` steps
-of incremental decoding with ``b`` sequences and model width ``d``: ``Theta(n/d + 1/b)`` for
-multi-head attention and ``Theta(1/d + n/(d h) + 1/b)`` for multi-query attention
-(:func:`shazeer_ratio`). Per step, weights give the ``1/b`` term and the cache the ``n/d`` term.
+accounting as a ratio the other way up, memory access over arithmetic, summed
+over the ``n`` steps of incremental decoding with ``b`` sequences and model
+width ``d``: ``Theta(n/d + 1/b)`` for multi-head attention and ``Theta(1/d +
+n/(d h) + 1/b)`` for multi-query attention (:func:`shazeer_ratio`). Per step,
+weights give the ``1/b`` term and the cache the ``n/d`` term.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-from .._checks import check_positive_int
-from .layer import head_dims, param_count
+from .._checks import (
+    check_count,
+    check_positive_int,
+    check_positive_number,
+)
 from .catalogue import get_model, kv_cache_bytes, weight_bytes
+from .layer import head_dims, matmul_flops, param_count
 
 
 @dataclass(frozen=True)
 class ChunkCost:
-    """FLOPs and bytes of one chunk through one attention layer, term by term."""
+    """FLOPs and bytes of one chunk through one attention layer, term by
+    term."""
 
     flops_breakdown: dict = field(repr=False)
     bytes_breakdown: dict = field(repr=False)
@@ -55,118 +67,199 @@ class ChunkCost:
         return self.flops / self.bytes
 
     def __repr__(self) -> str:
-        return f"ChunkCost(flops={self.flops}, bytes={self.bytes}, intensity={self.intensity:.4g} FLOP/B)"
-
-
-def _check_count(value, name: str, *, minimum: int) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__") or int(value) < minimum:
-        kind = "a non-negative" if minimum == 0 else "a positive"
-        raise ValueError(f"{name} must be {kind} integer, got {value!r}")
-    return int(value)
+        return (
+            f"ChunkCost(flops={self.flops}, bytes={self.bytes}, "
+            f"intensity={self.intensity:.4g} FLOP/B)"
+        )
 
 
 def chunk_cost(
-    B, L_q, n_cached, d_model, n_heads, n_kv_heads=None, d_k=None, d_v=None, *, bytes_per_element=4, fused=False
+    B,
+    L_q,
+    n_cached,
+    d_model,
+    n_heads,
+    n_kv_heads=None,
+    d_k=None,
+    d_v=None,
+    *,
+    bytes_per_element=4,
+    fused=False,
 ) -> ChunkCost:
-    """Cost of ``L_q`` new positions per sequence attending over ``n_cached`` cached ones plus themselves."""
+    """Cost of ``L_q`` new positions per sequence attending over ``n_cached``
+    cached ones plus themselves."""
     B = check_positive_int(B, "B")
     L_q = check_positive_int(L_q, "L_q")
-    n = _check_count(n_cached, "n_cached", minimum=0)
+    n = check_count(n_cached, "n_cached", minimum=0)
     e = check_positive_int(bytes_per_element, "bytes_per_element")
     d, h, n_kv, d_k, d_v = head_dims(d_model, n_heads, n_kv_heads, d_k, d_v)
     L_k = n + L_q
-    flops = {
-        "Q projection": 2 * B * L_q * d * h * d_k,  # [B*L_q, d] @ [d, h*d_k]
-        "K, V projections": 2 * B * L_q * d * n_kv * (d_k + d_v),  # [B*L_q, d] @ [d, n_kv*(d_k+d_v)]
-        "scores Q K^T": 2 * B * h * L_q * L_k * d_k,  # per query head: [L_q, d_k] @ [d_k, L_k]
-        "weights @ V": 2 * B * h * L_q * L_k * d_v,  # per query head: [L_q, L_k] @ [L_k, d_v]
-        "output projection": 2 * B * L_q * h * d_v * d,  # [B*L_q, h*d_v] @ [h*d_v, d]
-    }
+    flops = matmul_flops(B, L_q, L_k, d, h, n_kv, d_k, d_v)
     nbytes = {
         "weights": e * param_count(d, h, n_kv, d_k, d_v),
         "keys and values read": e * B * n_kv * L_k * (d_k + d_v),
         "new keys and values written": e * B * n_kv * L_q * (d_k + d_v),
         "x read, y written": e * 2 * B * L_q * d,
-        "queries and head outputs": e * 2 * B * L_q * h * (d_k + d_v),  # written, then read back
-        "scores [B, h, L_q, L_k]": 0 if fused else e * 2 * B * h * L_q * L_k,  # written, then read back
+        # written, then read back
+        "queries and head outputs": e * 2 * B * L_q * h * (d_k + d_v),
+        # written, then read back
+        "scores [B, h, L_q, L_k]": 0 if fused else e * 2 * B * h * L_q * L_k,
     }
     return ChunkCost(flops, nbytes)
 
 
-def prefill_cost(B, L, d_model, n_heads, n_kv_heads=None, d_k=None, d_v=None, *, bytes_per_element=4, fused=False):
-    """Cost of a prompt of ``L`` positions in one chunk (empty cache before, ``L`` cached after)."""
-    return chunk_cost(B, L, 0, d_model, n_heads, n_kv_heads, d_k, d_v, bytes_per_element=bytes_per_element,
-                      fused=fused)
+def prefill_cost(
+    B,
+    L,
+    d_model,
+    n_heads,
+    n_kv_heads=None,
+    d_k=None,
+    d_v=None,
+    *,
+    bytes_per_element=4,
+    fused=False,
+):
+    """Cost of a prompt of ``L`` positions in one chunk (empty cache before,
+    ``L`` cached after)."""
+    return chunk_cost(
+        B,
+        L,
+        0,
+        d_model,
+        n_heads,
+        n_kv_heads,
+        d_k,
+        d_v,
+        bytes_per_element=bytes_per_element,
+        fused=fused,
+    )
 
 
 def decode_step_cost(
-    B, n_cached, d_model, n_heads, n_kv_heads=None, d_k=None, d_v=None, *, bytes_per_element=4, fused=False
+    B,
+    n_cached,
+    d_model,
+    n_heads,
+    n_kv_heads=None,
+    d_k=None,
+    d_v=None,
+    *,
+    bytes_per_element=4,
+    fused=False,
 ):
-    """Cost of one decode step: one new position per sequence over a cache of ``n_cached``."""
-    return chunk_cost(B, 1, n_cached, d_model, n_heads, n_kv_heads, d_k, d_v, bytes_per_element=bytes_per_element,
-                      fused=fused)
+    """Cost of one decode step: one new position per sequence over a cache of
+    ``n_cached``."""
+    return chunk_cost(
+        B,
+        1,
+        n_cached,
+        d_model,
+        n_heads,
+        n_kv_heads,
+        d_k,
+        d_v,
+        bytes_per_element=bytes_per_element,
+        fused=fused,
+    )
 
 
-def shazeer_ratio(n, d, b, h=1) -> float:
-    """Shazeer's (2019) memory-to-arithmetic ratio of incremental decoding, without its constants.
+def shazeer_ratio(n, d, b, *, n_heads, n_kv_heads) -> float:
+    """Shazeer's (2019) memory-to-arithmetic ratio of incremental decoding,
+    without its constants.
 
-    ``h=1`` gives ``n/d + 1/b``, the ratio he states for incremental multi-head attention; for
-    multi-query attention with ``h`` heads it is ``1/d + n/(d h) + 1/b``. ``n`` is the
-    number of positions, ``d`` the model width, ``b`` the batch. A ratio near 1 or above means
-    that memory traffic, not arithmetic, sets the pace.
+    ``n`` is the number of positions, ``d`` the model width, ``b`` the
+    batch; ``n_heads`` and ``n_kv_heads`` say which of his two cases is
+    meant, so that a head count can never be misread:
+
+    * multi-head (``n_kv_heads == n_heads``): ``n/d + 1/b``;
+    * multi-query (``n_kv_heads == 1``): ``1/d + n/(d h) + 1/b``.
+
+    He states no ratio for grouped-query attention (it came later), so
+    other values raise; :func:`decode_step_cost` counts every case
+    exactly. A ratio near 1 or above means that memory traffic, not
+    arithmetic, sets the pace.
     """
     n = check_positive_int(n, "n")
     d = check_positive_int(d, "d")
     b = check_positive_int(b, "b")
-    h = check_positive_int(h, "h")
-    if h == 1:
+    h = check_positive_int(n_heads, "n_heads")
+    n_kv = check_positive_int(n_kv_heads, "n_kv_heads")
+    if n_kv == h:
         return n / d + 1 / b
-    return 1 / d + n / (d * h) + 1 / b
+    if n_kv == 1:
+        return 1 / d + n / (d * h) + 1 / b
+    raise ValueError(
+        "Shazeer (2019) states the ratio for multi-head "
+        "(n_kv_heads == n_heads) and multi-query (n_kv_heads == 1) "
+        f"attention only, got n_heads={h} and n_kv_heads={n_kv}; "
+        "decode_step_cost counts grouped-query attention exactly"
+    )
 
 
-# ------------------------------------------------------------------------------ roofline
+# ---------------------------------------------------------------------------
+# --- roofline
 def ridge_point(peak_flops: float, bandwidth: float) -> float:
-    """The intensity (FLOP/byte) where a machine turns from memory-bound to compute-bound.
+    """The intensity (FLOP/byte) where a machine turns from memory-bound to
+    compute-bound.
 
-    Williams, Waterman and Patterson (2009): below ``peak_flops / bandwidth`` FLOPs per byte a
-    kernel cannot keep the arithmetic units busy, whatever its code.
+    Williams, Waterman and Patterson (2009): below ``peak_flops / bandwidth``
+    FLOPs per byte a kernel cannot keep the arithmetic units busy, whatever
+    its code.
     """
-    return _positive(peak_flops, "peak_flops") / _positive(bandwidth, "bandwidth")
+    peak = check_positive_number(peak_flops, "peak_flops")
+    return peak / check_positive_number(bandwidth, "bandwidth")
 
 
-def attainable_flops(intensity: float, peak_flops: float, bandwidth: float) -> float:
+def attainable_flops(
+    intensity: float, peak_flops: float, bandwidth: float
+) -> float:
     """The roofline: ``min(peak_flops, intensity * bandwidth)`` FLOP/s."""
-    return min(_positive(peak_flops, "peak_flops"), _positive(intensity, "intensity") * _positive(bandwidth, "bandwidth"))
+    return min(
+        check_positive_number(peak_flops, "peak_flops"),
+        check_positive_number(intensity, "intensity")
+        * check_positive_number(bandwidth, "bandwidth"),
+    )
 
 
-def roofline_time(flops: float, nbytes: float, peak_flops: float, bandwidth: float) -> float:
-    """The least time a kernel can take: ``max(flops / peak_flops, bytes / bandwidth)`` seconds."""
-    return max(flops / _positive(peak_flops, "peak_flops"), nbytes / _positive(bandwidth, "bandwidth"))
+def roofline_time(
+    flops: float, nbytes: float, peak_flops: float, bandwidth: float
+) -> float:
+    """The least time a kernel can take: ``max(flops / peak_flops, bytes /
+    bandwidth)`` seconds."""
+    return max(
+        flops / check_positive_number(peak_flops, "peak_flops"),
+        nbytes / check_positive_number(bandwidth, "bandwidth"),
+    )
 
 
-def _positive(x, name: str) -> float:
-    try:
-        value = float(x)
-    except (TypeError, ValueError):
-        value = float("nan")
-    if isinstance(x, bool) or not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive finite number, got {x!r}")
-    return value
+# -------------------------------------------------------------------------
+# real models
+def kv_read_tokens_per_second(
+    config,
+    seq_len,
+    bandwidth,
+    batch=1,
+    bytes_per_element=2,
+    include_weights=False,
+):
+    """Decode steps per second that reading the key/value cache alone allows,
+    for one model.
 
-
-# ------------------------------------------------------------------------- real models
-def kv_read_tokens_per_second(config, seq_len, bandwidth, batch=1, bytes_per_element=2, include_weights=False):
-    """Decode steps per second that reading the key/value cache alone allows, for one model.
-
-    Each step every layer reads every cached key and value once: ``kv_cache_bytes(config, seq_len,
-    batch)`` bytes. At ``bandwidth`` bytes/s that takes at least ``kv_bytes / bandwidth`` seconds,
-    so each of the ``batch`` sequences gets at most ``bandwidth / kv_bytes`` tokens per second.
-    ``include_weights=True`` adds one read of the weights per step (shared by the batch).
+    Each step every layer reads every cached key and value once:
+    ``kv_cache_bytes(config, seq_len, batch)`` bytes. At ``bandwidth``
+    bytes/s that takes at least ``kv_bytes / bandwidth`` seconds, so each of
+    the ``batch`` sequences gets at most ``bandwidth / kv_bytes`` tokens per
+    second. ``include_weights=True`` adds one read of the weights per step
+    (shared by the batch).
     """
     cfg = get_model(config)
     need = kv_cache_bytes(cfg, seq_len, batch, bytes_per_element)
     if include_weights:
         need += weight_bytes(cfg, bytes_per_element)
     if need == 0:
-        raise ValueError("seq_len must be positive when include_weights is False (nothing to read)")
-    return _positive(bandwidth, "bandwidth") / need
+        raise ValueError(
+            "seq_len must be positive when include_weights is False "
+            "(nothing to read)"
+        )
+    return check_positive_number(bandwidth, "bandwidth") / need

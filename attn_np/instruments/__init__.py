@@ -1,16 +1,26 @@
-"""The book's instruments: how the chapters check, draw, measure and show the library.
+"""The book's instruments: how the chapters check, draw, measure and show the
+library.
 
-* :mod:`~attn_np.instruments.gradcheck`: central finite differences, the book's gradient standard;
-* :mod:`~attn_np.instruments.plotting`: the one plotting style (attention maps, head grids, bytes);
-* :mod:`~attn_np.instruments.measure`: memory traced by tracemalloc, best-of-n times, and this
-  machine's matmul and streaming-read rates;
+* :mod:`~attn_np.instruments.gradcheck`: central finite differences, the
+  book's gradient standard;
+* :mod:`~attn_np.instruments.plotting`: the one plotting style (attention
+  maps, head grids, bytes);
+* :mod:`~attn_np.instruments.measure`: memory traced by tracemalloc,
+  best-of-n times, and this machine's matmul and streaming-read rates;
 * :mod:`~attn_np.instruments.blas`: how many threads NumPy's BLAS may use;
-* :mod:`~attn_np.instruments.display`: ``show_source``, the library's own code in a notebook.
+* :mod:`~attn_np.instruments.display`: ``show_source``, the library's own
+  code in a notebook.
 """
 
 from .blas import blas_threads, get_blas_threads, set_blas_threads
 from .display import show_source
-from .gradcheck import TOLERANCE, check_gradients, check_layer_gradients, numerical_gradient, rel_error
+from .gradcheck import (
+    TOLERANCE,
+    check_gradients,
+    check_layer_gradients,
+    numerical_gradient,
+    rel_error,
+)
 from .measure import (
     MemoryMeasurement,
     best_time,

@@ -1,13 +1,16 @@
-"""How many threads NumPy's BLAS may use (chapter 5's training runs on tiny matrices).
+"""How many threads NumPy's BLAS may use (chapter 5's training runs on tiny
+matrices).
 
-A threaded matrix product splits its work and then waits for every thread. For the
-``[640, 32] @ [32, 64]`` products of a small model that wait costs far more than the product: on
-a busy two-core machine one BLAS thread trains the chapter-5 model an order of magnitude faster
-than two. One thread also fixes the order of every floating-point sum, so a run repeats bit for bit.
+A threaded matrix product splits its work and then waits for every thread.
+For the ``[640, 32] @ [32, 64]`` products of a small model that wait costs
+far more than the product: on a busy two-core machine one BLAS thread trains
+the chapter-5 model an order of magnitude faster than two. One thread also
+fixes the order of every floating-point sum, so a run repeats bit for bit.
 
-NumPy has no public switch for this, so we call OpenBLAS's own ``set_num_threads`` through
-``ctypes``, as the ``threadpoolctl`` package does. With a BLAS other than the OpenBLAS that NumPy's
-wheels bundle, the functions do nothing and return ``None``.
+NumPy has no public switch for this, so we call OpenBLAS's own
+``set_num_threads`` through ``ctypes``, as the ``threadpoolctl`` package
+does. With a BLAS other than the OpenBLAS that NumPy's wheels bundle, the
+functions do nothing and return ``None``.
 """
 
 from __future__ import annotations
@@ -19,16 +22,19 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from .._checks import check_count
+
 _PREFIXES = ("scipy_openblas", "openblas")
 _SUFFIXES = ("64_", "")
 
 
 def _openblas():
-    """``(get, set)`` functions of the OpenBLAS bundled with NumPy, or ``None``."""
+    """``(get, set)`` functions of the OpenBLAS bundled with NumPy, or
+    ``None``."""
     here = os.path.dirname(np.__file__)
-    for path in glob.glob(os.path.join(here, "..", "numpy.libs", "*openblas*")) + glob.glob(
-        os.path.join(here, ".dylibs", "*openblas*")
-    ):
+    for path in glob.glob(
+        os.path.join(here, "..", "numpy.libs", "*openblas*")
+    ) + glob.glob(os.path.join(here, ".dylibs", "*openblas*")):
         try:
             lib = ctypes.CDLL(path)
         except OSError:
@@ -48,14 +54,15 @@ _LIB = _openblas()
 
 
 def get_blas_threads() -> int | None:
-    """The number of threads OpenBLAS may use, or ``None`` if NumPy's BLAS is not a bundled OpenBLAS."""
+    """The number of threads OpenBLAS may use, or ``None`` if NumPy's BLAS is
+    not a bundled OpenBLAS."""
     return None if _LIB is None else int(_LIB[0]())
 
 
 def set_blas_threads(n: int) -> int | None:
-    """Let OpenBLAS use ``n`` threads; return the previous number (``None``: nothing to set)."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be a positive integer, got {n!r}")
+    """Let OpenBLAS use ``n`` threads; return the previous number (``None``:
+    nothing to set)."""
+    n = check_count(n, "n")
     if _LIB is None:
         return None
     previous = int(_LIB[0]())
@@ -65,7 +72,8 @@ def set_blas_threads(n: int) -> int | None:
 
 @contextmanager
 def blas_threads(n: int):
-    """``with blas_threads(1): ...`` runs the block with ``n`` BLAS threads, then restores the old number."""
+    """``with blas_threads(1): ...`` runs the block with ``n`` BLAS threads,
+    then restores the old number."""
     previous = set_blas_threads(n)
     try:
         yield

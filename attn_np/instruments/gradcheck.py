@@ -1,13 +1,15 @@
-"""Gradient checking by central finite differences (shared by the tests and the notebooks).
+"""Gradient checking by central finite differences (shared by the tests and
+the notebooks).
 
 The standard the book holds every backward pass to:
 
 * float64 throughout, step ``h = 1e-5``;
-* a *random* upstream gradient ``dout``: all ones hides errors. Every softmax row sums to one, so
-  with ``dout = 1`` the true gradient of the softmax is exactly zero and a backward that returns
-  zeros would pass; a random ``dout`` has no such blind spot;
-* the relative error ``max|a - b| / max(1e-8, max(|a| + |b|))`` below ``1e-7`` for every input and
-  every parameter.
+* a *random* upstream gradient ``dout``: all ones hides errors. Every softmax
+  row sums to one, so with ``dout = 1`` the true gradient of the softmax is
+  exactly zero and a backward that returns zeros would pass; a random
+  ``dout`` has no such blind spot;
+* the relative error ``max|a - b| / max(1e-8, max(|a| + |b|))`` below
+  ``1e-7`` for every input and every parameter.
 
 For a scalar loss ``f(x) = sum(F(x) * dout)`` the central difference is::
 
@@ -16,7 +18,7 @@ For a scalar loss ``f(x) = sum(F(x) * dout)`` the central difference is::
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -24,70 +26,110 @@ TOLERANCE = 1e-7
 
 
 def rel_error(a, b) -> float:
-    """``max|a - b| / max(1e-8, max(|a| + |b|))``: the book's relative error between two arrays."""
+    """``max|a - b| / max(1e-8, max(|a| + |b|))``: the book's relative error
+    between two arrays."""
     a = np.asarray(a, dtype=np.float64)
     b = np.asarray(b, dtype=np.float64)
     if a.shape != b.shape:
-        raise ValueError(f"a and b must have the same shape, got {a.shape} and {b.shape}")
+        raise ValueError(
+            f"a and b must have the same shape, got {a.shape} and {b.shape}"
+        )
     if a.size == 0:
         return 0.0
-    return float(np.max(np.abs(a - b)) / max(1e-8, float(np.max(np.abs(a) + np.abs(b)))))
+    return float(
+        np.max(np.abs(a - b))
+        / max(1e-8, float(np.max(np.abs(a) + np.abs(b))))
+    )
 
 
-def numerical_gradient(f: Callable[[], np.ndarray], x: np.ndarray, dout: np.ndarray, h: float = 1e-5) -> np.ndarray:
-    """Central-difference gradient of ``sum(f() * dout)`` with respect to ``x``.
+def numerical_gradient(
+    f: Callable[[], np.ndarray],
+    x: np.ndarray,
+    dout: np.ndarray,
+    h: float = 1e-5,
+) -> np.ndarray:
+    """Central-difference gradient of ``sum(f() * dout)`` with respect to
+    ``x``.
 
-    ``f`` takes no arguments and reads ``x``, which is perturbed in place one entry at a time and
-    restored afterwards.
+    ``f`` takes no arguments and reads ``x``, which is perturbed in place one
+    entry at a time and restored afterwards.
     """
     if x.dtype != np.float64 or np.asarray(dout).dtype != np.float64:
         raise TypeError(
-            f"gradient checks run in float64, got x of dtype {x.dtype} and dout of dtype "
+            f"gradient checks run in float64, got x of dtype {x.dtype} and "
+            "dout of dtype "
             f"{np.asarray(dout).dtype}"
         )
     grad = np.zeros_like(x)
     for idx in np.ndindex(x.shape):
         old = x[idx]
         x[idx] = old + h
-        f_plus = np.sum(f() * dout)
+        # a copy: f may reuse memory
+        f_plus = np.array(f(), dtype=np.float64)
         x[idx] = old - h
-        f_minus = np.sum(f() * dout)
+        f_minus = f()
         x[idx] = old
-        grad[idx] = (f_plus - f_minus) / (2 * h)
+        # difference the outputs before summing: their large common part
+        # cancels exactly, so less rounding error enters the sum
+        grad[idx] = np.sum((f_plus - f_minus) * dout) / (2 * h)
     return grad
 
 
-def check_gradients(forward, backward, inputs: dict[str, np.ndarray], *, seed: int = 0, h: float = 1e-5, **kwargs) -> dict[str, float]:
-    """Check a ``forward(**inputs, **kwargs) -> (out, cache)`` / ``backward(dout, cache)`` pair.
+def check_gradients(
+    forward,
+    backward,
+    inputs: dict[str, np.ndarray],
+    *,
+    seed: int = 0,
+    h: float = 1e-5,
+    **kwargs,
+) -> dict[str, float]:
+    """Check a ``forward(**inputs, **kwargs) -> (out, cache)`` /
+    ``backward(dout, cache)`` pair.
 
-    ``backward`` returns the gradients in the order of ``inputs`` (a tuple) or a single array.
-    Returns ``{name: relative error}`` for every input.
+    ``backward`` returns the gradients in the order of ``inputs`` (a tuple)
+    or a single array. Returns ``{name: relative error}`` for every input.
     """
-    arrays = {name: np.array(val, dtype=np.float64) for name, val in inputs.items()}  # copies we may perturb
+    # copies we may perturb
+    arrays = {
+        name: np.array(val, dtype=np.float64) for name, val in inputs.items()
+    }
     out, cache = forward(**arrays, **kwargs)
     dout = np.random.default_rng(seed).standard_normal(out.shape)
     analytic = backward(dout, cache)
     if isinstance(analytic, np.ndarray):
         analytic = (analytic,)
     if len(analytic) != len(arrays):
-        raise ValueError(f"backward returned {len(analytic)} gradients for {len(arrays)} inputs")
+        raise ValueError(
+            f"backward returned {len(analytic)} gradients for "
+            f"{len(arrays)} inputs"
+        )
     errors = {}
     for (name, x), g in zip(arrays.items(), analytic):
-        num = numerical_gradient(lambda: forward(**arrays, **kwargs)[0], x, dout, h)
+        num = numerical_gradient(
+            lambda: forward(**arrays, **kwargs)[0], x, dout, h
+        )
         errors[name] = rel_error(g, num)
     return errors
 
 
-def check_layer_gradients(layer, x, *, seed: int = 0, h: float = 1e-5, **forward_kwargs) -> dict[str, float]:
-    """Check a layer's ``backward`` for its input (when it is a float array) and every parameter.
+def check_layer_gradients(
+    layer, x, *, seed: int = 0, h: float = 1e-5, **forward_kwargs
+) -> dict[str, float]:
+    """Check a layer's ``backward`` for its input (when it is a float array)
+    and every parameter.
 
-    The layer follows the book's protocol: ``forward(x, **kw) -> y``, ``backward(dy) -> dx`` (``None``
-    for integer inputs such as token ids), and ``params`` / ``grads`` dicts with the same keys.
-    Returns ``{"x": err, "<param>": err, ...}``.
+    The layer follows the book's protocol: ``forward(x, **kw) -> y``,
+    ``backward(dy) -> dx`` (``None`` for integer inputs such as token ids),
+    and ``params`` / ``grads`` dicts with the same keys. Returns ``{"x": err,
+    "<param>": err, ...}``.
     """
     for name, p in layer.params.items():
         if p.dtype != np.float64:
-            raise TypeError(f"gradient checks run in float64, got parameter {name} of dtype {p.dtype}")
+            raise TypeError(
+                f"gradient checks run in float64, got parameter {name} of "
+                f"dtype {p.dtype}"
+            )
     x = np.array(x)  # a copy we may perturb
     y = layer.forward(x, **forward_kwargs)
     dy = np.random.default_rng(seed).standard_normal(y.shape)
@@ -101,5 +143,7 @@ def check_layer_gradients(layer, x, *, seed: int = 0, h: float = 1e-5, **forward
     if np.issubdtype(x.dtype, np.floating):
         errors["x"] = rel_error(dx, numerical_gradient(f, x, dy, h))
     for name, p in layer.params.items():
-        errors[name] = rel_error(analytic[name], numerical_gradient(f, p, dy, h))
+        errors[name] = rel_error(
+            analytic[name], numerical_gradient(f, p, dy, h)
+        )
     return errors

@@ -1,19 +1,21 @@
-"""Measuring on the reader's machine: memory traced by tracemalloc, time by the best of several runs,
-and the machine's own reference rates (matmul, streaming read), measured in the same run as what is
+"""Measuring on the reader's machine: memory traced by tracemalloc, time by
+the best of several runs, and the machine's own reference rates (matmul,
+streaming read), measured in the same run as what is
 compared with them."""
 
 from __future__ import annotations
 
 import time
 import tracemalloc
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 
 def best_time(fn, *, repeat: int = 5, min_time: float = 0.0) -> float:
-    """The smallest wall-clock time of ``repeat`` calls of ``fn()`` (after one warm-up call)."""
+    """The smallest wall-clock time of ``repeat`` calls of ``fn()`` (after
+    one warm-up call)."""
     fn()
     best = float("inf")
     for _ in range(repeat):
@@ -24,7 +26,8 @@ def best_time(fn, *, repeat: int = 5, min_time: float = 0.0) -> float:
 
 
 def matmul_gflops(n: int = 1024, dtype=np.float32, repeat: int = 5) -> float:
-    """This machine's dense matmul rate, GFLOP/s: ``2 n^3`` FLOPs for an ``[n, n] @ [n, n]`` product."""
+    """This machine's dense matmul rate, GFLOP/s: ``2 n^3`` FLOPs for an
+    ``[n, n] @ [n, n]`` product."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n)).astype(dtype)
     b = rng.standard_normal((n, n)).astype(dtype)
@@ -34,11 +37,13 @@ def matmul_gflops(n: int = 1024, dtype=np.float32, repeat: int = 5) -> float:
 
 
 def best_times(fns: dict, *, rounds: int = 5) -> dict:
-    """The smallest time of each ``fn()`` in ``fns``, measured in turns (after one warm-up round).
+    """The smallest time of each ``fn()`` in ``fns``, measured in turns
+    (after one warm-up round).
 
-    Taking turns, rather than timing one function after the other, exposes every candidate to the
-    same moments of the machine: on a shared machine a burst of someone else's work then slows a
-    round of all of them, not only the one that happened to be running.
+    Taking turns, rather than timing one function after the other, exposes
+    every candidate to the same moments of the machine: on a shared machine a
+    burst of someone else's work then slows a round of all of them, not only
+    the one that happened to be running.
     """
     for fn in fns.values():
         fn()
@@ -52,43 +57,56 @@ def best_times(fns: dict, *, rounds: int = 5) -> dict:
 
 
 def read_probes(nbytes: int = 512 * 2**20) -> dict:
-    """Two ways to stream-read ``nbytes`` of float32 once: ``{name: (fn, bytes read)}``.
+    """Two ways to stream-read ``nbytes`` of float32 once: ``{name: (fn,
+    bytes read)}``.
 
-    * ``np.sum``: one thread, one addition per element; the idea of McCalpin's STREAM benchmark,
-      read-only here. One core alone may not saturate the memory bus.
-    * ``BLAS gemv``: ``A @ x`` with ``A`` the same bytes as a ``[n, 1024]`` matrix. OpenBLAS splits
-      the rows over all its threads, two multiply-adds per 8 bytes, so it is still memory-bound,
-      and it is the very kind of call a decode step makes.
+    * ``np.sum``: one thread, one addition per element; the idea of
+      McCalpin's STREAM benchmark, read-only here. One core alone may not
+      saturate the memory bus.
+    * ``BLAS gemv``: ``A @ x`` with ``A`` the same bytes as a ``[n, 1024]``
+      matrix. OpenBLAS splits the rows over all its threads, two
+      multiply-adds per 8 bytes, so it is still memory-bound, and it is the
+      very kind of call a decode step makes.
     """
-    a = np.ones(nbytes // 4, dtype=np.float32)  # written once, so every page is really there
+    # written once, so every page is really there
+    a = np.ones(nbytes // 4, dtype=np.float32)
     A = a.reshape(-1, 1024)  # [n, 1024]
     x = np.ones(1024, dtype=np.float32)
     y = np.empty(A.shape[0], dtype=np.float32)
     return {
         "np.sum (1 thread)": (lambda: a.sum(), a.nbytes),
-        "BLAS gemv (all threads)": (lambda: np.matmul(A, x, out=y), a.nbytes),
+        "BLAS gemv (all threads)": (
+            lambda: np.matmul(A, x, out=y),
+            a.nbytes,
+        ),
     }
 
 
-
-
-
-
-# ----------------------------------------------------------------------------- measuring
+# ---------------------------------------------------------------------------
+# -- measuring
 @dataclass
 class MemoryMeasurement:
-    """Bytes allocated by a call, as traced by :mod:`tracemalloc` (NumPy reports its arrays to it)."""
+    """Bytes allocated by a call, as traced by :mod:`tracemalloc` (NumPy
+    reports its arrays to it)."""
 
-    peak: int  # the most bytes allocated at any moment during the call, above what existed before
-    retained: int  # bytes still allocated when the call returned (what its result keeps alive)
-    result: object  # the call's return value, kept alive so that ``retained`` means something
+    # the most bytes allocated at any moment during the call, above what
+    # existed before
+    peak: int
+    # bytes still allocated when the call returned (what its result keeps
+    # alive)
+    retained: int
+    # the call's return value, kept alive so that ``retained`` means
+    # something
+    result: object
 
 
 def measure_memory(fn: Callable[[], object]) -> MemoryMeasurement:
-    """Run ``fn()`` under :mod:`tracemalloc`; return the peak and retained bytes and the result.
+    """Run ``fn()`` under :mod:`tracemalloc`; return the peak and retained
+    bytes and the result.
 
-    Only allocations made during the call count, so arrays that exist before it (the input, the
-    weights) are not included. If tracemalloc is already tracing, it is restarted afterwards.
+    Only allocations made during the call count, so arrays that exist before
+    it (the input, the weights) are not included. If tracemalloc is already
+    tracing, it is restarted afterwards.
     """
     was_tracing = tracemalloc.is_tracing()
     if was_tracing:
@@ -102,9 +120,12 @@ def measure_memory(fn: Callable[[], object]) -> MemoryMeasurement:
         tracemalloc.stop()
         if was_tracing:
             tracemalloc.start()
-    return MemoryMeasurement(peak=peak - base, retained=current - base, result=result)
+    return MemoryMeasurement(
+        peak=peak - base, retained=current - base, result=result
+    )
 
 
 def measure_peak_bytes(fn: Callable[[], object]) -> int:
-    """The peak bytes allocated while ``fn()`` runs, above what was allocated before it."""
+    """The peak bytes allocated while ``fn()`` runs, above what was allocated
+    before it."""
     return measure_memory(fn).peak

@@ -1,6 +1,7 @@
 """The book's one plotting style: attention maps, head grids and byte axes.
 
-matplotlib only; every chapter imports these so that all figures look alike and print well.
+matplotlib only; every chapter imports these so that all figures look alike
+and print well.
 """
 
 from __future__ import annotations
@@ -23,41 +24,68 @@ STYLE = {
     "svg.hashsalt": "attn_np",
 }
 
-#: Colours for the three attention families, used in every chapter (colour-blind safe).
+# : Colours for the three attention families, used in every chapter (colour-
+# blind safe).
 FAMILY_COLOURS = {"MHA": "#0072B2", "GQA": "#009E73", "MQA": "#D55E00"}
 
 
 def use_book_style() -> None:
-    """Apply the book's matplotlib style (call once at the top of a notebook)."""
+    """Apply the book's matplotlib style (call once at the top of a
+    notebook)."""
     import matplotlib.pyplot as plt
 
     plt.rcParams.update(STYLE)
 
 
-def plot_attention(weights, ax=None, *, queries=None, keys=None, title=None, colorbar=True, vmax=None):
+def plot_attention(
+    weights,
+    ax=None,
+    *,
+    queries=None,
+    keys=None,
+    title=None,
+    colorbar=True,
+    vmax=None,
+):
     """Draw one ``[L_q, L_k]`` attention map with labelled tokens.
 
-    Rows are queries, columns keys; a brighter cell means more weight. Masked entries (exactly 0)
-    are drawn in light grey so that a causal triangle is visible at a glance.
+    Rows are queries, columns keys; a brighter cell means more weight. Masked
+    entries (exactly 0) are drawn in light grey so that a causal triangle is
+    visible at a glance.
     """
     import matplotlib.pyplot as plt
 
     w = np.asarray(weights)
     if w.ndim != 2:
-        raise ValueError(f"weights must be a [L_q, L_k] array, got shape {w.shape}")
+        raise ValueError(
+            f"weights must be a [L_q, L_k] array, got shape {w.shape}"
+        )
     if ax is None:
-        _, ax = plt.subplots(figsize=(0.45 * w.shape[1] + 2.0, 0.45 * w.shape[0] + 1.2))
+        _, ax = plt.subplots(
+            figsize=(0.45 * w.shape[1] + 2.0, 0.45 * w.shape[0] + 1.2)
+        )
     cmap = plt.get_cmap("viridis").copy()
     cmap.set_bad("#e8e8e8")
     shown = np.ma.masked_where(w == 0, w)
-    im = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=vmax if vmax is not None else max(float(w.max()), 1e-12))
+    im = ax.imshow(
+        shown,
+        cmap=cmap,
+        vmin=0.0,
+        vmax=vmax if vmax is not None else max(float(w.max()), 1e-12),
+    )
     ax.grid(False)
     ax.set_xlabel("key position" if keys is None else "key")
     ax.set_ylabel("query position" if queries is None else "query")
-    for axis, labels, n in ((ax.xaxis, keys, w.shape[1]), (ax.yaxis, queries, w.shape[0])):
+    for axis, labels, n in (
+        (ax.xaxis, keys, w.shape[1]),
+        (ax.yaxis, queries, w.shape[0]),
+    ):
         if labels is not None:
             if len(labels) != n:
-                raise ValueError(f"got {len(labels)} token labels for an axis of length {n}")
+                raise ValueError(
+                    f"got {len(labels)} token labels for an axis of length "
+                    f"{n}"
+                )
             axis.set_ticks(range(n))
             axis.set_ticklabels(labels)
     if keys is not None:
@@ -65,28 +93,45 @@ def plot_attention(weights, ax=None, *, queries=None, keys=None, title=None, col
     if title:
         ax.set_title(title)
     if colorbar:
-        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
+        ax.figure.colorbar(
+            im, ax=ax, fraction=0.046, pad=0.04, label="attention weight"
+        )
     return ax
 
 
-def plot_head_grid(weights, *, tokens=None, ncols=4, title=None, head_labels=None):
-    """Draw every head's ``[L_q, L_k]`` map of ``weights [n_heads, L_q, L_k]`` in one grid."""
+def plot_head_grid(
+    weights, *, tokens=None, ncols=4, title=None, head_labels=None
+):
+    """Draw every head's ``[L_q, L_k]`` map of ``weights [n_heads, L_q,
+    L_k]`` in one grid."""
     import matplotlib.pyplot as plt
 
     w = np.asarray(weights)
     if w.ndim != 3:
-        raise ValueError(f"weights must be [n_heads, L_q, L_k], got shape {w.shape}")
+        raise ValueError(
+            f"weights must be [n_heads, L_q, L_k], got shape {w.shape}"
+        )
     n = w.shape[0]
     ncols = min(ncols, n)
     nrows = -(-n // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(2.6 * ncols, 2.6 * nrows + 0.4), squeeze=False)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(2.6 * ncols, 2.6 * nrows + 0.4), squeeze=False
+    )
     vmax = float(w.max())
     for i, ax in enumerate(axes.flat):
         if i >= n:
             ax.axis("off")
             continue
         label = head_labels[i] if head_labels is not None else f"head {i}"
-        plot_attention(w[i], ax=ax, queries=tokens, keys=tokens, title=label, colorbar=False, vmax=vmax)
+        plot_attention(
+            w[i],
+            ax=ax,
+            queries=tokens,
+            keys=tokens,
+            title=label,
+            colorbar=False,
+            vmax=vmax,
+        )
         if i % ncols:
             ax.set_ylabel("")
         if i < n - ncols:
@@ -116,45 +161,93 @@ def bytes_axis(ax, axis: str = "y") -> None:
 
     target = ax.yaxis if axis == "y" else ax.xaxis
     target.set_major_locator(LogLocator(base=1024))
-    target.set_major_formatter(FuncFormatter(lambda val, _: format_bytes(val).replace(".00", "")))
+    target.set_major_formatter(
+        FuncFormatter(lambda val, _: format_bytes(val).replace(".00", ""))
+    )
 
 
-def plot_head_grouping(n_heads: int, n_kv_heads: int, ax=None, *, title=None, colour=None):
-    """Draw which query head reads which key/value head: MHA, GQA and MQA in one picture.
+def plot_head_grouping(
+    n_heads: int, n_kv_heads: int, ax=None, *, title=None, colour=None
+):
+    """Draw which query head reads which key/value head: MHA, GQA and MQA in
+    one picture.
 
-    Query heads sit on the top row, key/value heads on the bottom row, and a line joins query head
-    ``i`` to the key/value head it reads, ``i // (n_heads // n_kv_heads)`` (the library's head layout).
-    ``n_kv_heads == n_heads`` is MHA, ``n_kv_heads == 1`` is MQA, anything between is GQA.
+    Query heads sit on the top row, key/value heads on the bottom row, and a
+    line joins query head ``i`` to the key/value head it reads, ``i //
+    (n_heads // n_kv_heads)`` (the library's head layout). ``n_kv_heads ==
+    n_heads`` is MHA, ``n_kv_heads == 1`` is MQA, anything between is GQA.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyBboxPatch
 
-    if not (isinstance(n_heads, (int, np.integer)) and isinstance(n_kv_heads, (int, np.integer))):
-        raise TypeError(f"n_heads and n_kv_heads must be integers, got {n_heads!r} and {n_kv_heads!r}")
+    if not (
+        isinstance(n_heads, (int, np.integer))
+        and isinstance(n_kv_heads, (int, np.integer))
+    ):
+        raise TypeError(
+            f"n_heads and n_kv_heads must be integers, got {n_heads!r} and "
+            f"{n_kv_heads!r}"
+        )
     if n_heads < 1 or n_kv_heads < 1 or n_heads % n_kv_heads:
         raise ValueError(
-            f"n_kv_heads must divide n_heads (both >= 1), got n_heads={n_heads}, n_kv_heads={n_kv_heads}"
+            "n_kv_heads must divide n_heads (both >= 1), got "
+            f"n_heads={n_heads}, n_kv_heads={n_kv_heads}"
         )
     group = n_heads // n_kv_heads  # query heads per key/value head
-    family = "MHA" if n_kv_heads == n_heads else "MQA" if n_kv_heads == 1 else "GQA"
+    family = (
+        "MHA"
+        if n_kv_heads == n_heads
+        else "MQA"
+        if n_kv_heads == 1
+        else "GQA"
+    )
     colour = colour or FAMILY_COLOURS[family]
     if ax is None:
         _, ax = plt.subplots(figsize=(0.6 * n_heads + 1.0, 2.4))
 
     q_x = np.arange(n_heads, dtype=float)  # query head i at x = i
-    kv_x = np.array([q_x[j * group:(j + 1) * group].mean() for j in range(n_kv_heads)])  # under its group
+    # under its group
+    kv_x = np.array(
+        [q_x[j * group : (j + 1) * group].mean() for j in range(n_kv_heads)]
+    )
     q_y, kv_y, w, h = 1.0, 0.0, 0.72, 0.34
     for i in range(n_heads):
         j = i // group  # the key/value head that query head i reads
-        ax.plot([q_x[i], kv_x[j]], [q_y - h / 2, kv_y + h / 2], color=colour, lw=1.4, alpha=0.8, zorder=1)
+        ax.plot(
+            [q_x[i], kv_x[j]],
+            [q_y - h / 2, kv_y + h / 2],
+            color=colour,
+            lw=1.4,
+            alpha=0.8,
+            zorder=1,
+        )
     for xs, y, face, text, label in (
         (q_x, q_y, "white", colour, "Q"),
         (kv_x, kv_y, colour, "white", "KV"),
     ):
         for k, x in enumerate(xs):
-            ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.02,rounding_size=0.08",
-                                        facecolor=face, edgecolor=colour, lw=1.4, zorder=2))
-            ax.text(x, y, f"{label}{k}", ha="center", va="center", fontsize=8, color=text, zorder=3)
+            ax.add_patch(
+                FancyBboxPatch(
+                    (x - w / 2, y - h / 2),
+                    w,
+                    h,
+                    boxstyle="round,pad=0.02,rounding_size=0.08",
+                    facecolor=face,
+                    edgecolor=colour,
+                    lw=1.4,
+                    zorder=2,
+                )
+            )
+            ax.text(
+                x,
+                y,
+                f"{label}{k}",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color=text,
+                zorder=3,
+            )
     ax.set_xlim(-0.7, n_heads - 0.3)
     ax.set_ylim(-0.45, 1.45)
     ax.set_yticks([kv_y, q_y], ["key/value\nheads", "query\nheads"])
@@ -164,7 +257,10 @@ def plot_head_grouping(n_heads: int, n_kv_heads: int, ax=None, *, title=None, co
         ax.spines[side].set_visible(False)
     ax.tick_params(axis="y", length=0)
     if title is None:
-        title = f"{family}: {n_heads} query heads, {n_kv_heads} key/value head{'s' if n_kv_heads > 1 else ''}"
+        title = (
+            f"{family}: {n_heads} query heads, {n_kv_heads} key/value "
+            f"head{'s' if n_kv_heads > 1 else ''}"
+        )
     if title:
         ax.set_title(title, color=colour)
     return ax

@@ -1,12 +1,16 @@
-"""The chapter-5 training kit: the rest of a small transformer, its loss, optimiser, task and loop.
+"""The chapter-5 training kit: the rest of a small transformer, its loss,
+optimiser, task and loop.
 
-* :mod:`~attn_np.training.layers`: embedding, sinusoidal positions, linear, RMSNorm, GELU and the
-  feed-forward block, each a forward/backward pair with a thin layer shell;
-* :mod:`~attn_np.training.transformer`: the pre-norm block and the decoder-only transformer;
+* :mod:`~attn_np.training.layers`: embedding, sinusoidal positions, linear,
+  RMSNorm, GELU and the feed-forward block, each a forward/backward pair with
+  a thin layer shell;
+* :mod:`~attn_np.training.transformer`: the pre-norm block and the
+  decoder-only transformer;
 * :mod:`~attn_np.training.losses`: masked cross-entropy and accuracy;
 * :mod:`~attn_np.training.optim`: Adam and gradient-norm clipping;
 * :mod:`~attn_np.training.tasks`: multi-query associative recall;
-* :mod:`~attn_np.training.loop`: the training loop, its learning-rate schedule and evaluation.
+* :mod:`~attn_np.training.loop`: the training loop, its learning-rate
+  schedule and evaluation.
 """
 
 from .layers import (

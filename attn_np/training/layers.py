@@ -1,15 +1,23 @@
-"""The rest of a transformer: embedding, positions, RMSNorm, GELU, linear and feed-forward (chapter 5).
+"""The rest of a transformer: embedding, positions, RMSNorm, GELU, linear and
+feed-forward (chapter 5).
 
-Every piece is a ``thing_forward(...) -> (out, cache)`` / ``thing_backward(dout, cache)`` pair and a
-thin layer shell with ``params`` and ``grads`` dicts that share their keys. Backward formulas, with
-``dy = dL/dy`` of the output's shape (rows are positions; leading axes ``[B, L]`` are flattened)::
+Every piece is a ``thing_forward(...) -> (out, cache)`` /
+``thing_backward(dout, cache)`` pair and a thin layer shell with ``params``
+and ``grads`` dicts that share their keys. Backward formulas, with ``dy =
+dL/dy`` of the output's shape (rows are positions; leading axes ``[B, L]``
+are flattened)::
 
-    embedding  y = W[ids]                    dW = scatter-add of dy into the rows ids
-    linear     y = x W + b                   dx = dy W^T   dW = x^T dy   db = sum_rows dy
-    RMSNorm    y = g * x * r,                dx = r * (dy*g - x * r^2 * mean(dy*g*x))
-               r = 1 / sqrt(mean(x^2) + eps) dg = sum_rows dy * x * r
-    GELU       y = x * Phi~(x) (tanh form)   dx = dy * gelu'(x)
-    residual   y = x + f(x)                  dx = dy + f's backward(dy)
+    embedding  y = W[ids]
+               dW = scatter-add of dy into the rows ids
+    linear     y = x W + b
+               dx = dy W^T   dW = x^T dy   db = sum_rows dy
+    RMSNorm    y = g * x * r,   r = 1 / sqrt(mean(x^2) + eps)
+               dx = r * (dy*g - x * r^2 * mean(dy*g*x))
+               dg = sum_rows dy * x * r
+    GELU       y = x * Phi~(x) (tanh form)
+               dx = dy * gelu'(x)
+    residual   y = x + f(x)
+               dx = dy + f's backward(dy)
 """
 
 from __future__ import annotations
@@ -19,59 +27,52 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_float_array, check_positive_int, check_same_shape
+from .._checks import (
+    as_float_array,
+    check_float_dtype,
+    check_positive_int,
+    check_token_ids,
+    check_upstream,
+)
 
-
-def _init_dtype(dtype):
-    dtype = np.dtype(dtype)
-    if not np.issubdtype(dtype, np.floating):
-        raise TypeError(f"dtype must be a floating-point type, got {dtype}")
-    return dtype
-
-
-def _check_dy(dy, cache_shape, what):
-    dy = as_float_array(dy, "dy")
-    check_same_shape(dy, "dy", cache_shape, what)
-    return dy
-
-
-# --------------------------------------------------------------------------------------- embedding
-def check_token_ids(ids, vocab_size: int, name: str = "ids") -> np.ndarray:
-    """Return ``ids`` as an integer array, or raise naming the bad values and the vocabulary."""
-    ids = np.asarray(ids)
-    if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
-        raise TypeError(f"{name} must be an integer array of token ids, got dtype {ids.dtype}")
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
-        raise ValueError(
-            f"{name} must lie in [0, vocab_size) = [0, {vocab_size}), got values from {ids.min()} to {ids.max()}"
-        )
-    return ids
+# ---------------------------------------------------------------------------
+# ------------ embedding
 
 
 def embedding_forward(ids, W):
-    """Look up rows of ``W [vocab, d]`` for integer ``ids [...]``: ``[...] -> [..., d]``."""
+    """Look up rows of ``W [vocab, d]`` for integer ``ids [...]``: ``[...] ->
+    [..., d]``."""
     W = as_float_array(W, "W", min_ndim=2)
     ids = check_token_ids(ids, W.shape[0])
     return W[ids], (ids, W.shape)  # [...] -> [..., d]
 
 
 def embedding_backward(dout, cache):
-    """``dW``: each row of ``dout`` added into the row of its token (repeated tokens add up)."""
+    """``dW``: each row of ``dout`` added into the row of its token (repeated
+    tokens add up)."""
     ids, W_shape = cache
-    dout = _check_dy(dout, ids.shape + (W_shape[1],), "the embedding output")
+    dout = check_upstream(
+        dout, "dout", ids.shape + (W_shape[1],), "the embedding output"
+    )
     dW = np.zeros(W_shape, dtype=dout.dtype)
-    np.add.at(dW, ids.reshape(-1), dout.reshape(-1, W_shape[1]))  # [N, d] scattered into [vocab, d]
+    # [N, d] scattered into [vocab, d]
+    np.add.at(dW, ids.reshape(-1), dout.reshape(-1, W_shape[1]))
     return dW
 
 
 class Embedding:
-    """Token embedding ``W [vocab_size, d_model]``, N(0, 1) so a token vector has norm about sqrt(d)."""
+    """Token embedding ``W [vocab_size, d_model]``, N(0, 1) so a token vector
+    has norm about sqrt(d)."""
 
     def __init__(self, vocab_size, d_model, seed=0, dtype=np.float64):
         self.vocab_size = check_positive_int(vocab_size, "vocab_size")
         self.d_model = check_positive_int(d_model, "d_model")
         rng = np.random.default_rng(seed)
-        self.params = {"W": rng.standard_normal((vocab_size, d_model)).astype(_init_dtype(dtype))}
+        self.params = {
+            "W": rng.standard_normal((vocab_size, d_model)).astype(
+                check_float_dtype(dtype)
+            )
+        }
         self.grads = {"W": np.zeros_like(self.params["W"])}
         self._cache = None
 
@@ -80,17 +81,23 @@ class Embedding:
         return y
 
     def backward(self, dy):
-        """Fills ``grads["W"]``; returns ``None`` (token ids have no gradient)."""
+        """Fills ``grads["W"]``; returns ``None`` (token ids have no
+        gradient)."""
         self.grads["W"] = embedding_backward(dy, self._cache)
         return None
 
 
-# --------------------------------------------------------------------------------------- positions
-def sinusoidal_positions(L: int, d_model: int, dtype=np.float64) -> np.ndarray:
-    """Vaswani et al.'s fixed position code ``[L, d_model]``: pairs (sin, cos) at geometric frequencies.
+# ---------------------------------------------------------------------------
+# ------------ positions
+def sinusoidal_positions(
+    L: int, d_model: int, dtype=np.float64
+) -> np.ndarray:
+    """Vaswani et al.'s fixed position code ``[L, d_model]``: pairs (sin,
+    cos) at geometric frequencies.
 
-    ``P[p, 2i] = sin(p / 10000^(2i/d))`` and ``P[p, 2i+1] = cos(p / 10000^(2i/d))``. It is added to the
-    token embeddings and has no parameters, so its backward is the identity: ``d(x + P)/dx = I``.
+    ``P[p, 2i] = sin(p / 10000^(2i/d))`` and ``P[p, 2i+1] = cos(p /
+    10000^(2i/d))``. It is added to the token embeddings and has no
+    parameters, so its backward is the identity: ``d(x + P)/dx = I``.
     """
     L = check_positive_int(L, "L")
     d_model = check_positive_int(d_model, "d_model")
@@ -103,27 +110,34 @@ def sinusoidal_positions(L: int, d_model: int, dtype=np.float64) -> np.ndarray:
     return P.astype(dtype)
 
 
-# ------------------------------------------------------------------------------------------ linear
+# ---------------------------------------------------------------------------
+# --------------- linear
 def linear_forward(x, W, b):
-    """``y = x W + b``: ``[..., d_in] @ [d_in, d_out] + [d_out] -> [..., d_out]``."""
+    """``y = x W + b``: ``[..., d_in] @ [d_in, d_out] + [d_out] -> [...,
+    d_out]``."""
     x = as_float_array(x, "x", min_ndim=1)
     W = as_float_array(W, "W", min_ndim=2)
     b = as_float_array(b, "b", min_ndim=1)
     if x.shape[-1] != W.shape[0] or b.shape != (W.shape[1],):
         raise ValueError(
-            f"linear needs x [..., d_in], W [d_in, d_out], b [d_out]; got x {x.shape}, W {W.shape}, b {b.shape}"
+            "linear needs x [..., d_in], W [d_in, d_out], b [d_out]; got "
+            f"x {x.shape}, W {W.shape}, b {b.shape}"
         )
     y = x @ W + b  # [..., d_in] @ [d_in, d_out] -> [..., d_out]
     return y, (x, W)
 
 
 def linear_backward(dy, cache):
-    """``(dx, dW, db)``: ``dy W^T``, ``x^T dy`` and the sum of ``dy`` over every row."""
+    """``(dx, dW, db)``: ``dy W^T``, ``x^T dy`` and the sum of ``dy`` over
+    every row."""
     x, W = cache
-    dy = _check_dy(dy, x.shape[:-1] + (W.shape[1],), "the linear output")
+    dy = check_upstream(
+        dy, "dy", x.shape[:-1] + (W.shape[1],), "the linear output"
+    )
     dx = dy @ W.T  # [..., d_out] @ [d_out, d_in] -> [..., d_in]
     dy2 = dy.reshape(-1, W.shape[1])  # [N, d_out]
-    dW = x.reshape(-1, W.shape[0]).T @ dy2  # [d_in, N] @ [N, d_out] -> [d_in, d_out]
+    # [d_in, N] @ [N, d_out] -> [d_in, d_out]
+    dW = x.reshape(-1, W.shape[0]).T @ dy2
     db = dy2.sum(axis=0)  # [N, d_out] -> [d_out]
     return dx, dW, db
 
@@ -132,26 +146,36 @@ class Linear:
     """``y = x W + b`` with ``W ~ N(0, 1/d_in)`` and ``b = 0``."""
 
     def __init__(self, d_in, d_out, seed=0, dtype=np.float64):
-        d_in, d_out = check_positive_int(d_in, "d_in"), check_positive_int(d_out, "d_out")
-        dtype = _init_dtype(dtype)
+        d_in, d_out = (
+            check_positive_int(d_in, "d_in"),
+            check_positive_int(d_out, "d_out"),
+        )
+        dtype = check_float_dtype(dtype)
         rng = np.random.default_rng(seed)
         self.params = {
-            "W": (rng.standard_normal((d_in, d_out)) / np.sqrt(d_in)).astype(dtype),
+            "W": (rng.standard_normal((d_in, d_out)) / np.sqrt(d_in)).astype(
+                dtype
+            ),
             "b": np.zeros(d_out, dtype=dtype),
         }
         self.grads = {k: np.zeros_like(v) for k, v in self.params.items()}
         self._cache = None
 
     def forward(self, x):
-        y, self._cache = linear_forward(x, self.params["W"], self.params["b"])
+        y, self._cache = linear_forward(
+            x, self.params["W"], self.params["b"]
+        )
         return y
 
     def backward(self, dy):
-        dx, self.grads["W"], self.grads["b"] = linear_backward(dy, self._cache)
+        dx, self.grads["W"], self.grads["b"] = linear_backward(
+            dy, self._cache
+        )
         return dx
 
 
-# ----------------------------------------------------------------------------------------- RMSNorm
+# ---------------------------------------------------------------------------
+# -------------- RMSNorm
 @dataclass
 class RMSNormCache:
     x: np.ndarray  # [..., d]
@@ -160,33 +184,41 @@ class RMSNormCache:
 
 
 def rmsnorm_forward(x, g, *, eps: float = 1e-6):
-    """RMSNorm (Zhang & Sennrich 2019): ``y = g * x / sqrt(mean(x^2) + eps)`` over the last axis."""
+    """RMSNorm (Zhang & Sennrich 2019): ``y = g * x / sqrt(mean(x^2) + eps)``
+    over the last axis."""
     x = as_float_array(x, "x", min_ndim=1)
     g = as_float_array(g, "g", min_ndim=1)
     if g.shape != x.shape[-1:]:
-        raise ValueError(f"g must have shape {x.shape[-1:]} (the last axis of x {x.shape}), got {g.shape}")
-    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)  # [..., d] -> [..., 1]
+        raise ValueError(
+            f"g must have shape {x.shape[-1:]} (the last axis of x "
+            f"{x.shape}), got {g.shape}"
+        )
+    # [..., d] -> [..., 1]
+    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
     y = x * r * g  # [..., d] * [..., 1] * [d] -> [..., d]
     return y, RMSNormCache(x=x, r=r, g=g)
 
 
 def rmsnorm_backward(dy, cache: RMSNormCache):
-    """``(dx, dg)``. With ``u = dy * g``: ``dx = r * (u - x * r^2 * mean(u * x))``, ``dg = sum dy * x * r``."""
+    """``(dx, dg)``. With ``u = dy * g``: ``dx = r * (u - x * r^2 * mean(u *
+    x))``, ``dg = sum dy * x * r``."""
     x, r, g = cache.x, cache.r, cache.g
-    dy = _check_dy(dy, x.shape, "the RMSNorm output")
+    dy = check_upstream(dy, "dy", x.shape, "the RMSNorm output")
     u = dy * g  # dL/d(x r): [..., d]
-    dx = r * (u - x * (r * r) * np.mean(u * x, axis=-1, keepdims=True))  # [..., d]
+    # [..., d]
+    dx = r * (u - x * (r * r) * np.mean(u * x, axis=-1, keepdims=True))
     dg = (dy * x * r).reshape(-1, x.shape[-1]).sum(axis=0)  # [N, d] -> [d]
     return dx, dg
 
 
 class RMSNorm:
-    """RMSNorm with a learned gain ``g [d]`` (initialised to ones), no bias."""
+    """RMSNorm with a learned gain ``g [d]`` (initialised to ones), no
+    bias."""
 
     def __init__(self, d_model, eps=1e-6, dtype=np.float64):
         self.d_model = check_positive_int(d_model, "d_model")
         self.eps = float(eps)
-        self.params = {"g": np.ones(d_model, dtype=_init_dtype(dtype))}
+        self.params = {"g": np.ones(d_model, dtype=check_float_dtype(dtype))}
         self.grads = {"g": np.zeros_like(self.params["g"])}
         self._cache = None
 
@@ -199,12 +231,14 @@ class RMSNorm:
         return dx
 
 
-# -------------------------------------------------------------------------------------------- GELU
+# ---------------------------------------------------------------------------
+# ----------------- GELU
 _GELU_C = math.sqrt(2.0 / math.pi)
 
 
 def gelu_forward(x):
-    """GELU, tanh form (Hendrycks & Gimpel 2016): ``0.5 x (1 + tanh(c (x + 0.044715 x^3)))``."""
+    """GELU, tanh form (Hendrycks & Gimpel 2016): ``0.5 x (1 + tanh(c (x +
+    0.044715 x^3)))``."""
     x = as_float_array(x, "x")
     t = np.tanh(_GELU_C * (x + 0.044715 * (x * x * x)))
     return 0.5 * x * (1.0 + t), (x, t)
@@ -213,13 +247,49 @@ def gelu_forward(x):
 def gelu_backward(dy, cache):
     """``dy * (0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2))``."""
     x, t = cache
-    dy = _check_dy(dy, x.shape, "the GELU output")
-    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * x * x))
+    dy = check_upstream(dy, "dy", x.shape, "the GELU output")
+    return dy * (
+        0.5 * (1.0 + t)
+        + 0.5 * x * (1.0 - t * t) * _GELU_C * (1.0 + 3 * 0.044715 * x * x)
+    )
 
 
-# ------------------------------------------------------------------------------------ feed-forward
-class FeedForward:
-    """The position-wise MLP ``y = GELU(x W1 + b1) W2 + b2``: ``[..., d] -> [..., d_ff] -> [..., d]``."""
+# ---------------------------------------------------------------------------
+# --------- feed-forward
+class Composite:
+    """``params``/``grads`` of a layer made of named children, keyed
+    ``"child.param"`` (e.g. ``"attn.W_q"``).
+
+    They are views of the children's own dicts, rebuilt on each access, so an
+    optimiser that updates ``params[key]`` in place updates the child's
+    array.
+    """
+
+    def children(self) -> dict:
+        raise NotImplementedError
+
+    @property
+    def params(self) -> dict:
+        return {
+            f"{n}.{k}": p
+            for n, layer in self.children().items()
+            for k, p in layer.params.items()
+        }
+
+    @property
+    def grads(self) -> dict:
+        return {
+            f"{n}.{k}": g
+            for n, layer in self.children().items()
+            for k, g in layer.grads.items()
+        }
+
+
+class FeedForward(Composite):
+    """The position-wise MLP ``y = GELU(x W_up + b_up) W_down + b_down``:
+    ``[..., d] -> [..., d_ff] -> [..., d]``. Its ``params`` are its two
+    :class:`Linear` layers' own, keyed ``"up.W"``, ``"up.b"``, ``"down.W"``
+    and ``"down.b"``."""
 
     def __init__(self, d_model, d_ff, seed=0, dtype=np.float64):
         rng = np.random.default_rng(seed)
@@ -228,13 +298,8 @@ class FeedForward:
         self.down = Linear(d_ff, d_model, seed=s2, dtype=dtype)
         self._gelu_cache = None
 
-    @property
-    def params(self):
-        return {"W1": self.up.params["W"], "b1": self.up.params["b"], "W2": self.down.params["W"], "b2": self.down.params["b"]}
-
-    @property
-    def grads(self):
-        return {"W1": self.up.grads["W"], "b1": self.up.grads["b"], "W2": self.down.grads["W"], "b2": self.down.grads["b"]}
+    def children(self):
+        return {"up": self.up, "down": self.down}
 
     def forward(self, x):
         a = self.up.forward(x)  # [..., d] -> [..., d_ff]

@@ -1,16 +1,15 @@
 """Training and evaluation loops for the chapter-5 comparison.
 
-Each step draws a fresh batch of the task from its own seed (the data never repeats, so there is no
-overfitting to measure), runs forward, loss, backward, clips the gradient norm and takes an Adam
-step with a linear warm-up then cosine decay of the learning rate.
+Each step draws a fresh batch of the task from its own seed (the data never
+repeats, so there is no overfitting to measure), runs forward, loss,
+backward, clips the gradient norm and takes an Adam step with a linear
+warm-up then cosine decay of the learning rate.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from .losses import accuracy, cross_entropy_backward, cross_entropy_forward
 from .optim import Adam, clip_grad_norm
@@ -22,18 +21,34 @@ class TrainLog:
 
 
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
-    """Linear warm-up over ``warmup`` steps, then cosine decay to 0 at ``steps``."""
+    """Linear warm-up over ``warmup`` steps, then cosine decay to 0 at
+    ``steps``."""
     if step < warmup:
         return lr * (step + 1) / warmup
     progress = (step - warmup) / max(1, steps - warmup)
     return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def train(model, task, *, steps, batch_size, lr, seed, warmup=None, max_norm=1.0, log_at=(), label="", log=None):
-    """Train ``model`` on ``task`` for ``steps`` Adam steps; return the :class:`TrainLog`.
+def train(
+    model,
+    task,
+    *,
+    steps,
+    batch_size,
+    lr,
+    seed,
+    warmup=None,
+    max_norm=1.0,
+    log_at=(),
+    label="",
+    log=None,
+):
+    """Train ``model`` on ``task`` for ``steps`` Adam steps; return the
+    :class:`TrainLog`.
 
-    Batch ``s`` is ``task.sample(batch_size, seed=(seed, s))``. Prints the loss (3 decimals) at the
-    steps in ``log_at``. Pass an existing ``log`` to append to it.
+    Batch ``s`` is ``task.sample(batch_size, seed=(seed, s))``. Prints the
+    loss (3 decimals) at the steps in ``log_at``. Pass an existing ``log`` to
+    append to it.
     """
     log = TrainLog() if log is None else log
     opt = Adam(model.params, lr=lr)
@@ -41,7 +56,9 @@ def train(model, task, *, steps, batch_size, lr, seed, warmup=None, max_norm=1.0
     for s in range(steps):
         batch = task.sample(batch_size, seed=(seed, s))
         logits = model.forward(batch.inputs)  # [B, L, V]
-        loss, cache = cross_entropy_forward(logits, batch.targets, mask=batch.mask)
+        loss, cache = cross_entropy_forward(
+            logits, batch.targets, mask=batch.mask
+        )
         model.backward(cross_entropy_backward(1.0, cache))
         grads = model.grads
         clip_grad_norm(grads, max_norm)
@@ -53,11 +70,14 @@ def train(model, task, *, steps, batch_size, lr, seed, warmup=None, max_norm=1.0
 
 
 def evaluate(model, batch, *, chunk: int = 256) -> float:
-    """Accuracy at the masked positions of ``batch``, in chunks of ``chunk`` sequences."""
+    """Accuracy at the masked positions of ``batch``, in chunks of ``chunk``
+    sequences."""
     hits, total = 0, 0
     for i in range(0, len(batch.inputs), chunk):
         logits = model.forward(batch.inputs[i : i + chunk])
         m = batch.mask[i : i + chunk]
-        hits += accuracy(logits, batch.targets[i : i + chunk], mask=m) * m.sum()
+        hits += (
+            accuracy(logits, batch.targets[i : i + chunk], mask=m) * m.sum()
+        )
         total += m.sum()
     return float(hits / total)

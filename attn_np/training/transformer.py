@@ -1,12 +1,14 @@
 """A small decoder-only transformer built from the book's pieces (chapter 5).
 
-    ids [B, L] -> embedding + sinusoidal positions -> n_layers x block -> RMSNorm -> linear -> logits [B, L, V]
-    block:  x = x + attn(norm1(x))      (causal self-attention: MHA, GQA or MQA)
-            x = x + ffn(norm2(x))       (GELU MLP)
+    ids [B, L] -> embedding + sinusoidal positions -> n_layers x block
+               -> RMSNorm -> linear -> logits [B, L, V]
+    block:  x = x + attn(norm1(x))   (causal self-attention: MHA/GQA/MQA)
+            x = x + ffn(norm2(x))    (GELU MLP)
 
-Pre-norm residual blocks (each sub-layer reads a normalised copy and adds to the residual stream).
-``params`` and ``grads`` are flat dicts keyed by layer, e.g. ``"block0.attn.W_q"``; they hold the
-layers' own arrays, so an optimizer that updates ``params`` in place trains the model.
+Pre-norm residual blocks (each sub-layer reads a normalised copy and adds to
+the residual stream). ``params`` and ``grads`` are flat dicts keyed by layer,
+e.g. ``"block0.attn.W_q"``; they hold the layers' own arrays, so an optimizer
+that updates ``params`` in place trains the model.
 """
 
 from __future__ import annotations
@@ -15,71 +17,98 @@ import numpy as np
 
 from .._checks import check_positive_int
 from ..multihead import GroupedQueryAttention
-from .layers import Embedding, FeedForward, Linear, RMSNorm, check_token_ids, sinusoidal_positions
+from .layers import (
+    Composite,
+    Embedding,
+    FeedForward,
+    Linear,
+    RMSNorm,
+    check_token_ids,
+    sinusoidal_positions,
+)
 
 
-class _Composite:
-    """``params``/``grads`` of a layer made of named children, keyed ``"child.param"`` (e.g. ``"attn.W_q"``).
-
-    They are views of the children's own dicts, rebuilt on each access, so an optimiser that updates
-    ``params[key]`` in place updates the child's array.
-    """
-
-    def children(self) -> dict:
-        raise NotImplementedError
-
-    @property
-    def params(self) -> dict:
-        return {f"{n}.{k}": p for n, layer in self.children().items() for k, p in layer.params.items()}
-
-    @property
-    def grads(self) -> dict:
-        return {f"{n}.{k}": g for n, layer in self.children().items() for k, g in layer.grads.items()}
-
-
-class Block(_Composite):
-    """One pre-norm transformer block around any attention layer with the book's layer protocol."""
+class Block(Composite):
+    """One pre-norm transformer block around any attention layer with the
+    book's layer protocol."""
 
     def __init__(self, attn, d_ff, seed=0, dtype=np.float64):
         d = attn.d_model
         self.norm1, self.attn = RMSNorm(d, dtype=dtype), attn
-        self.norm2, self.ffn = RMSNorm(d, dtype=dtype), FeedForward(d, d_ff, seed=seed, dtype=dtype)
+        self.norm2, self.ffn = (
+            RMSNorm(d, dtype=dtype),
+            FeedForward(d, d_ff, seed=seed, dtype=dtype),
+        )
 
     def children(self):
-        return {"norm1": self.norm1, "attn": self.attn, "norm2": self.norm2, "ffn": self.ffn}
+        return {
+            "norm1": self.norm1,
+            "attn": self.attn,
+            "norm2": self.norm2,
+            "ffn": self.ffn,
+        }
 
     def forward(self, x):
-        x = x + self.attn.forward(self.norm1.forward(x), causal=True)  # [B, L, d]
+        # [B, L, d]
+        x = x + self.attn.forward(self.norm1.forward(x), causal=True)
         return x + self.ffn.forward(self.norm2.forward(x))  # [B, L, d]
 
     def backward(self, dy):
-        dx = dy + self.norm2.backward(self.ffn.backward(dy))  # the residual passes dy straight through
+        # the residual passes dy straight through
+        dx = dy + self.norm2.backward(self.ffn.backward(dy))
         return dx + self.norm1.backward(self.attn.backward(dx))
 
 
-class Transformer(_Composite):
-    """Decoder-only language model: ``forward(ids [B, L]) -> logits [B, L, vocab_size]``.
+class Transformer(Composite):
+    """Decoder-only language model: ``forward(ids [B, L]) -> logits [B, L,
+    vocab_size]``.
 
-    ``n_kv_heads`` picks the attention family: ``n_heads`` is MHA, 1 is MQA, anything dividing
-    ``n_heads`` in between is GQA. ``d_k`` and ``d_v`` (per head) default to ``d_model // n_heads``.
-    With the same ``seed``, the embedding, feed-forward and output layers start from the same weights
+    ``n_kv_heads`` picks the attention family: ``n_heads`` is MHA, 1 is MQA,
+    anything dividing ``n_heads`` in between is GQA. ``d_k`` and ``d_v`` (per
+    head) default to ``d_model // n_heads``. With the same ``seed``, the
+    embedding, feed-forward and output layers start from the same weights
     whatever the attention family.
     """
 
     def __init__(
-        self, vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff, max_len, seed=0, dtype=np.float64, d_k=None, d_v=None
+        self,
+        *,
+        vocab_size,
+        d_model,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        d_ff,
+        max_len,
+        seed=0,
+        dtype=np.float64,
+        d_k=None,
+        d_v=None,
     ):
         self.vocab_size = check_positive_int(vocab_size, "vocab_size")
         self.d_model = check_positive_int(d_model, "d_model")
         self.max_len = check_positive_int(max_len, "max_len")
         n_layers = check_positive_int(n_layers, "n_layers")
         self.dtype = np.dtype(dtype)
-        seeds = np.random.default_rng(seed).integers(2**31, size=(n_layers + 2, 2))
-        self.embed = Embedding(vocab_size, d_model, seed=seeds[0, 0], dtype=dtype)
-        self.positions = sinusoidal_positions(max_len, d_model, dtype=dtype)  # [max_len, d], fixed
+        seeds = np.random.default_rng(seed).integers(
+            2**31, size=(n_layers + 2, 2)
+        )
+        self.embed = Embedding(
+            vocab_size, d_model, seed=seeds[0, 0], dtype=dtype
+        )
+        # [max_len, d], fixed
+        self.positions = sinusoidal_positions(max_len, d_model, dtype=dtype)
         self.blocks = [
             Block(
-                GroupedQueryAttention(d_model, n_heads, n_kv_heads, d_k=d_k, d_v=d_v, seed=s_attn, dtype=dtype),
+                GroupedQueryAttention(
+                    d_model,
+                    n_heads,
+                    n_kv_heads,
+                    d_k=d_k,
+                    d_v=d_v,
+                    seed=s_attn,
+                    dtype=dtype,
+                ),
                 d_ff,
                 seed=s_ffn,
                 dtype=dtype,
@@ -87,21 +116,32 @@ class Transformer(_Composite):
             for s_attn, s_ffn in seeds[1:-1]
         ]
         self.norm_f = RMSNorm(d_model, dtype=dtype)
-        self.head = Linear(d_model, vocab_size, seed=seeds[-1, 0], dtype=dtype)
+        self.head = Linear(
+            d_model, vocab_size, seed=seeds[-1, 0], dtype=dtype
+        )
 
     def __repr__(self) -> str:
         a = self.blocks[0].attn
         return (
-            f"Transformer(vocab_size={self.vocab_size}, d_model={self.d_model}, n_layers={len(self.blocks)}, "
-            f"n_heads={a.n_heads}, n_kv_heads={a.n_kv_heads}, params={self.n_params})"
+            f"Transformer(vocab_size={self.vocab_size}, "
+            f"d_model={self.d_model}, n_layers={len(self.blocks)}, "
+            f"n_heads={a.n_heads}, n_kv_heads={a.n_kv_heads}, "
+            f"params={self.n_params})"
         )
 
-    # ----------------------------------------------------------------- parameters
+    # -----------------------------------------------------------------
+    # parameters
     def children(self):
-        """``{name: layer}`` for every layer that owns parameters, in forward order."""
+        """``{name: layer}`` for every layer that owns parameters, in forward
+        order."""
         out = {"embed": self.embed}
         for i, blk in enumerate(self.blocks):
-            out.update({f"block{i}.{name}": layer for name, layer in blk.children().items()})
+            out.update(
+                {
+                    f"block{i}.{name}": layer
+                    for name, layer in blk.children().items()
+                }
+            )
         out.update({"norm_f": self.norm_f, "head": self.head})
         return out
 
@@ -110,27 +150,41 @@ class Transformer(_Composite):
         return sum(p.size for p in self.params.values())
 
     def kv_bytes_per_token(self, dtype=None) -> int:
-        """Bytes of keys and values cached per generated token: sum over layers of n_kv (d_k + d_v) x itemsize."""
+        """Bytes of keys and values cached per generated token: sum over
+        layers of n_kv (d_k + d_v) x itemsize."""
         item = np.dtype(self.dtype if dtype is None else dtype).itemsize
-        return sum(b.attn.n_kv_heads * (b.attn.d_k + b.attn.d_v) * item for b in self.blocks)
+        return sum(
+            b.attn.n_kv_heads * (b.attn.d_k + b.attn.d_v) * item
+            for b in self.blocks
+        )
 
-    # ------------------------------------------------------------ forward/backward
+    # ------------------------------------------------------------
+    # forward/backward
     def forward(self, ids):
         ids = check_token_ids(ids, self.vocab_size)
         if ids.ndim != 2 or not 1 <= ids.shape[1] <= self.max_len:
-            raise ValueError(f"ids must have shape [B, L] with 1 <= L <= max_len={self.max_len}, got {ids.shape}")
-        x = self.embed.forward(ids) + self.positions[: ids.shape[1]]  # [B, L, d] + [L, d]
+            raise ValueError(
+                "ids must have shape [B, L] with 1 <= L <= "
+                f"max_len={self.max_len}, got {ids.shape}"
+            )
+        # [B, L, d] + [L, d]
+        x = self.embed.forward(ids) + self.positions[: ids.shape[1]]
         for blk in self.blocks:
             x = blk.forward(x)  # [B, L, d]
-        return self.head.forward(self.norm_f.forward(x))  # [B, L, d] -> [B, L, V]
+        # [B, L, d] -> [B, L, V]
+        return self.head.forward(self.norm_f.forward(x))
 
     def backward(self, dlogits):
-        """Fills ``grads`` for every parameter; returns ``None`` (token ids have no gradient)."""
-        dx = self.norm_f.backward(self.head.backward(dlogits))  # [B, L, V] -> [B, L, d]
+        """Fills ``grads`` for every parameter; returns ``None`` (token ids
+        have no gradient)."""
+        # [B, L, V] -> [B, L, d]
+        dx = self.norm_f.backward(self.head.backward(dlogits))
         for blk in reversed(self.blocks):
             dx = blk.backward(dx)
-        return self.embed.backward(dx)  # positions are constants: their gradient is dropped
+        # positions are constants: their gradient is dropped
+        return self.embed.backward(dx)
 
     def attention_maps(self) -> list[np.ndarray]:
-        """The last forward's attention weights, one ``[B, n_heads, L, L]`` array per layer."""
+        """The last forward's attention weights, one ``[B, n_heads, L, L]``
+        array per layer."""
         return [blk.attn.attention_weights for blk in self.blocks]

@@ -59,22 +59,31 @@ MATH_TIMEOUT_MS = 30_000
 
 # --- set-up: Chromium and a local server ---------------------------------------------------------
 
+
 def ensure_chromium() -> str:
     """Return Chromium's path, installing Debian's package first when it is missing (CI runs as root)."""
     if Path(CHROMIUM).exists():
         return CHROMIUM
     if os.geteuid() != 0:
-        pytest.fail(f"{CHROMIUM} is missing: run `sudo apt-get install -y chromium` (Debian's package)")
+        pytest.fail(
+            f"{CHROMIUM} is missing: run `sudo apt-get install -y chromium` (Debian's package)"
+        )
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
-    subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "chromium"], check=True, env=env
+    )
     if not Path(CHROMIUM).exists():
-        pytest.fail(f"apt-get installed chromium but {CHROMIUM} is still missing")
+        pytest.fail(
+            f"apt-get installed chromium but {CHROMIUM} is still missing"
+        )
     return CHROMIUM
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):  # one line per request would drown the test output
+    def log_message(
+        self, *args
+    ):  # one line per request would drown the test output
         pass
 
 
@@ -147,6 +156,12 @@ async (timeoutMs) => {
     favicon = {href: iconHref, declared: !!icon, ok: false, type: String(err)};
   }
   const navLinks = [...document.querySelectorAll("nav.bd-links a[href], #bd-docs-nav a[href]")].map(a => a.href);
+  // Code and output blocks that scroll sideways at this window width: a reader would have to scroll
+  // each line into view. Every block the article shows is checked, inputs, outputs and show_source.
+  const scrolling = [...document.querySelectorAll("article pre, article div.highlight, article table")]
+    .filter(e => e.scrollWidth > e.clientWidth + 1)
+    .map(e => ({tag: e.tagName.toLowerCase(), excess: e.scrollWidth - e.clientWidth,
+                text: ([...e.textContent.split("\n")].sort((a, b) => b.length - a.length)[0] || "").slice(0, 90)}));
   return {
     url: location.href,
     mathjax: !!(window.MathJax && MathJax.version),
@@ -154,7 +169,8 @@ async (timeoutMs) => {
     mathElements: mathEls.length,
     typeset: document.querySelectorAll("mjx-container").length,
     mathErrors: document.querySelectorAll("mjx-merror").length,
-    untypeset, raw, images, links, ids, navLinks, favicon,
+    untypeset, raw, images, links, ids, navLinks, favicon, scrolling,
+    blocks: document.querySelectorAll("article pre").length,
   };
 }
 """
@@ -163,11 +179,21 @@ async (timeoutMs) => {
 @dataclass
 class BookReport:
     base: str = ""
-    pages: dict = field(default_factory=dict)  # path relative to _build/html -> probe result
-    external: list = field(default_factory=list)  # (page, url) of blocked requests
-    console: list = field(default_factory=list)  # (page, text) of console errors and page errors
-    failed: list = field(default_factory=list)  # (page, url, why) of local requests that failed
-    extras: dict = field(default_factory=dict)  # MathJax's own loader and the search page, probed last
+    pages: dict = field(
+        default_factory=dict
+    )  # path relative to _build/html -> probe result
+    external: list = field(
+        default_factory=list
+    )  # (page, url) of blocked requests
+    console: list = field(
+        default_factory=list
+    )  # (page, text) of console errors and page errors
+    failed: list = field(
+        default_factory=list
+    )  # (page, url, why) of local requests that failed
+    extras: dict = field(
+        default_factory=dict
+    )  # MathJax's own loader and the search page, probed last
     seconds: float = 0.0
 
     @property
@@ -182,14 +208,21 @@ class BookReport:
         return (
             f"browser test: {len(self.pages)} pages tested, {self.math} math elements typeset, "
             f"{self.images} images checked, {len(self.external)} external requests, "
-            f"{len(self.console)} console errors, {self.seconds:.1f} s"
+            f"{len(self.console)} console errors, "
+            f"{sum(len(p['scrolling']) for p in self.pages.values())} of "
+            f"{sum(p['blocks'] for p in self.pages.values())} code blocks "
+            f"scrolling sideways, {self.seconds:.1f} s"
         )
 
 
 def html_pages(root: Path) -> list[str]:
     """Every HTML page of the built book: not the theme's template fragments under _static/."""
     pages = [p.relative_to(root).as_posix() for p in root.rglob("*.html")]
-    return sorted(p for p in pages if not p.startswith(("_static/", "_sources/", "_images/")))
+    return sorted(
+        p
+        for p in pages
+        if not p.startswith(("_static/", "_sources/", "_images/"))
+    )
 
 
 def local_path(url: str, base: str) -> str | None:
@@ -226,10 +259,14 @@ def extra_probes(page, base: str, report: BookReport) -> dict:
     if "search.html" in report.pages:
         page.goto(base + "search.html?q=attention", wait_until="load")
         try:
-            page.wait_for_selector("#search-results ul.search li", timeout=15_000)
+            page.wait_for_selector(
+                "#search-results ul.search li", timeout=15_000
+            )
         except Exception:
             pass
-        extras["search_hits"] = page.locator("#search-results ul.search li").count()
+        extras["search_hits"] = page.locator(
+            "#search-results ul.search li"
+        ).count()
     return extras
 
 
@@ -255,18 +292,32 @@ def browse(root: Path) -> BookReport:
 
     def on_console(msg):
         if msg.type == "error":
-            report.console.append((current["page"], f"{msg.text} ({msg.location.get('url', '')})"))
+            report.console.append(
+                (
+                    current["page"],
+                    f"{msg.text} ({msg.location.get('url', '')})",
+                )
+            )
 
     def on_response(response):
         if response.status >= 400:
-            report.failed.append((current["page"], response.url, f"HTTP {response.status}"))
+            report.failed.append(
+                (current["page"], response.url, f"HTTP {response.status}")
+            )
 
     def on_failed(request):
         if urlsplit(request.url).hostname in LOCAL_HOSTS:
-            report.failed.append((current["page"], request.url, request.failure or "failed"))
+            report.failed.append(
+                (current["page"], request.url, request.failure or "failed")
+            )
 
     try:
-        with sync_playwright() as pw, tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
+        with (
+            sync_playwright() as pw,
+            tempfile.TemporaryDirectory(
+                prefix="chromium-profile-"
+            ) as profile,
+        ):
             context = pw.chromium.launch_persistent_context(
                 profile,  # a fresh --user-data-dir for every run
                 executable_path=ensure_chromium(),
@@ -278,7 +329,12 @@ def browse(root: Path) -> BookReport:
             context.route("**/*", on_route)
             page = context.pages[0] if context.pages else context.new_page()
             page.on("console", on_console)
-            page.on("pageerror", lambda err: report.console.append((current["page"], f"page error: {err}")))
+            page.on(
+                "pageerror",
+                lambda err: report.console.append(
+                    (current["page"], f"page error: {err}")
+                ),
+            )
             page.on("response", on_response)
             page.on("requestfailed", on_failed)
             for rel in html_pages(root):
@@ -286,9 +342,13 @@ def browse(root: Path) -> BookReport:
                 page.goto(base + rel, wait_until="load")
                 page.wait_for_load_state("networkidle")
                 probe = page.evaluate(PAGE_PROBE, MATH_TIMEOUT_MS)
-                page.wait_for_load_state("networkidle")  # fonts MathJax asked for while typesetting
+                page.wait_for_load_state(
+                    "networkidle"
+                )  # fonts MathJax asked for while typesetting
                 report.pages[rel] = probe
-                shot = SCREENSHOTS / (rel[: -len(".html")].replace("/", "__") + ".png")
+                shot = SCREENSHOTS / (
+                    rel[: -len(".html")].replace("/", "__") + ".png"
+                )
                 page.screenshot(path=str(shot), full_page=True)
             current["page"] = "(extra probes: MathJax autoload, search)"
             report.extras = extra_probes(page, base, report)
@@ -301,6 +361,7 @@ def browse(root: Path) -> BookReport:
 
 
 # --- the checks ----------------------------------------------------------------------------------
+
 
 def toc_files(toc_path: Path = TOC) -> list[str]:
     """Every page ``_toc.yml`` lists (root first), as the HTML paths Sphinx writes for them."""
@@ -324,16 +385,22 @@ def toc_files(toc_path: Path = TOC) -> list[str]:
 @pytest.fixture(scope="module")
 def report(request) -> BookReport:
     if not (HTML / "index.html").exists():
-        pytest.fail(f"no built book at {HTML}: run `make book` (or `make book-strict`) first")
+        pytest.fail(
+            f"no built book at {HTML}: run `make book` (or `make book-strict`) first"
+        )
     result = browse(HTML)
     (SCREENSHOTS / "summary.txt").write_text(result.summary() + "\n")
-    request.config.book_browser_summary = result.summary()  # printed last by tests/browser/conftest.py
+    request.config.book_browser_summary = (
+        result.summary()
+    )  # printed last by tests/browser/conftest.py
     return result
 
 
 def _listing(items, limit=20) -> str:
     items = list(items)
-    return "\n".join(map(str, items[:limit])) + (f"\n... and {len(items) - limit} more" if len(items) > limit else "")
+    return "\n".join(map(str, items[:limit])) + (
+        f"\n... and {len(items) - limit} more" if len(items) > limit else ""
+    )
 
 
 def test_every_page_was_opened_and_screenshotted(report):
@@ -341,35 +408,70 @@ def test_every_page_was_opened_and_screenshotted(report):
     assert expected, f"no HTML pages under {HTML}"
     assert sorted(report.pages) == expected
     shots = {p.name for p in SCREENSHOTS.glob("*.png")}
-    missing = [p for p in expected if p[: -len(".html")].replace("/", "__") + ".png" not in shots]
+    missing = [
+        p
+        for p in expected
+        if p[: -len(".html")].replace("/", "__") + ".png" not in shots
+    ]
     assert not missing, f"no screenshot for: {missing}"
+
+
+def test_no_block_scrolls_sideways(report):
+    """At a 1280 px window no code, output or table block needs a sideways
+    scroll: what the book shows fits its column."""
+    blocks = sum(p["blocks"] for p in report.pages.values())
+    wide = [
+        f"{rel}: <{b['tag']}> {b['excess']} px too wide: {b['text']!r}"
+        for rel, p in report.pages.items()
+        for b in p["scrolling"]
+    ]
+    assert blocks > 0, (
+        "no <pre> block found: the check would pass on anything"
+    )
+    assert not wide, f"{len(wide)} blocks scroll sideways:\n" + _listing(
+        wide
+    )
 
 
 def test_math_is_typeset_offline(report):
     problems = []
     for rel, p in report.pages.items():
         if p["mathElements"] and not p["mathjax"]:
-            problems.append(f"{rel}: {p['mathElements']} math elements but MathJax did not load")
+            problems.append(
+                f"{rel}: {p['mathElements']} math elements but MathJax did not load"
+            )
         if p["mathTimedOut"]:
-            problems.append(f"{rel}: MathJax had not finished after {MATH_TIMEOUT_MS / 1000:.0f} s")
+            problems.append(
+                f"{rel}: MathJax had not finished after {MATH_TIMEOUT_MS / 1000:.0f} s"
+            )
         if p["untypeset"]:
-            problems.append(f"{rel}: math left untypeset: {p['untypeset'][:3]}")
+            problems.append(
+                f"{rel}: math left untypeset: {p['untypeset'][:3]}"
+            )
         if p["raw"]:
             problems.append(f"{rel}: raw TeX in the text: {p['raw'][:3]}")
         if p["mathErrors"]:
-            problems.append(f"{rel}: {p['mathErrors']} MathJax error boxes (unknown macro or bad TeX)")
+            problems.append(
+                f"{rel}: {p['mathErrors']} MathJax error boxes (unknown macro or bad TeX)"
+            )
     assert not problems, _listing(problems)
-    assert report.math > 0, "no page has typeset math: the check would pass on a book that has none"
+    assert report.math > 0, (
+        "no page has typeset math: the check would pass on a book that has none"
+    )
 
 
 def test_mathjax_loads_its_extensions_from_the_book(report):
     probe = report.extras.get("autoload")
     assert probe is not None, "no page loads MathJax"
-    assert probe["errors"] == 0, f"MathJax could not autoload \\boldsymbol, \\cancel, \\bbox, \\color: {probe}"
+    assert probe["errors"] == 0, (
+        f"MathJax could not autoload \\boldsymbol, \\cancel, \\bbox, \\color: {probe}"
+    )
 
 
 def test_search_finds_pages_offline(report):
-    assert report.extras.get("search_hits", 0) > 0, "search.html?q=attention found nothing"
+    assert report.extras.get("search_hits", 0) > 0, (
+        "search.html?q=attention found nothing"
+    )
 
 
 def test_every_image_loads_and_is_described(report):
@@ -379,37 +481,59 @@ def test_every_image_loads_and_is_described(report):
             if not img["loaded"]:
                 problems.append(f"{rel}: image did not load: {img['src']}")
             if not (img["alt"] or img["caption"]):
-                problems.append(f"{rel}: image has neither alt text nor a caption: {img['src']}")
+                problems.append(
+                    f"{rel}: image has neither alt text nor a caption: {img['src']}"
+                )
     assert not problems, _listing(problems)
-    assert report.images > 0, "no image anywhere in the book: the intro figure should be one"
+    assert report.images > 0, (
+        "no image anywhere in the book: the intro figure should be one"
+    )
 
 
 def test_every_page_has_a_favicon(report):
     problems = [
         f"{rel}: {p['favicon']}"
         for rel, p in report.pages.items()
-        if not (p["favicon"]["declared"] and p["favicon"]["ok"] and p["favicon"]["type"].startswith("image/"))
+        if not (
+            p["favicon"]["declared"]
+            and p["favicon"]["ok"]
+            and p["favicon"]["type"].startswith("image/")
+        )
     ]
-    assert not problems, "favicon missing or not an image:\n" + _listing(problems)
+    assert not problems, "favicon missing or not an image:\n" + _listing(
+        problems
+    )
 
 
 def test_no_request_leaves_localhost(report):
-    assert not report.external, f"{len(report.external)} external requests (blocked):\n" + _listing(report.external)
+    assert not report.external, (
+        f"{len(report.external)} external requests (blocked):\n"
+        + _listing(report.external)
+    )
 
 
 def test_no_console_errors_or_failed_requests(report):
-    assert not report.console, f"{len(report.console)} console errors:\n" + _listing(report.console)
-    assert not report.failed, f"{len(report.failed)} local requests failed:\n" + _listing(report.failed)
+    assert not report.console, (
+        f"{len(report.console)} console errors:\n" + _listing(report.console)
+    )
+    assert not report.failed, (
+        f"{len(report.failed)} local requests failed:\n"
+        + _listing(report.failed)
+    )
 
 
 def test_toc_reaches_every_chapter(report):
     expected = toc_files()
     missing_pages = [f for f in expected if not (HTML / f).is_file()]
-    assert not missing_pages, f"pages listed in _toc.yml but not built: {missing_pages}"
+    assert not missing_pages, (
+        f"pages listed in _toc.yml but not built: {missing_pages}"
+    )
     root_page = report.pages[expected[0]]
     in_nav = {local_path(u, report.base) for u in root_page["navLinks"]}
     unreachable = [f for f in expected[1:] if f not in in_nav]
-    assert not unreachable, f"the table of contents on {expected[0]} does not link to: {unreachable}"
+    assert not unreachable, (
+        f"the table of contents on {expected[0]} does not link to: {unreachable}"
+    )
     # ...and following links from the front page reaches every one of them (index.html redirects).
     seen, todo = set(), ["index.html"]
     while todo:
@@ -419,8 +543,12 @@ def test_toc_reaches_every_chapter(report):
         seen.add(rel)
         page = report.pages[rel]
         todo.append(local_path(page["url"], report.base))
-        todo.extend(filter(None, (local_path(u, report.base) for u in page["links"])))
-    assert not set(expected) - seen, f"not reachable from index.html: {sorted(set(expected) - seen)}"
+        todo.extend(
+            filter(None, (local_path(u, report.base) for u in page["links"]))
+        )
+    assert not set(expected) - seen, (
+        f"not reachable from index.html: {sorted(set(expected) - seen)}"
+    )
 
 
 def test_internal_links_and_cross_references_resolve(report):
@@ -436,10 +564,16 @@ def test_internal_links_and_cross_references_resolve(report):
             if not (HTML / target).is_file():
                 problems.append(f"{rel}: link to a missing file: {target}")
             elif fragment and target in ids and fragment not in ids[target]:
-                problems.append(f"{rel}: link to {target}#{fragment}, but {target} has no such id")
+                problems.append(
+                    f"{rel}: link to {target}#{fragment}, but {target} has no such id"
+                )
     assert not problems, _listing(problems)
-    assert checked > 0, "no internal links found: the check would pass on anything"
+    assert checked > 0, (
+        "no internal links found: the check would pass on anything"
+    )
 
 
-if __name__ == "__main__":  # python tests/browser/test_book_html.py: just the summary line
+if (
+    __name__ == "__main__"
+):  # python tests/browser/test_book_html.py: just the summary line
     print(browse(HTML).summary())
