@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, check_positive_int, check_same_shape
+from ._checks import check_positive_int, check_upstream
 from .attention import _check_inputs, unbroadcast
 
-BLOCK_Q = 256  # default query rows per tile (chosen by measurement)
-BLOCK_K = 512  # default keys per tile
+BLOCK_Q = 512  # default query rows per tile (chosen by measurement)
+BLOCK_K = 256  # default keys per tile
 
 SKIP, MASKED, FULL = 0, 1, 2  # the states of a tile in block_plan
 
@@ -78,9 +78,18 @@ def block_plan(L_q, L_k, block_q, block_k, *, causal=False, window=None):
     return np.where(every, FULL, np.where(some, MASKED, SKIP))
 
 
-def flash_attention_flops(L_q, L_k, d_k, d_v, *, block_q=BLOCK_Q,
-                          block_k=BLOCK_K, causal=False, window=None,
-                          batch=1):
+def flash_attention_flops(
+    L_q,
+    L_k,
+    d_k,
+    d_v,
+    *,
+    block_q=BLOCK_Q,
+    block_k=BLOCK_K,
+    causal=False,
+    window=None,
+    batch=1,
+):
     """Matmul FLOPs of the tiled kernels, and of the dense ones.
 
     Forward: ``S = Q K^T`` and ``P V`` on every computed tile,
@@ -89,8 +98,9 @@ def flash_attention_flops(L_q, L_k, d_k, d_v, *, block_q=BLOCK_Q,
     (chapter 1) compute every pair: ``2 L_q L_k (d_k + d_v)`` forward
     and twice that backward. ``batch`` multiplies everything.
     """
-    plan = block_plan(L_q, L_k, block_q, block_k, causal=causal,
-                      window=window)
+    plan = block_plan(
+        L_q, L_k, block_q, block_k, causal=causal, window=window
+    )
     n_q = np.minimum(block_q, L_q - np.arange(0, L_q, block_q))
     n_k = np.minimum(block_k, L_k - np.arange(0, L_k, block_k))
     pairs = int(np.sum((plan != SKIP) * np.outer(n_q, n_k)))
@@ -106,9 +116,18 @@ def flash_attention_flops(L_q, L_k, d_k, d_v, *, block_q=BLOCK_Q,
     }
 
 
-def flash_attention_forward(q, k, v, *, causal=False, scale=None,
-                            block_q=BLOCK_Q, block_k=BLOCK_K,
-                            window=None):
+def flash_attention_forward(
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    scale=None,
+    block_q=BLOCK_Q,
+    block_k=BLOCK_K,
+    window=None,
+    check_finite=True,
+):
     """Attention by tiles with an online softmax; ``(out, cache)``.
 
     The same inputs, shapes and broadcasting as
@@ -117,17 +136,21 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None,
     output. No mask argument: ``causal`` and ``window`` say which keys
     a query may attend. ``window=W`` (needs ``causal=True``): query at
     position ``p`` attends keys ``p - W < j <= p``. A query with no key
-    to attend gets a zero row and ``lse = -inf``.
+    to attend gets a zero row and ``lse = -inf``. ``check_finite`` as in
+    :func:`attn_np.attention_forward`.
     """
-    q, k, v, _, scale = _check_inputs(q, k, v, None, False, scale)
+    q, k, v, _, scale = _check_inputs(
+        q, k, v, None, False, scale, check_finite
+    )
     window = _check_window(window, causal)
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     L_q, L_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     dt = np.result_type(q, k, v)
-    plan = block_plan(L_q, L_k, block_q, block_k, causal=causal,
-                      window=window)
+    plan = block_plan(
+        L_q, L_k, block_q, block_k, causal=causal, window=window
+    )
     out = np.zeros(batch + (L_q, d_v), dt)  # rows that see nothing: 0
     lse = np.full(batch + (L_q,), -np.inf, dt)  # [..., L_q]
     bq, bk = min(block_q, L_q), min(block_k, L_k)
@@ -163,8 +186,9 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None,
         lse[..., r0:r1] = np.where(
             seen, m + np.log(np.where(seen, l, 1.0)), -np.inf
         )[..., 0]  # lse = m + log(l): [..., n_q]
-    cache = FlashCache(q, k, v, out, lse, scale, causal, window,
-                       block_q, block_k)
+    cache = FlashCache(
+        q, k, v, out, lse, scale, causal, window, block_q, block_k
+    )
     return out, cache
 
 
@@ -176,14 +200,14 @@ def flash_attention_backward(dout, cache: FlashCache):
     ``dS = P * (dP - D)`` with ``D = rowsum(dO * O)``.
     """
     c = cache
-    dout = as_float_array(dout, "dout")
-    check_same_shape(dout, "dout", c.out.shape, "the attention output")
+    dout = check_upstream(dout, "dout", c.out.shape, "the attention output")
     q, k, v, scale = c.q, c.k, c.v, c.scale
     batch = c.out.shape[:-2]
     (L_q, d_k), L_k, d_v = q.shape[-2:], k.shape[-2], v.shape[-1]
     dt = np.result_type(c.out, dout)
-    plan = block_plan(L_q, L_k, c.block_q, c.block_k, causal=c.causal,
-                      window=c.window)
+    plan = block_plan(
+        L_q, L_k, c.block_q, c.block_k, causal=c.causal, window=c.window
+    )
     D = np.sum(dout * c.out, axis=-1, keepdims=True)  # [..., L_q, 1]
     lse = np.where(c.lse == -np.inf, np.inf, c.lse)[..., None]  # P=0
     qs = q * scale  # [..., L_q, d_k], the forward's scaled queries
@@ -248,4 +272,3 @@ def _check_window(window, causal):
             "window keys ending at its own position)"
         )
     return window
-
