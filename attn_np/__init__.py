@@ -22,6 +22,8 @@ multi-query and grouped-query attention     :mod:`.multihead`,
 :mod:`.costs.decode`,
                                                   :mod:`.bench`
 5     training MHA, GQA and MQA                   :mod:`.training`
+9     FlashAttention: exact attention in O(L)     :mod:`.flash`,
+      memory                                      :mod:`.bench.flash`
 ====  ==========================================
 ============================================
 
@@ -42,6 +44,11 @@ from .attention import (
 )
 from .convert import mha_to_gqa
 from .costs import MODELS, ModelConfig, kv_bytes_per_token, kv_cache_bytes
+from .flash import (
+    FlashCache,
+    flash_attention_backward,
+    flash_attention_forward,
+)
 from .instruments import (
     TOLERANCE,
     check_gradients,
@@ -68,6 +75,7 @@ __all__ = [
     "Adam",
     "AssociativeRecall",
     "AttentionCache",
+    "FlashCache",
     "GroupedQueryAttention",
     "KVCache",
     "MODELS",
@@ -85,6 +93,8 @@ __all__ = [
     "costs",
     "cross_entropy_backward",
     "cross_entropy_forward",
+    "flash_attention_backward",
+    "flash_attention_forward",
     "instruments",
     "kv_bytes_per_token",
     "kv_cache_bytes",

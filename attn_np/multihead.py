@@ -18,6 +18,12 @@ and each key/value head meets *one* contiguous ``[G*L_q, d_k]`` query matrix
 in a single matmul. Keys and values are never copied per query head, and in
 the backward the matmul ``dS^T Q`` over the stacked rows sums the gradients
 of the whole group into its one key/value head.
+
+With ``flash=True`` (chapter 9) the same layer runs FlashAttention's tiled
+kernels instead: the stacked queries are viewed as ``[B, n_kv, G, L_q, d_k]``
+and the keys and values as ``[B, n_kv, 1, L_k, d]`` (free reshapes), so the
+kernels see each query row's own position, and the ``[L_q, L_k]`` attention
+weights are never built, nor kept.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from ._checks import (
     check_mask,
 )
 from .attention import attention_backward, attention_forward, causal_mask
+from .flash import flash_attention_backward, flash_attention_forward
 from .kv_cache import KVCache
 
 
@@ -43,6 +50,11 @@ class GroupedQueryAttention:
 
         W_q [d_model, n_heads * d_k]      W_k [d_model, n_kv_heads * d_k]
         W_v [d_model, n_kv_heads * d_v]   W_o [n_heads * d_v, d_model]
+
+    ``flash=True`` computes attention with
+    :func:`~attn_np.flash_attention_forward` and its backward: the same
+    outputs and gradients in O(L) memory, but no ``attention_weights``
+    and no ``mask`` (``causal`` only).
     """
 
     def __init__(
@@ -54,6 +66,7 @@ class GroupedQueryAttention:
         d_v=None,
         seed=0,
         dtype=np.float64,
+        flash=False,
     ):
         d_model, n_heads, n_kv_heads, d_k, d_v = check_head_dims(
             d_model, n_heads, n_kv_heads, d_k, d_v
@@ -62,6 +75,9 @@ class GroupedQueryAttention:
         self.n_kv_heads, self.d_k, self.d_v = n_kv_heads, d_k, d_v
         self.group_size = n_heads // n_kv_heads
         self.dtype = dtype = check_float_dtype(dtype)
+        if not isinstance(flash, (bool, np.bool_)):
+            raise TypeError(f"flash must be True or False, got {flash!r}")
+        self.flash = bool(flash)
         rng = np.random.default_rng(seed)
         shapes = {
             "W_q": (d_model, n_heads * d_k),
@@ -80,8 +96,8 @@ class GroupedQueryAttention:
         self.grads = {
             name: np.zeros_like(p) for name, p in self.params.items()
         }
-        # [B, n_heads, L_q, L_k] after each forward
-        self.attention_weights = None
+        # [B, n_heads, L_q, L_k] after each forward (not with flash=True)
+        self._weights = None
         self._cache = None
 
     def __repr__(self) -> str:
@@ -89,8 +105,22 @@ class GroupedQueryAttention:
             f"{type(self).__name__}(d_model={self.d_model}, "
             f"n_heads={self.n_heads}, "
             f"n_kv_heads={self.n_kv_heads}, d_k={self.d_k}, "
-            f"d_v={self.d_v}, dtype={self.dtype})"
+            f"d_v={self.d_v}, dtype={self.dtype}"
+            + (", flash=True)" if self.flash else ")")
         )
+
+    @property
+    def attention_weights(self):
+        """``[B, n_heads, L_q, L_k]`` weights of the last forward (None
+        before the first). Not kept with ``flash=True``: asking raises."""
+        if self.flash:
+            raise AttributeError(
+                "attention_weights are not kept with flash=True: the tiled "
+                "kernels never build the [B, n_heads, L_q, L_k] weights "
+                "(that is their point); use a layer with flash=False, or "
+                "attn_np.attention_forward, to look at them"
+            )
+        return self._weights
 
     @property
     def n_params(self) -> int:
@@ -148,18 +178,24 @@ class GroupedQueryAttention:
             k, v = kv_cache.append(k, v)
         L_k = k.shape[2]
 
-        # None or [..., G*L, L_k]
-        allowed = self._group_mask(mask, causal, B, L, L_k)
-        # [B, n_kv, G*L, d_v], weights [B, n_kv, G*L, L_k]
-        # x was checked finite once, in _check_x
-        o, att = attention_forward(q, k, v, mask=allowed, check_finite=False)
+        if self.flash:
+            # [B, n_kv, G*L, d_v]; the kernels keep no weights
+            o, att = self._flash_forward(q, k, v, mask, causal)
+        else:
+            # None or [..., G*L, L_k]
+            allowed = self._group_mask(mask, causal, B, L, L_k)
+            # [B, n_kv, G*L, d_v], weights [B, n_kv, G*L, L_k]
+            # x was checked finite once, in _check_x
+            o, att = attention_forward(
+                q, k, v, mask=allowed, check_finite=False
+            )
+            # head i = kv*G + g
+            self._weights = att.weights.reshape(B, h, L, L_k)
         # [B, n_kv, G*L, d_v] -> [B, L, h*d_v]
         o = self._merge_heads(o, L, d_v)
         # [B, L, h*d_v] @ [h*d_v, d_model] -> [B, L, d_model]
         y = o @ W["W_o"]
 
-        # head i = kv*G + g
-        self.attention_weights = att.weights.reshape(B, h, L, L_k)
         self._cache = (
             None if kv_cache is not None else (x3, o, att, unbatched)
         )
@@ -193,7 +229,10 @@ class GroupedQueryAttention:
         do = dy3 @ W["W_o"].T
         do = self._split_queries(do, d_v)  # -> [B, n_kv, G*L, d_v]
         # dk, dv already summed over each group's query heads
-        dq, dk, dv = attention_backward(do, att)
+        if self.flash:
+            dq, dk, dv = self._flash_backward(do, att)
+        else:
+            dq, dk, dv = attention_backward(do, att)
         # [B, n_kv, G*L, d_k] -> [B, L, h*d_k]
         dq = self._merge_heads(dq, L, d_k)
         dk = merge_kv(dk)  # [B, n_kv, L, d_k] -> [B, L, n_kv*d_k]
@@ -246,6 +285,35 @@ class GroupedQueryAttention:
         )
         return t.reshape(B, L, self.n_heads * d)
 
+    def _flash_forward(self, q, k, v, mask, causal):
+        """The tiled kernels on the stacked layout: ``(o, cache)``."""
+        if mask is not None:
+            raise ValueError(
+                "mask is not supported with flash=True: the tiled kernels "
+                "take causal=True/False only; use a layer with flash=False"
+            )
+        B, n_kv, GL, d_k = q.shape
+        G = self.group_size
+        # [B, n_kv, G*L, d_k] -> [B, n_kv, G, L, d_k]: row g*L + l is
+        # query head kv*G + g at position l (a view, no copy)
+        q5 = q.reshape(B, n_kv, G, GL // G, d_k)
+        # [B, n_kv, L_k, d] -> [B, n_kv, 1, L_k, d]: broadcast over G
+        k5, v5 = k[:, :, None], v[:, :, None]
+        o, cache = flash_attention_forward(
+            q5, k5, v5, causal=causal, check_finite=False
+        )
+        return o.reshape(B, n_kv, GL, v.shape[-1]), cache  # [B,n_kv,G*L,d_v]
+
+    def _flash_backward(self, do, cache):
+        """``(dq, dk, dv)`` in the stacked layout, by the tiled backward."""
+        B, n_kv, GL, d_v = do.shape
+        do5 = do.reshape(
+            B, n_kv, self.group_size, GL // self.group_size, d_v
+        )
+        dq, dk, dv = flash_attention_backward(do5, cache)
+        # [B, n_kv, G, L, d_k] -> [B, n_kv, G*L, d_k]; dk, dv: drop the 1
+        return dq.reshape(B, n_kv, GL, -1), dk[:, :, 0], dv[:, :, 0]
+
     def _group_mask(self, mask, causal, B, L_q, L_k):
         """Combine the caller's mask and the causal mask into one for the
         stacked query rows."""
@@ -275,7 +343,14 @@ class MultiHeadAttention(GroupedQueryAttention):
     own key/value head."""
 
     def __init__(
-        self, d_model, n_heads, d_k=None, d_v=None, seed=0, dtype=np.float64
+        self,
+        d_model,
+        n_heads,
+        d_k=None,
+        d_v=None,
+        seed=0,
+        dtype=np.float64,
+        flash=False,
     ):
         super().__init__(
             d_model,
@@ -285,6 +360,7 @@ class MultiHeadAttention(GroupedQueryAttention):
             d_v=d_v,
             seed=seed,
             dtype=dtype,
+            flash=flash,
         )
 
 
@@ -293,10 +369,24 @@ class MultiQueryAttention(GroupedQueryAttention):
     key/value head."""
 
     def __init__(
-        self, d_model, n_heads, d_k=None, d_v=None, seed=0, dtype=np.float64
+        self,
+        d_model,
+        n_heads,
+        d_k=None,
+        d_v=None,
+        seed=0,
+        dtype=np.float64,
+        flash=False,
     ):
         super().__init__(
-            d_model, n_heads, 1, d_k=d_k, d_v=d_v, seed=seed, dtype=dtype
+            d_model,
+            n_heads,
+            1,
+            d_k=d_k,
+            d_v=d_v,
+            seed=seed,
+            dtype=dtype,
+            flash=flash,
         )
 
 

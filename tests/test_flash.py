@@ -11,9 +11,14 @@ from hypothesis import strategies as st
 
 from attn_np import (
     TOLERANCE,
+    GroupedQueryAttention,
+    KVCache,
+    MultiHeadAttention,
+    MultiQueryAttention,
     attention_backward,
     attention_forward,
     check_gradients,
+    check_layer_gradients,
 )
 from attn_np.flash import (
     FULL,
@@ -429,3 +434,84 @@ def test_bad_arguments():
     _, cache = flash_attention_forward(q, k, v)
     with pytest.raises(ValueError, match=r"dout must have shape \(4, 3\)"):
         flash_attention_backward(np.zeros((4, 2)), cache)
+
+
+# ------------------------------------------------------------------- the layers' flash=True
+FAMILIES = {"MHA": 4, "GQA": 2, "MQA": 1}
+
+
+def layer_pair(n_kv, **kw):
+    return (
+        GroupedQueryAttention(12, 4, n_kv, d_k=3, d_v=5, seed=3, **kw),
+        GroupedQueryAttention(
+            12, 4, n_kv, d_k=3, d_v=5, seed=3, flash=True, **kw
+        ),
+    )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(9, 12), (2, 9, 12)])
+def test_layer_flash_equals_dense(family, causal, shape):
+    """Same output, input gradient and parameter gradients as the dense layer."""
+    dense_layer, flash_layer = layer_pair(FAMILIES[family])
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal(shape)
+    dy = rng.standard_normal(shape)
+    y_d, y_f = (
+        dense_layer.forward(x, causal=causal),
+        flash_layer.forward(x, causal=causal),
+    )
+    dx_d, dx_f = dense_layer.backward(dy), flash_layer.backward(dy)
+    assert np.abs(y_f - y_d).max() < EXACT
+    assert np.abs(dx_f - dx_d).max() < EXACT
+    for name in dense_layer.grads:
+        assert (
+            np.abs(flash_layer.grads[name] - dense_layer.grads[name]).max()
+            < EXACT
+        ), name
+
+
+def test_layer_flash_kv_cache_chunks():
+    """Prefill and decode through a KVCache: each chunk aligned to the end of the cache."""
+    dense_layer, flash_layer = layer_pair(2)
+    x = np.random.default_rng(15).standard_normal((2, 13, 12))
+    full = dense_layer.forward(x, causal=True)
+    cache, outs, start = KVCache(initial_capacity=1), [], 0
+    for n in (5, 3, 1, 4):
+        outs.append(
+            flash_layer.forward(x[:, start : start + n], kv_cache=cache)
+        )
+        start += n
+    assert np.abs(np.concatenate(outs, axis=1) - full).max() < EXACT
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_layer_flash_gradients(family):
+    layer = GroupedQueryAttention(
+        8, 4, FAMILIES[family], d_k=3, d_v=2, seed=4, flash=True
+    )
+    x = np.random.default_rng(16).standard_normal((2, 6, 8))
+    errors = check_layer_gradients(layer, x, seed=5, causal=True)
+    assert max(errors.values()) < TOLERANCE, errors
+
+
+def test_layer_flash_subclasses_and_errors():
+    for cls in (MultiHeadAttention, MultiQueryAttention):
+        layer = cls(8, 2, flash=True)
+        assert layer.flash and "flash=True" in repr(layer)
+        assert not cls(8, 2).flash
+    layer = MultiHeadAttention(8, 2, flash=True)
+    layer.forward(np.ones((3, 8)), causal=True)
+    with pytest.raises(AttributeError, match="not kept with flash=True"):
+        _ = layer.attention_weights
+    with pytest.raises(
+        ValueError, match="mask is not supported with flash=True"
+    ):
+        layer.forward(np.ones((3, 8)), mask=np.ones((3, 3), dtype=bool))
+    with pytest.raises(TypeError, match="flash must be True or False"):
+        MultiHeadAttention(8, 2, flash="yes")
+    dense_layer = MultiHeadAttention(8, 2)
+    assert dense_layer.attention_weights is None  # before the first forward
+    dense_layer.forward(np.ones((3, 8)))
+    assert dense_layer.attention_weights.shape == (1, 2, 3, 3)
