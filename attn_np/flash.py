@@ -220,11 +220,14 @@ def flash_attention_backward(dout, cache: FlashCache):
     dq_buf = np.empty(batch + (bq, d_k), dt)
     dk_buf = np.empty(batch + (bk, d_k), dt)
     dv_buf = np.empty(batch + (bk, d_v), dt)
+    dk_sum = np.empty(batch + (bk, d_k), dt)  # one key tile's dK
+    dv_sum = np.empty(batch + (bk, d_v), dt)  # and dV, summed over i
     for j, c0 in enumerate(range(0, L_k, c.block_k)):
         c1 = min(c0 + c.block_k, L_k)
         kj, vj = k[..., c0:c1, :], v[..., c0:c1, :]  # [.., n_k, d]
-        dk_j = np.zeros(batch + (c1 - c0, d_k), dt)  # sum over q tiles
-        dv_j = np.zeros(batch + (c1 - c0, d_v), dt)
+        dk_j, dv_j = dk_sum[..., : c1 - c0, :], dv_sum[..., : c1 - c0, :]
+        dk_j.fill(0)
+        dv_j.fill(0)
         for i in np.flatnonzero(plan[:, j]):
             r0, r1 = i * c.block_q, min(i * c.block_q + c.block_q, L_q)
             qs_i, do_i = qs[..., r0:r1, :], dout[..., r0:r1, :]
