@@ -28,6 +28,12 @@ and keys are cached after their rotation.
 Chapter 8 adds ``window=W`` (sliding-window attention: a query sees the
 last W positions, itself included) and ``sinks=True`` (one learned sink
 logit per query head, ``params["sinks"]``, as in gpt-oss).
+
+With ``flash=True`` (chapter 9) the same layer runs FlashAttention's tiled
+kernels instead: the stacked queries are viewed as ``[B, n_kv, G, L_q, d_k]``
+and the keys and values as ``[B, n_kv, 1, L_k, d]`` (free reshapes), so the
+kernels see each query row's own position, and the ``[L_q, L_k]`` attention
+weights are never built, nor kept.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from .attention import (
     causal_mask,
     check_window,
 )
+from .flash import flash_attention_backward, flash_attention_forward
 from .kv_cache import KVCache
 from .rope import check_rope_settings, rope_backward, rope_forward
 
@@ -67,6 +74,11 @@ class GroupedQueryAttention:
     ``window=W`` makes it a sliding-window layer (always causal);
     ``sinks=True`` adds ``sinks [n_heads]``, one sink logit per query head,
     starting at 0.
+
+    ``flash=True`` computes attention with
+    :func:`~attn_np.flash_attention_forward` and its backward: the same
+    outputs and gradients in O(L) memory, but no ``attention_weights``,
+    no ``mask`` and no sinks (``causal`` and ``window`` only).
     """
 
     def __init__(
@@ -83,6 +95,7 @@ class GroupedQueryAttention:
         rope_dim=None,
         window=None,
         sinks=False,
+        flash=False,
     ):
         d_model, n_heads, n_kv_heads, d_k, d_v = check_head_dims(
             d_model, n_heads, n_kv_heads, d_k, d_v
@@ -94,6 +107,14 @@ class GroupedQueryAttention:
         self.n_kv_heads, self.d_k, self.d_v = n_kv_heads, d_k, d_v
         self.group_size = n_heads // n_kv_heads
         self.dtype = dtype = check_float_dtype(dtype)
+        if not isinstance(flash, (bool, np.bool_)):
+            raise TypeError(f"flash must be True or False, got {flash!r}")
+        if flash and sinks:
+            raise ValueError(
+                "sinks=True is not supported with flash=True: the tiled "
+                "kernels have no sink column; use flash=False"
+            )
+        self.flash = bool(flash)
         rng = np.random.default_rng(seed)
         shapes = {
             "W_q": (d_model, n_heads * d_k),
@@ -115,14 +136,15 @@ class GroupedQueryAttention:
         self.grads = {
             name: np.zeros_like(p) for name, p in self.params.items()
         }
-        # [B, n_heads, L_q, L_k] after each forward
-        self.attention_weights = None
+        # [B, n_heads, L_q, L_k] after each forward (not with flash=True)
+        self._weights = None
         self.sink_weights = None  # [B, n_heads, L_q]: mass on the sink
         self._cache = None
 
     def __repr__(self) -> str:
         extra = "" if self.window is None else f", window={self.window}"
         extra += ", sinks=True" if "sinks" in self.params else ""
+        extra += ", flash=True" if self.flash else ""
         return (
             f"{type(self).__name__}(d_model={self.d_model}, "
             f"n_heads={self.n_heads}, "
@@ -138,6 +160,19 @@ class GroupedQueryAttention:
             f", rope_base={self.rope_base:g}, "
             f"rope_layout={self.rope_layout!r}, rope_dim={self.rope_dim}"
         )
+
+    @property
+    def attention_weights(self):
+        """``[B, n_heads, L_q, L_k]`` weights of the last forward (None
+        before the first). Not kept with ``flash=True``: asking raises."""
+        if self.flash:
+            raise AttributeError(
+                "attention_weights are not kept with flash=True: the tiled "
+                "kernels never build the [B, n_heads, L_q, L_k] weights "
+                "(that is their point); use a layer with flash=False, or "
+                "attn_np.attention_forward, to look at them"
+            )
+        return self._weights
 
     @property
     def n_params(self) -> int:
@@ -185,6 +220,12 @@ class GroupedQueryAttention:
                     f"has window={self.window}: give the layer a "
                     "KVCache(window=layer.window)"
                 )
+            if self.flash and kv_cache.sink_tokens:
+                raise ValueError(
+                    "a StreamingLLM cache (sink_tokens > 0) is not "
+                    "supported with flash=True: its keys are rotated by "
+                    "slot, which the tiled kernels do not do"
+                )
             # the chunk attends over the cache and causally over itself
             causal = True
             start = len(kv_cache)
@@ -219,30 +260,34 @@ class GroupedQueryAttention:
             scale = 1.0 / np.sqrt(d_k)  # of the true d_k, not 2*d_k
         L_k = k.shape[2]
 
-        # None or [..., G*L, L_k]
-        allowed = self._group_mask(mask, causal, B, L, L_k, kv_cache)
-        # None or [n_kv, G*L, 1]: head kv*G + g owns rows g*L ... g*L+L-1
-        sinks = self._sink_rows(L)
-        # [B, n_kv, G*L, d_v], weights [B, n_kv, G*L, L_k]
-        # x was checked finite once, in _check_x
-        o, att = attention_forward(
-            q,
-            k,
-            v,
-            mask=allowed,
-            sinks=sinks,
-            scale=scale,
-            check_finite=False,
-        )
+        if self.flash:  # chapter 9: the tiled kernels keep no weights
+            # [B, n_kv, G*L, d_v]
+            o, att = self._flash_forward(q, k, v, mask, causal, scale)
+        else:
+            # None or [..., G*L, L_k]
+            allowed = self._group_mask(mask, causal, B, L, L_k, kv_cache)
+            # None or [n_kv, G*L, 1]: head kv*G + g owns rows g*L ...
+            sinks = self._sink_rows(L)
+            # [B, n_kv, G*L, d_v], weights [B, n_kv, G*L, L_k]
+            # x was checked finite once, in _check_x
+            o, att = attention_forward(
+                q,
+                k,
+                v,
+                mask=allowed,
+                sinks=sinks,
+                scale=scale,
+                check_finite=False,
+            )
+            # head i = kv*G + g
+            self._weights = att.weights.reshape(B, h, L, L_k)
+            if sinks is not None:  # [B, n_kv, G*L, 1] -> [B, h, L]
+                self.sink_weights = att.sink_weights.reshape(B, h, L)
         # [B, n_kv, G*L, d_v] -> [B, L, h*d_v]
         o = self._merge_heads(o, L, d_v)
         # [B, L, h*d_v] @ [h*d_v, d_model] -> [B, L, d_model]
         y = o @ W["W_o"]
 
-        # head i = kv*G + g
-        self.attention_weights = att.weights.reshape(B, h, L, L_k)
-        if sinks is not None:  # [B, n_kv, G*L, 1] -> [B, h, L]
-            self.sink_weights = att.sink_weights.reshape(B, h, L)
         self._cache = (
             None if kv_cache is not None else (x3, o, att, rope, unbatched)
         )
@@ -276,7 +321,11 @@ class GroupedQueryAttention:
         do = dy3 @ W["W_o"].T
         do = self._split_queries(do, d_v)  # -> [B, n_kv, G*L, d_v]
         # dk, dv already summed over each group's query heads
-        dq, dk, dv, *dsinks = attention_backward(do, att)
+        if self.flash:
+            dq, dk, dv = self._flash_backward(do, att)
+            dsinks = ()
+        else:
+            dq, dk, dv, *dsinks = attention_backward(do, att)
         if dsinks:  # [n_kv, G*L, 1] -> [h, L] -> [h]
             ds = dsinks[0].reshape(self.n_heads, L).sum(axis=1)
             self.grads["sinks"] = ds
@@ -398,6 +447,42 @@ class GroupedQueryAttention:
         )
         return t.reshape(B, L, self.n_heads * d)
 
+    def _flash_forward(self, q, k, v, mask, causal, scale):
+        """The tiled kernels on the stacked layout: ``(o, cache)``."""
+        if mask is not None:
+            raise ValueError(
+                "mask is not supported with flash=True: the tiled kernels "
+                "take causal=True/False and the layer's window only; use a "
+                "layer with flash=False"
+            )
+        B, n_kv, GL, d_k = q.shape
+        G = self.group_size
+        # [B, n_kv, G*L, d_k] -> [B, n_kv, G, L, d_k]: row g*L + l is
+        # query head kv*G + g at position l (a view, no copy)
+        q5 = q.reshape(B, n_kv, G, GL // G, q.shape[-1])
+        # [B, n_kv, L_k, d] -> [B, n_kv, 1, L_k, d]: broadcast over G
+        k5, v5 = k[:, :, None], v[:, :, None]
+        o, cache = flash_attention_forward(
+            q5,
+            k5,
+            v5,
+            causal=causal,
+            scale=scale,
+            window=self.window,
+            check_finite=False,
+        )
+        return o.reshape(B, n_kv, GL, v.shape[-1]), cache  # [B,n_kv,G*L,d_v]
+
+    def _flash_backward(self, do, cache):
+        """``(dq, dk, dv)`` in the stacked layout, by the tiled backward."""
+        B, n_kv, GL, d_v = do.shape
+        do5 = do.reshape(
+            B, n_kv, self.group_size, GL // self.group_size, d_v
+        )
+        dq, dk, dv = flash_attention_backward(do5, cache)
+        # [B, n_kv, G, L, d_k] -> [B, n_kv, G*L, d_k]; dk, dv: drop the 1
+        return dq.reshape(B, n_kv, GL, -1), dk[:, :, 0], dv[:, :, 0]
+
     def _sink_rows(self, L):
         """``params["sinks"] [h]`` laid out like the stacked query rows:
         ``[n_kv, G*L, 1]`` (each head's logit repeated for its L rows)."""
@@ -438,7 +523,9 @@ class GroupedQueryAttention:
 
 class MultiHeadAttention(GroupedQueryAttention):
     """Multi-head attention (Vaswani et al. 2017): every query head has its
-    own key/value head."""
+    own key/value head. ``options`` are :class:`GroupedQueryAttention`'s
+    keywords (``rope_base``, ``rope_layout``, ``rope_dim``, ``window``,
+    ``sinks``, ``flash``)."""
 
     def __init__(
         self,
@@ -448,31 +535,16 @@ class MultiHeadAttention(GroupedQueryAttention):
         d_v=None,
         seed=0,
         dtype=np.float64,
-        rope_base=None,
-        rope_layout="half",
-        rope_dim=None,
-        window=None,
-        sinks=False,
+        **options,
     ):
         super().__init__(
-            d_model,
-            n_heads,
-            n_heads,
-            d_k=d_k,
-            d_v=d_v,
-            seed=seed,
-            dtype=dtype,
-            rope_base=rope_base,
-            rope_layout=rope_layout,
-            rope_dim=rope_dim,
-            window=window,
-            sinks=sinks,
+            d_model, n_heads, n_heads, d_k, d_v, seed, dtype, **options
         )
 
 
 class MultiQueryAttention(GroupedQueryAttention):
     """Multi-query attention (Shazeer 2019): all query heads share one
-    key/value head."""
+    key/value head. ``options`` as for :class:`MultiHeadAttention`."""
 
     def __init__(
         self,
@@ -482,25 +554,10 @@ class MultiQueryAttention(GroupedQueryAttention):
         d_v=None,
         seed=0,
         dtype=np.float64,
-        rope_base=None,
-        rope_layout="half",
-        rope_dim=None,
-        window=None,
-        sinks=False,
+        **options,
     ):
         super().__init__(
-            d_model,
-            n_heads,
-            1,
-            d_k=d_k,
-            d_v=d_v,
-            seed=seed,
-            dtype=dtype,
-            rope_base=rope_base,
-            rope_layout=rope_layout,
-            rope_dim=rope_dim,
-            window=window,
-            sinks=sinks,
+            d_model, n_heads, 1, d_k, d_v, seed, dtype, **options
         )
 
 

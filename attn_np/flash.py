@@ -1,0 +1,277 @@
+"""FlashAttention in NumPy: exact attention in O(L) memory (chapter 9).
+
+Dao et al. (2022) compute exact attention without ever holding the
+``[L_q, L_k]`` score matrix. The forward walks over tiles of keys with
+an online softmax (Milakov & Gimelshein 2018): per query a running
+maximum ``m``, a running sum ``l`` and an unnormalised output, all
+rescaled by ``exp(m_old - m_new)`` whenever the maximum grows. It keeps
+the output and, per query, the log-sum-exp of its scores::
+
+    lse_i = m_i + log(l_i) = log sum_j exp(S_ij)
+
+The backward recomputes each tile's probabilities from it,
+``P = exp(S - lse)``, and uses ``D = rowsum(dO * O)`` where the dense
+backward uses ``rowsum(P * dP)`` (the two are equal, chapter 1).
+
+The loops follow FlashAttention-2 (Dao 2023): the forward's outer loop
+runs over query tiles, the backward's over key tiles. With
+``causal=True`` (or a ``window``) tiles where no query may attend any
+key are never computed; only tiles that straddle the diagonal (or the
+window's edge) are masked. :func:`block_plan` says which is which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._checks import check_positive_int, check_upstream
+from .attention import _check_inputs, unbroadcast
+
+BLOCK_Q = 256  # query rows per tile: the fastest in the chapter-9 sweep
+BLOCK_K = 256  # keys per tile
+
+SKIP, MASKED, FULL = 0, 1, 2  # the states of a tile in block_plan
+
+
+@dataclass
+class FlashCache:
+    """What the backward needs: nothing of size ``L_q x L_k``."""
+
+    q: np.ndarray  # [..., L_q, d_k]
+    k: np.ndarray  # [..., L_k, d_k]
+    v: np.ndarray  # [..., L_k, d_v]
+    out: np.ndarray  # [..., L_q, d_v]
+    lse: np.ndarray  # [..., L_q], -inf where a query may attend nothing
+    scale: float
+    causal: bool
+    window: int | None
+    block_q: int
+    block_k: int
+
+
+def block_plan(L_q, L_k, block_q, block_k, *, causal=False, window=None):
+    """The state of every ``[block_q, block_k]`` tile of the scores.
+
+    Returns an int array ``[ceil(L_q/block_q), ceil(L_k/block_k)]``
+    holding ``SKIP`` (0: no query of the tile may attend any of its
+    keys), ``MASKED`` (1: some pairs may) or ``FULL`` (2: all may).
+    Query row ``r`` sits at position ``p = r + L_k - L_q`` (the last
+    query aligns with the last key) and may attend key ``c`` iff
+    ``c <= p`` (causal) and ``c > p - window`` (window).
+    """
+    window = _check_window(window, causal)
+    r0 = np.arange(0, L_q, block_q)[:, None]  # first row of a tile
+    r1 = np.minimum(r0 + block_q, L_q) - 1  # last row of a tile
+    c0 = np.arange(0, L_k, block_k)[None, :]  # first key of a tile
+    c1 = np.minimum(c0 + block_k, L_k) - 1  # last key of a tile
+    p0, p1 = r0 + (L_k - L_q), r1 + (L_k - L_q)  # their positions
+    some = np.ones((r0.size, c0.size), dtype=bool)  # [n_q, n_k]
+    every = some.copy()
+    if causal:
+        some &= c0 <= p1  # the last query sees the tile's first key
+        every &= c1 <= p0  # the first query sees its last key
+    if window is not None:
+        some &= c1 > p0 - window  # the first query sees its last key
+        every &= c0 > p1 - window  # the last query sees its first
+    return np.where(every, FULL, np.where(some, MASKED, SKIP))
+
+
+def flash_attention_flops(
+    L_q,
+    L_k,
+    d_k,
+    d_v,
+    *,
+    block_q=BLOCK_Q,
+    block_k=BLOCK_K,
+    causal=False,
+    window=None,
+    batch=1,
+):
+    """Matmul FLOPs of the tiled kernels, and of the dense ones.
+
+    Forward: ``S = Q K^T`` and ``P V`` on every computed tile,
+    ``2 n_q n_k (d_k + d_v)``. Backward: ``S`` again, ``dV``, ``dP``,
+    ``dQ`` and ``dK``, ``2 n_q n_k (3 d_k + 2 d_v)``. The dense kernels
+    (chapter 1) compute every pair: ``2 L_q L_k (d_k + d_v)`` forward
+    and twice that backward. ``batch`` multiplies everything.
+    """
+    plan = block_plan(
+        L_q, L_k, block_q, block_k, causal=causal, window=window
+    )
+    n_q = np.minimum(block_q, L_q - np.arange(0, L_q, block_q))
+    n_k = np.minimum(block_k, L_k - np.arange(0, L_k, block_k))
+    pairs = int(np.sum((plan != SKIP) * np.outer(n_q, n_k)))
+    dense = batch * 2 * L_q * L_k * (d_k + d_v)
+    return {
+        "forward": batch * 2 * pairs * (d_k + d_v),
+        "backward": batch * 2 * pairs * (3 * d_k + 2 * d_v),
+        "dense forward": dense,
+        "dense backward": 2 * dense,
+        "tiles computed": int(np.sum(plan != SKIP)),
+        "tiles masked": int(np.sum(plan == MASKED)),
+        "tiles": plan.size,
+    }
+
+
+def flash_attention_forward(
+    q,
+    k,
+    v,
+    *,
+    causal=False,
+    scale=None,
+    block_q=BLOCK_Q,
+    block_k=BLOCK_K,
+    window=None,
+    check_finite=True,
+):
+    """Attention by tiles with an online softmax; ``(out, cache)``.
+
+    The same inputs, shapes and broadcasting as
+    :func:`attn_np.attention_forward` (leading axes broadcast, so query
+    heads can share a key/value head without a copy), and the same
+    output. No mask argument: ``causal`` and ``window`` say which keys
+    a query may attend. ``window=W`` (needs ``causal=True``): query at
+    position ``p`` attends keys ``p - W < j <= p``. A query with no key
+    to attend gets a zero row and ``lse = -inf``. ``check_finite`` as in
+    :func:`attn_np.attention_forward`.
+    """
+    q, k, v, _, scale = _check_inputs(
+        q, k, v, None, False, scale, check_finite
+    )
+    window = _check_window(window, causal)
+    block_q = check_positive_int(block_q, "block_q")
+    block_k = check_positive_int(block_k, "block_k")
+    batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    L_q, L_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
+    dt = np.result_type(q, k, v)
+    plan = block_plan(
+        L_q, L_k, block_q, block_k, causal=causal, window=window
+    )
+    out = np.zeros(batch + (L_q, d_v), dt)  # rows that see nothing: 0
+    lse = np.full(batch + (L_q,), -np.inf, dt)  # [..., L_q]
+    bq, bk = min(block_q, L_q), min(block_k, L_k)
+    s_buf = np.empty(batch + (bq, bk), dt)  # one tile of scores
+    pv_buf = np.empty(batch + (bq, d_v), dt)  # one tile's P V
+    for i, r0 in enumerate(range(0, L_q, block_q)):
+        r1 = min(r0 + block_q, L_q)
+        qs = q[..., r0:r1, :] * scale  # [..., n_q, d_k]
+        m = np.full(batch + (r1 - r0, 1), -np.inf, dt)  # running max
+        l = np.zeros(batch + (r1 - r0, 1), dt)  # running sum
+        acc = out[..., r0:r1, :]  # view: unnormalised output [.., n_q, d_v]
+        for j in np.flatnonzero(plan[i]):
+            c0, c1 = j * block_k, min(j * block_k + block_k, L_k)
+            s = s_buf[..., : r1 - r0, : c1 - c0]  # [..., n_q, n_k]
+            kt = k[..., c0:c1, :].swapaxes(-1, -2)  # [..., d_k, n_k]
+            np.matmul(qs, kt, out=s)  # [.., n_q, d_k] @ [.., d_k, n_k]
+            if plan[i, j] == MASKED:
+                allowed = _tile_mask(r0, r1, c0, c1, L_q, L_k, window)
+                np.copyto(s, -np.inf, where=~allowed)  # [n_q, n_k]
+            m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+            shift = np.where(m_new == -np.inf, 0.0, m_new)  # [.., n_q, 1]
+            s -= shift
+            np.exp(s, out=s)  # P~ = exp(S - m_new), masked pairs 0
+            alpha = np.exp(m - shift)  # exp(m_old - m_new): [.., n_q, 1]
+            l *= alpha
+            l += s.sum(axis=-1, keepdims=True)  # l = a l + rowsum(P~)
+            acc *= alpha  # rescale what the earlier tiles added
+            pv = pv_buf[..., : r1 - r0, :]
+            acc += np.matmul(s, v[..., c0:c1, :], out=pv)  # [.., n_q, d_v]
+            m = m_new
+        seen = l > 0  # [..., n_q, 1]: False where nothing may be attended
+        acc /= np.where(seen, l, 1.0)  # O = acc / l; empty rows stay 0
+        lse[..., r0:r1] = np.where(
+            seen, m + np.log(np.where(seen, l, 1.0)), -np.inf
+        )[..., 0]  # lse = m + log(l): [..., n_q]
+    cache = FlashCache(
+        q, k, v, out, lse, scale, causal, window, block_q, block_k
+    )
+    return out, cache
+
+
+def flash_attention_backward(dout, cache: FlashCache):
+    """Gradients ``(dq, dk, dv)``, each with the shape of its input.
+
+    Outer loop over key tiles, inner over the query tiles that may
+    attend them; ``P = exp(S - lse)`` is recomputed per tile and
+    ``dS = P * (dP - D)`` with ``D = rowsum(dO * O)``.
+    """
+    c = cache
+    dout = check_upstream(dout, "dout", c.out.shape, "the attention output")
+    q, k, v, scale = c.q, c.k, c.v, c.scale
+    batch = c.out.shape[:-2]
+    (L_q, d_k), L_k, d_v = q.shape[-2:], k.shape[-2], v.shape[-1]
+    dt = np.result_type(c.out, dout)
+    plan = block_plan(
+        L_q, L_k, c.block_q, c.block_k, causal=c.causal, window=c.window
+    )
+    D = np.sum(dout * c.out, axis=-1, keepdims=True)  # [..., L_q, 1]
+    lse = np.where(c.lse == -np.inf, np.inf, c.lse)[..., None]  # P=0
+    qs = q * scale  # [..., L_q, d_k], the forward's scaled queries
+    dq = np.zeros(batch + (L_q, d_k), dt)  # [..., L_q, d_k]
+    dk = np.zeros(k.shape, dt)  # [..., L_k, d_k], k's own leading axes
+    dv = np.zeros(v.shape, dt)  # [..., L_k, d_v]
+    bq, bk = min(c.block_q, L_q), min(c.block_k, L_k)
+    p_buf = np.empty(batch + (bq, bk), dt)  # P of one tile
+    ds_buf = np.empty(batch + (bq, bk), dt)  # dP, then dS, of one tile
+    dq_buf = np.empty(batch + (bq, d_k), dt)
+    dk_buf = np.empty(batch + (bk, d_k), dt)
+    dv_buf = np.empty(batch + (bk, d_v), dt)
+    dk_sum = np.empty(batch + (bk, d_k), dt)  # one key tile's dK
+    dv_sum = np.empty(batch + (bk, d_v), dt)  # and dV, summed over i
+    for j, c0 in enumerate(range(0, L_k, c.block_k)):
+        c1 = min(c0 + c.block_k, L_k)
+        kj, vj = k[..., c0:c1, :], v[..., c0:c1, :]  # [.., n_k, d]
+        dk_j, dv_j = dk_sum[..., : c1 - c0, :], dv_sum[..., : c1 - c0, :]
+        dk_j.fill(0)
+        dv_j.fill(0)
+        for i in np.flatnonzero(plan[:, j]):
+            r0, r1 = i * c.block_q, min(i * c.block_q + c.block_q, L_q)
+            qs_i, do_i = qs[..., r0:r1, :], dout[..., r0:r1, :]
+            p = p_buf[..., : r1 - r0, : c1 - c0]  # [..., n_q, n_k]
+            np.matmul(qs_i, kj.swapaxes(-1, -2), out=p)  # S, as forward
+            p -= lse[..., r0:r1, :]  # S - lse
+            if plan[i, j] == MASKED:
+                allowed = _tile_mask(r0, r1, c0, c1, L_q, L_k, c.window)
+                np.copyto(p, -np.inf, where=~allowed)
+            np.exp(p, out=p)  # P = exp(S - lse): [..., n_q, n_k]
+            pt = p.swapaxes(-1, -2)  # [..., n_k, n_q]
+            dv_j += np.matmul(pt, do_i, out=dv_buf[..., : c1 - c0, :])
+            ds = ds_buf[..., : r1 - r0, : c1 - c0]
+            np.matmul(do_i, vj.swapaxes(-1, -2), out=ds)  # dP = dO V^T
+            ds -= D[..., r0:r1, :]  # dP - D
+            ds *= p  # dS = P * (dP - D): [..., n_q, n_k]
+            dq_i = dq_buf[..., : r1 - r0, :]
+            dq[..., r0:r1, :] += np.matmul(ds, kj, out=dq_i)  # dS K
+            dst = ds.swapaxes(-1, -2)  # [..., n_k, n_q]
+            dk_j += np.matmul(dst, qs_i, out=dk_buf[..., : c1 - c0, :])
+        # broadcast key/value heads: sum the query heads that shared them
+        dk[..., c0:c1, :] = unbroadcast(dk_j, k.shape[:-2] + (c1 - c0, d_k))
+        dv[..., c0:c1, :] = unbroadcast(dv_j, v.shape[:-2] + (c1 - c0, d_v))
+    dq *= scale  # dQ = dS K * scale
+    return unbroadcast(dq, q.shape), dk, dv
+
+
+def _tile_mask(r0, r1, c0, c1, L_q, L_k, window):
+    """``[n_q, n_k]`` bool: may query row r attend key c (causal tile)?"""
+    pos = np.arange(r0, r1)[:, None] + (L_k - L_q)  # positions [n_q, 1]
+    keys = np.arange(c0, c1)[None, :]  # [1, n_k]
+    allowed = keys <= pos
+    if window is not None:
+        allowed &= keys > pos - window
+    return allowed
+
+
+def _check_window(window, causal):
+    if window is None:
+        return None
+    window = check_positive_int(window, "window")
+    if not causal:
+        raise ValueError(
+            f"window={window} needs causal=True (a query attends the "
+            "window keys ending at its own position)"
+        )
+    return window
