@@ -1,20 +1,23 @@
 """A key/value cache for incremental decoding (chapter 4).
 
 A decode step reads every cached key and value once, so the layout is chosen
-for that read:
+for that read. Keys and values are both kept *transposed*, ``[B,
+n_kv_heads, d_k, capacity]`` and ``[B, n_kv_heads, d_v, capacity]``: each
+head is ``d`` contiguous rows, one per feature, ``len`` positions long.
 
-* keys are kept as ``[B, n_kv_heads, capacity, d_k]``: the first ``len`` rows
-  of each head are one contiguous ``[len, d_k]`` matrix, and the scores ``q
-  K^T`` are one BLAS call per key/value head;
-* values are kept *transposed*, ``[B, n_kv_heads, d_v, capacity]``: each head
-  is ``d_v`` long contiguous rows, so ``p V = (V^T p^T)^T`` streams along
-  those rows. (Kept as ``[len, d_v]``, the product ``p V`` would walk a
-  narrow matrix column-wise.)
+* The scores ``q K^T`` are ``q`` times a ``[d_k, len]`` matrix stored row
+  by row: BLAS adds up ``d_k`` long rows, scaled by the entries of ``q``.
+* ``p V`` is computed as ``(V^T p^T)^T`` (:func:`~attn_np.attention_forward`
+  does so when ``V`` is stored transposed): BLAS takes dot products along
+  the ``d_v`` long rows.
 
-:attr:`KVCache.values` still shows the values as ``[B, n_kv_heads, len,
-d_v]`` (a transposed view, no copy). Capacity doubles when it runs out, so
-appending ``n`` positions one at a time reallocates ``O(log n)`` times and
-copies ``O(n)`` positions in total, not ``O(n^2)``.
+Kept as ``[len, d]``, each product would walk ``len`` short rows of ``d``
+numbers, which BLAS reads markedly more slowly (``python -m attn_np.bench
+decode`` times a step). :attr:`KVCache.keys` and :attr:`KVCache.values`
+still show them as ``[B, n_kv_heads, len, d]`` (transposed views, no copy);
+appending a position writes one column of each. Capacity doubles when it
+runs out, so appending ``n`` positions one at a time reallocates ``O(log
+n)`` times and copies ``O(n)`` positions in total, not ``O(n^2)``.
 
 Rolling caches (chapter 8). ``KVCache(window=W)`` serves a sliding-window
 layer: before a chunk is appended, every position but the last ``W - 1``
@@ -66,7 +69,7 @@ class KVCache:
                 f"sink_tokens={sink_tokens} and window={window}"
             )
         self.window, self.sink_tokens = window, sink_tokens
-        self._k = None  # [B, n_kv_heads, capacity, d_k]
+        self._kt = None  # [B, n_kv_heads, d_k, capacity]: keys, transposed
         self._vt = None  # [B, n_kv_heads, d_v, capacity]: values, transposed
         self._len = 0  # positions held
         self._seen = 0  # positions appended since the start
@@ -86,7 +89,7 @@ class KVCache:
             if self.window is None
             else f"window={self.window}, sink_tokens={self.sink_tokens}, "
         )
-        if self._k is None:
+        if self._kt is None:
             return f"KVCache({rolling}empty)"
         B, n_kv, d_k, d_v = self.layout
         return (
@@ -128,23 +131,23 @@ class KVCache:
     def layout(self) -> tuple[int, int, int, int] | None:
         """``(batch, n_kv_heads, d_k, d_v)`` fixed by the first chunk, or
         None while empty."""
-        if self._k is None:
+        if self._kt is None:
             return None
-        B, n_kv, _, d_k = self._k.shape
+        B, n_kv, d_k, _ = self._kt.shape
         return B, n_kv, d_k, self._vt.shape[2]
 
     @property
     def batch_size(self) -> int | None:
-        return None if self._k is None else self._k.shape[0]
+        return None if self._kt is None else self._kt.shape[0]
 
     @property
     def dtype(self) -> np.dtype | None:
-        return None if self._k is None else self._k.dtype
+        return None if self._kt is None else self._kt.dtype
 
     @property
     def capacity(self) -> int:
         """Positions allocated (``>= len(self)``)."""
-        return 0 if self._k is None else self._k.shape[2]
+        return 0 if self._kt is None else self._kt.shape[3]
 
     @property
     def nbytes(self) -> int:
@@ -154,17 +157,18 @@ class KVCache:
         Positions held, not spare capacity or positions already forgotten:
         this is what a decode step has to read.
         """
-        if self._k is None:
+        if self._kt is None:
             return 0
         B, n_kv, d_k, d_v = self.layout
-        return B * n_kv * self._len * (d_k + d_v) * self._k.itemsize
+        return B * n_kv * self._len * (d_k + d_v) * self._kt.itemsize
 
     @property
     def keys(self) -> np.ndarray:
-        """View of the cached keys, ``[B, n_kv_heads, len, d_k]``."""
-        if self._k is None:
+        """View of the cached keys, ``[B, n_kv_heads, len, d_k]`` (stored
+        transposed; no copy)."""
+        if self._kt is None:
             raise ValueError("the cache is empty: it holds no keys yet")
-        return self._k[:, :, : self._len]
+        return self._kt[:, :, :, : self._len].swapaxes(-1, -2)
 
     @property
     def values(self) -> np.ndarray:
@@ -191,7 +195,7 @@ class KVCache:
     def _check_layout(self, layout, dtype, got: str) -> None:
         """The one check that a chunk fits the cache: ``layout`` is the
         chunk's ``(batch, n_kv_heads, d_k, d_v)``, ``got`` names it."""
-        if self._k is None:
+        if self._kt is None:
             return
         if tuple(layout) != self.layout:
             names = ("batch", "n_kv_heads", "d_k", "d_v")
@@ -235,11 +239,11 @@ class KVCache:
             )
         B, n_kv, L, d_k = k.shape
         d_v = v.shape[3]
-        if self._k is None:
+        if self._kt is None:
             cap = max(self._initial_capacity, L)
             if self.window is not None:
                 cap = max(min(cap, self.window), L)
-            self._k = np.empty((B, n_kv, cap, d_k), dtype=k.dtype)
+            self._kt = np.empty((B, n_kv, d_k, cap), dtype=k.dtype)
             self._vt = np.empty((B, n_kv, d_v, cap), dtype=v.dtype)
         else:
             self._check_layout(
@@ -256,12 +260,11 @@ class KVCache:
             cap = max(need, 2 * self.capacity)
             if small:
                 cap = min(cap, small)
-            self._k = _grow(self._k, cap, self._len, axis=2)
+            self._kt = _grow(self._kt, cap, self._len, axis=3)
             self._vt = _grow(self._vt, cap, self._len, axis=3)
             self.reallocations += 1
-        # [B, n_kv, L, d_k] into rows len .. len+L-1
-        self._k[:, :, self._len : need] = k
-        # [B, n_kv, d_v, L] into columns
+        # [B, n_kv, d_k, L] and [B, n_kv, d_v, L] into columns len ...
+        self._kt[:, :, :, self._len : need] = k.swapaxes(-1, -2)
         self._vt[:, :, :, self._len : need] = v.swapaxes(-1, -2)
         self._len = need
         self._seen += L
@@ -277,7 +280,7 @@ class KVCache:
             # move the survivors [len - keep, len) to [n_sink, n_sink+keep)
             src = slice(self._len - keep, self._len)
             dst = slice(n_sink, n_sink + keep)
-            self._k[:, :, dst] = self._k[:, :, src]  # [B, n_kv, keep, d_k]
+            self._kt[..., dst] = self._kt[..., src]  # [B, n_kv, d_k, keep]
             self._vt[..., dst] = self._vt[..., src]  # [B, n_kv, d_v, keep]
             self._len = n_sink + keep
 

@@ -235,12 +235,15 @@ class GroupedQueryAttention:
                 "forward(x, causal=True)"
             )
 
-        # [B, L, d_model] @ [d_model, h*d_k] -> [B, L, h*d_k]
-        q = x3 @ W["W_q"]
-        # [B, L, d_model] @ [d_model, n_kv*d_k] -> [B, L, n_kv*d_k]
-        k = x3 @ W["W_k"]
-        # [B, L, d_model] @ [d_model, n_kv*d_v] -> [B, L, n_kv*d_v]
-        v = x3 @ W["W_v"]
+        # the B*L positions as the rows of one matrix: one BLAS call per
+        # projection (a stacked [B, L, d] product costs more per step)
+        xf = _flat(x3)  # [B*L, d_model]
+        # [B*L, d_model] @ [d_model, h*d_k] -> [B, L, h*d_k]
+        q = (xf @ W["W_q"]).reshape(B, L, h * d_k)
+        # [B*L, d_model] @ [d_model, n_kv*d_k] -> [B, L, n_kv*d_k]
+        k = (xf @ W["W_k"]).reshape(B, L, n_kv * d_k)
+        # [B*L, d_model] @ [d_model, n_kv*d_v] -> [B, L, n_kv*d_v]
+        v = (xf @ W["W_v"]).reshape(B, L, n_kv * d_v)
         # [B, L, h*d_k] -> [B, n_kv, G*L, d_k]
         q = self._split_queries(q, d_k)
         k = split_kv(k, n_kv, d_k)  # [B, L, n_kv*d_k] -> [B, n_kv, L, d_k]
@@ -285,8 +288,8 @@ class GroupedQueryAttention:
                 self.sink_weights = att.sink_weights.reshape(B, h, L)
         # [B, n_kv, G*L, d_v] -> [B, L, h*d_v]
         o = self._merge_heads(o, L, d_v)
-        # [B, L, h*d_v] @ [h*d_v, d_model] -> [B, L, d_model]
-        y = o @ W["W_o"]
+        # [B*L, h*d_v] @ [h*d_v, d_model] -> [B, L, d_model]
+        y = (_flat(o) @ W["W_o"]).reshape(B, L, self.d_model)
 
         self._cache = (
             None if kv_cache is not None else (x3, o, att, rope, unbatched)

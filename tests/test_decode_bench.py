@@ -120,3 +120,66 @@ def test_decode_setup_step_is_undone():
     np.testing.assert_array_equal(cache.keys, before)
     assert isinstance(layer, GroupedQueryAttention)
     assert isinstance(cache, KVCache)
+
+
+# -- the decode path's layout: what the benchmark's speed rests on
+
+
+def test_cache_keeps_keys_and_values_transposed():
+    """Each head's keys and values are stored as rows ``len`` positions
+    long, so that ``q K^T`` and ``p V`` stream along them."""
+    cache = KVCache(initial_capacity=16)
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((2, 3, 5, 4))
+    v = rng.standard_normal((2, 3, 5, 6))
+    keys, values = cache.append(k, v)
+    for t, d in ((keys, 4), (values, 6)):
+        rows = t.swapaxes(-1, -2)  # [B, n_kv, d, len]: one row a feature
+        assert rows.shape == (2, 3, d, 5)
+        assert rows.strides[-1] == rows.itemsize  # positions adjacent
+        assert rows.strides[-2] == 16 * rows.itemsize  # capacity apart
+    np.testing.assert_array_equal(keys, k)
+    np.testing.assert_array_equal(values, v)
+    keys, values = cache.append(k[:, :, :1], v[:, :, :1])
+    np.testing.assert_array_equal(keys[:, :, 5], k[:, :, 0])
+    np.testing.assert_array_equal(values[:, :, 5], v[:, :, 0])
+
+
+@pytest.mark.parametrize("G, L_q", [(1, 1), (4, 1), (16, 1), (3, 7)])
+def test_values_product_is_the_same_in_either_layout(G, L_q):
+    """attention_forward computes P V as (V^T P^T)^T when V is stored
+    transposed (a cache): the same numbers, to rounding, in float64."""
+    rng = np.random.default_rng(G + L_q)
+    q = rng.standard_normal((2, 3, G * L_q, 8))
+    k = rng.standard_normal((2, 3, 50, 8))
+    v = rng.standard_normal((2, 3, 50, 5))
+    v_t = np.ascontiguousarray(v.swapaxes(-1, -2)).swapaxes(-1, -2)
+    assert v_t.strides[-2] == v_t.itemsize and np.array_equal(v_t, v)
+    out, att = attention_forward(q, k, v)
+    out_t, att_t = attention_forward(q, k, v_t)
+    np.testing.assert_allclose(out_t, out, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(att_t.weights, att.weights)
+
+
+@pytest.mark.parametrize("n_kv", [8, 2, 1])
+def test_decode_steps_equal_the_full_causal_forward(n_kv):
+    """Prefill, then one token at a time, through the fast path: the
+    full causal forward to 1e-12 in float64, and the last step's weights
+    are the last row of the full map."""
+    rng = np.random.default_rng(n_kv)
+    layer = GroupedQueryAttention(32, 8, n_kv, seed=4)
+    x = rng.standard_normal((2, 12, 32))
+    full = layer.forward(x, causal=True)
+    weights = layer.attention_weights  # [B, h, L, L]
+    cache = KVCache(initial_capacity=4)  # grows on the way
+    outs = [layer.forward(x[:, :5], kv_cache=cache)]
+    outs += [
+        layer.forward(x[:, i : i + 1], kv_cache=cache) for i in range(5, 12)
+    ]
+    np.testing.assert_allclose(
+        np.concatenate(outs, axis=1), full, rtol=0, atol=1e-12
+    )
+    np.testing.assert_allclose(
+        layer.attention_weights, weights[:, :, -1:], rtol=0, atol=1e-12
+    )
+    assert cache.reallocations > 0
