@@ -248,7 +248,8 @@ def run(
 
 
 def table(r) -> list[str]:
-    """The lines of the printed table (each at most 77 characters)."""
+    """The lines of the printed table (at most 77 characters each, unless
+    a busy machine makes a number wider than its column)."""
     out = [
         f"{'':37}{'of':>3}{'':14}time - bytes/ref, ms",
         f"{'':4}{'n_kv':>4}{'bytes':>11}{'time':>9}{'GiB/s':>7}"
@@ -257,15 +258,18 @@ def table(r) -> list[str]:
     ]
     for fam, row in r["rows"].items():
         g = row["gap"]
+        # each field after a space, so that none runs into the next
+        gaps = (g["weights"], g["keys and values"], g["softmax"], g["rest"])
         out.append(
             f"{fam:4}{row['n_kv_heads']:>4}"
-            f"{format_bytes(row['step_bytes']):>11}"
-            f"{row['time'] * 1e3:>6.2f} ms"
-            f"{row['bytes_per_s'] / 2**30:>7.1f}"
-            f"{row['fraction']:>6.2f}{row['roof']:>6.2f} |"
-            f"{g['weights'] * 1e3:>+7.2f}"
-            f"{g['keys and values'] * 1e3:>+7.2f}"
-            f"{g['softmax'] * 1e3:>7.2f}{g['rest'] * 1e3:>+7.2f}"
+            f" {format_bytes(row['step_bytes']):>10}"
+            f" {row['time'] * 1e3:5.2f} ms"
+            f" {row['bytes_per_s'] / 2**30:6.1f}"
+            f" {row['fraction']:5.2f} {row['roof']:5.2f} |"
+            + "".join(
+                f" {x * 1e3:{'' if k == 2 else '+'}6.2f}"
+                for k, x in enumerate(gaps)
+            )
         )
     return out
 
