@@ -11,9 +11,10 @@ It prints one table, all from the same run:
 * for each family: the bytes a step must read (the four projection
   matrices and the cached keys and values), the best step time, the bytes
   per second and their fraction of the reference;
-* ``roof``: the largest fraction the step could reach on this machine if
-  it read its weights and cache at the reference and did its attention's
-  FLOPs at the measured matmul rate, whichever takes longer;
+* ``roof``: the largest fraction the step could reach on this machine: its
+  weights read at the reference, plus the longer of reading its cache at
+  the reference and doing its attention's FLOPs at the measured matmul
+  rate;
 * the gap, ``time - bytes / reference``, split by timing the parts of the
   step alone (:func:`step_parts`): the four projections, the attention
   over the cache (its softmax apart) and the softmax; the rest of the step
@@ -277,8 +278,9 @@ def table(r) -> list[str]:
 LEGEND = (
     "bytes: the four projection matrices and the cached keys and values, "
     "read once. of ref: bytes per second over the reference. roof: the "
-    "most a step could reach here, reading its bytes at the reference and "
-    "doing its attention's FLOPs at the matmul rate (whichever is slower). "
+    "most a step could reach here: its weights read at the reference, plus "
+    "the longer of reading its cache at the reference and doing its "
+    "attention's FLOPs at the matmul rate. "
     "The gap, time - bytes/reference, split by timing parts of the step "
     "alone, in turns: wts, the four projections over their bytes at the "
     "reference; K/V, the attention over the cache without its softmax, "
