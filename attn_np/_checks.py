@@ -188,3 +188,27 @@ def check_token_ids(ids, vocab_size: int, name: str = "ids") -> np.ndarray:
             f"values from {ids.min()} to {ids.max()}"
         )
     return ids
+
+
+def check_latent_dims(
+    d_model,
+    n_heads,
+    d_head,
+    d_latent_kv,
+    d_rope,
+    d_latent_q=None,
+    d_head_v=None,
+):
+    """Validated sizes of a latent-attention layer,
+    ``(d, h, d_h, d_c, d_R, d_cq, d_v)``, defaults filled in (``d_cq``
+    stays None without query compression, ``d_v`` defaults to ``d_h``)."""
+    d = check_count(d_model, "d_model")
+    h = check_count(n_heads, "n_heads")
+    d_h = check_count(d_head, "d_head")
+    d_c = check_count(d_latent_kv, "d_latent_kv")
+    d_r = check_count(d_rope, "d_rope")
+    d_cq = None
+    if d_latent_q is not None:
+        d_cq = check_count(d_latent_q, "d_latent_q")
+    d_v = d_h if d_head_v is None else check_count(d_head_v, "d_head_v")
+    return d, h, d_h, d_c, d_r, d_cq, d_v

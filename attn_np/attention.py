@@ -17,6 +17,15 @@ Backward, given dO = dL/dO::
 ``rowsum(P * dP)`` equals ``rowsum(dO * O)`` because ``sum_j P_ij dP_ij =
 dO_i . sum_j P_ij V_j = dO_i . O_i``; the right-hand side costs O(L_q d_v)
 instead of O(L_q L_k).
+
+Sliding windows and sink logits (chapter 8). ``window=W`` lets the query
+at position i attend keys ``i - W < j <= i`` only. A sink logit ``a_i``
+joins row i's softmax as one more column with no value (gpt-oss)::
+
+    [P, p_sink] = softmax([S, a])  row-wise   -> [L_q, L_k], [L_q, 1]
+    da = -p_sink * rowsum(dO * O)             -> [L_q, 1]
+
+and dS keeps its form: the sink's column of dP is 0.
 """
 
 from __future__ import annotations
@@ -31,9 +40,10 @@ from ._checks import (
     broadcast_shapes,
     check_finite,
     check_mask,
+    check_positive_int,
     check_same_shape,
 )
-from .softmax import masked_softmax
+from .softmax import masked_softmax, sink_softmax
 
 
 @dataclass
@@ -48,9 +58,11 @@ class AttentionCache:
     # [..., L_q, L_k], rows sum to 1 (or are all 0 where nothing is allowed)
     weights: np.ndarray
     scale: float
+    sinks: np.ndarray | None = None  # sink logits, -> [..., L_q, 1]
+    sink_weights: np.ndarray | None = None  # [..., L_q, 1]: p_sink
 
 
-def causal_mask(L_q: int, L_k: int) -> np.ndarray:
+def causal_mask(L_q: int, L_k: int, *, window=None) -> np.ndarray:
     """Boolean ``[L_q, L_k]`` mask, True where query ``i`` may attend key
     ``j``.
 
@@ -58,11 +70,32 @@ def causal_mask(L_q: int, L_k: int) -> np.ndarray:
     position ``i + (L_k - L_q)`` and may attend every key up to and including
     that position. With ``L_q == L_k`` this is the usual lower triangle; with
     ``L_q < L_k`` (a chunk of new queries over a longer key/value cache)
-    every query also sees the whole cache before the chunk.
+    every query also sees the whole cache before the chunk. With
+    ``window=W`` it sees only the last ``W`` of them, itself included.
     """
     offset = L_k - L_q
-    # [L_q, 1] vs [1, L_k]
-    return np.arange(L_k)[None, :] <= np.arange(L_q)[:, None] + offset
+    # query positions [L_q] and key positions [L_k]
+    return position_mask(
+        np.arange(L_q) + offset, np.arange(L_k), window=window
+    )
+
+
+def position_mask(q_positions, k_positions, *, window=None, sink_tokens=0):
+    """``[L_q, L_k]`` bool from absolute positions: may query i attend key
+    j?
+
+    Causal, ``j <= i``; with ``window=W`` also ``j > i - W`` (W keys,
+    itself included: Hugging Face's ``sliding_window = W``,
+    FlashAttention's ``window_size = (W - 1, 0)``). With ``sink_tokens=S``
+    (StreamingLLM) positions ``j < S`` stay visible and the window keeps
+    the last ``W - S`` keys, so a query still sees at most W keys.
+    """
+    i = np.asarray(q_positions)[:, None]  # [L_q, 1]
+    j = np.asarray(k_positions)[None, :]  # [1, L_k]
+    allowed = j <= i  # [L_q, L_k]
+    if window is not None:
+        allowed &= (j > i - (window - sink_tokens)) | (j < sink_tokens)
+    return allowed
 
 
 def attention_forward(
@@ -73,6 +106,8 @@ def attention_forward(
     mask=None,
     causal: bool = False,
     scale: float | None = None,
+    window: int | None = None,
+    sinks=None,
     check_finite: bool = True,
 ):
     """Scaled dot-product attention; returns ``(out, cache)``.
@@ -93,30 +128,50 @@ def attention_forward(
     scale : float, optional
         Multiplies the scores; defaults to ``1 / sqrt(d_k)`` (Vaswani et
         al. 2017).
+    window : int, optional
+        Sliding window ``W`` (needs ``causal=True``): the query at position
+        ``i`` attends keys ``i - W < j <= i``, W keys including itself.
+    sinks : float array broadcastable to ``[..., L_q, 1]``, optional
+        One sink logit per query row: it joins the row's softmax as an
+        extra column without a value, so a row may put mass on nothing.
     check_finite : bool
         Refuse NaN or inf in ``q``, ``k`` and ``v`` (as ``scipy.linalg``
         does). The layers check their input ``x`` once and pass False:
         a decode step would otherwise re-read the whole cache to check it.
 
     A query with no key to attend (all masked) gets a zero output row and
-    zero gradients.
+    zero gradients (with a sink, all its mass goes to the sink).
     """
     q, k, v, allowed, scale = _check_inputs(
-        q, k, v, mask, causal, scale, check_finite
+        q, k, v, mask, causal, scale, check_finite, window=window
     )
     # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]
     scores = (q * scale) @ k.swapaxes(-1, -2)
-    # [..., L_q, L_k]
-    p = masked_softmax(scores, allowed, -1, overwrite=True)
+    p_sink = None
+    if sinks is None:
+        # [..., L_q, L_k]
+        p = masked_softmax(scores, allowed, -1, overwrite=True)
+    else:
+        sinks = _check_sinks(sinks, scores.shape)
+        # [..., L_q, L_k] and [..., L_q, 1]
+        p, p_sink = sink_softmax(scores, sinks, allowed, overwrite=True)
     out = p @ v  # [..., L_q, L_k] @ [..., L_k, d_v] -> [..., L_q, d_v]
     return out, AttentionCache(
-        q=q, k=k, v=v, out=out, weights=p, scale=scale
+        q=q,
+        k=k,
+        v=v,
+        out=out,
+        weights=p,
+        scale=scale,
+        sinks=sinks,
+        sink_weights=p_sink,
     )
 
 
 def attention_backward(dout, cache: AttentionCache):
     """Gradients ``(dq, dk, dv)``, each with the shape of its input
-    (broadcast axes summed)."""
+    (broadcast axes summed); ``(dq, dk, dv, dsinks)`` if the forward had
+    ``sinks``."""
     dout = as_float_array(dout, "dout")
     check_same_shape(dout, "dout", cache.out.shape, "the attention output")
     p, q, k, v, scale = cache.weights, cache.q, cache.k, cache.v, cache.scale
@@ -134,11 +189,16 @@ def attention_backward(dout, cache: AttentionCache):
     dq = (ds @ k) * scale
     # [..., L_k, L_q] @ [..., L_q, d_k] -> [..., L_k, d_k]
     dk = (ds.swapaxes(-1, -2) @ q) * scale
-    return (
+    grads = (
         unbroadcast(dq, q.shape),
         unbroadcast(dk, k.shape),
         unbroadcast(dv, v.shape),
     )
+    if cache.sinks is None:
+        return grads
+    # the sink's dP is 0: da = p_sink * (0 - rowsum) -> [..., L_q, 1]
+    dsinks = -cache.sink_weights * inner
+    return grads + (unbroadcast(dsinks, cache.sinks.shape),)
 
 
 def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -160,7 +220,7 @@ def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return grad
 
 
-def _check_inputs(q, k, v, mask, causal, scale, finite=True):
+def _check_inputs(q, k, v, mask, causal, scale, finite=True, window=None):
     q = as_float_array(q, "q", min_ndim=2)
     k = as_float_array(k, "k", min_ndim=2)
     v = as_float_array(v, "v", min_ndim=2)
@@ -207,8 +267,40 @@ def _check_inputs(q, k, v, mask, causal, scale, finite=True):
             batch + (L_q, L_k),
             f"[..., L_q, L_k] (from q {q.shape} and k {k.shape})",
         )
+    window = check_window(window, causal)
     # a single query aligned with the last key may attend every key
-    if causal and L_q > 1:
-        c = causal_mask(L_q, L_k)
+    if causal and (L_q > 1 or (window is not None and window < L_k)):
+        c = causal_mask(L_q, L_k, window=window)
         allowed = c if allowed is None else allowed & c
     return q, k, v, allowed, float(scale)
+
+
+def check_window(window, causal=True):
+    """``None`` or a positive int ``W``; a window needs ``causal=True``."""
+    if window is None:
+        return None
+    window = check_positive_int(window, "window")
+    if not causal:
+        raise ValueError(
+            f"window={window} needs causal=True: a query attends the W "
+            "keys that end at its own position"
+        )
+    return window
+
+
+def _check_sinks(sinks, scores_shape):
+    """Sink logits as a finite float array broadcastable to ``[..., L_q,
+    1]``."""
+    sinks = as_float_array(sinks, "sinks")
+    check_finite(sinks, "sinks")
+    rows = scores_shape[:-1] + (1,)
+    try:
+        ok = np.broadcast_shapes(sinks.shape, rows) == rows
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"sinks must broadcast to [..., L_q, 1] = {rows} (one logit "
+            f"per query row), got sinks of shape {sinks.shape}"
+        )
+    return sinks

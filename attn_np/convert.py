@@ -54,6 +54,9 @@ def mha_to_gqa(
         d_k=mha.d_k,
         d_v=mha.d_v,
         dtype=mha.dtype,
+        rope_base=mha.rope_base,  # pooling commutes with the rotation
+        rope_layout=mha.rope_layout,
+        rope_dim=mha.rope_dim,
     )
     gqa.params["W_q"] = mha.params["W_q"].copy()  # [d_model, h*d_k]
     gqa.params["W_o"] = mha.params["W_o"].copy()  # [h*d_v, d_model]

@@ -19,6 +19,16 @@ in a single matmul. Keys and values are never copied per query head, and in
 the backward the matmul ``dS^T Q`` over the stacked rows sums the gradients
 of the whole group into its one key/value head.
 
+Rotary positions (chapter 6). With ``rope_base`` set, every query and key
+head is rotated (:func:`~attn_np.rope_forward`) after the head split and
+before the scores, at positions ``0 ... L-1``; with a
+:class:`~attn_np.KVCache` a chunk's positions continue from ``len(cache)``,
+and keys are cached after their rotation.
+
+Chapter 8 adds ``window=W`` (sliding-window attention: a query sees the
+last W positions, itself included) and ``sinks=True`` (one learned sink
+logit per query head, ``params["sinks"]``, as in gpt-oss).
+
 With ``flash=True`` (chapter 9) the same layer runs FlashAttention's tiled
 kernels instead: the stacked queries are viewed as ``[B, n_kv, G, L_q, d_k]``
 and the keys and values as ``[B, n_kv, 1, L_k, d]`` (free reshapes), so the
@@ -37,9 +47,15 @@ from ._checks import (
     check_head_dims,
     check_mask,
 )
-from .attention import attention_backward, attention_forward, causal_mask
+from .attention import (
+    attention_backward,
+    attention_forward,
+    causal_mask,
+    check_window,
+)
 from .flash import flash_attention_backward, flash_attention_forward
 from .kv_cache import KVCache
+from .rope import check_rope_settings, rope_backward, rope_forward
 
 
 class GroupedQueryAttention:
@@ -51,10 +67,18 @@ class GroupedQueryAttention:
         W_q [d_model, n_heads * d_k]      W_k [d_model, n_kv_heads * d_k]
         W_v [d_model, n_kv_heads * d_v]   W_o [n_heads * d_v, d_model]
 
+    ``rope_base`` (None: no rotation) turns on rotary position embeddings
+    with that base, in ``rope_layout`` (``"half"`` or ``"interleaved"``),
+    over the first ``rope_dim`` features of each head (default ``d_k``).
+
+    ``window=W`` makes it a sliding-window layer (always causal);
+    ``sinks=True`` adds ``sinks [n_heads]``, one sink logit per query head,
+    starting at 0.
+
     ``flash=True`` computes attention with
     :func:`~attn_np.flash_attention_forward` and its backward: the same
-    outputs and gradients in O(L) memory, but no ``attention_weights``
-    and no ``mask`` (``causal`` only).
+    outputs and gradients in O(L) memory, but no ``attention_weights``,
+    no ``mask`` (``causal`` and ``window`` only) and no sinks.
     """
 
     def __init__(
@@ -66,18 +90,23 @@ class GroupedQueryAttention:
         d_v=None,
         seed=0,
         dtype=np.float64,
+        rope_base=None,
+        rope_layout="half",
+        rope_dim=None,
+        window=None,
+        sinks=False,
         flash=False,
     ):
         d_model, n_heads, n_kv_heads, d_k, d_v = check_head_dims(
             d_model, n_heads, n_kv_heads, d_k, d_v
         )
+        self.rope_base, self.rope_layout, self.rope_dim = (
+            check_rope_settings(rope_base, rope_layout, rope_dim, d_k)
+        )
         self.d_model, self.n_heads = d_model, n_heads
         self.n_kv_heads, self.d_k, self.d_v = n_kv_heads, d_k, d_v
         self.group_size = n_heads // n_kv_heads
         self.dtype = dtype = check_float_dtype(dtype)
-        if not isinstance(flash, (bool, np.bool_)):
-            raise TypeError(f"flash must be True or False, got {flash!r}")
-        self.flash = bool(flash)
         rng = np.random.default_rng(seed)
         shapes = {
             "W_q": (d_model, n_heads * d_k),
@@ -93,20 +122,35 @@ class GroupedQueryAttention:
             )
             for name, shape in shapes.items()
         }
+        self.window = check_window(window)
+        if not isinstance(flash, (bool, np.bool_)):
+            raise TypeError(f"flash must be True or False, got {flash!r}")
+        if flash and sinks:
+            raise ValueError(
+                "flash=True does not support sinks=True: the tiled kernels "
+                "have no sink logit"
+            )
+        self.flash = bool(flash)
+        if sinks:  # a logit per query head, 0: the sink starts as one key
+            self.params["sinks"] = np.zeros(n_heads, dtype=dtype)
         self.grads = {
             name: np.zeros_like(p) for name, p in self.params.items()
         }
         # [B, n_heads, L_q, L_k] after each forward (not with flash=True)
         self._weights = None
+        self.sink_weights = None  # [B, n_heads, L_q]: mass on the sink
         self._cache = None
 
     def __repr__(self) -> str:
+        extra = "" if self.window is None else f", window={self.window}"
+        extra += ", sinks=True" if "sinks" in self.params else ""
+        extra += ", flash=True" if self.flash else ""
         return (
             f"{type(self).__name__}(d_model={self.d_model}, "
             f"n_heads={self.n_heads}, "
             f"n_kv_heads={self.n_kv_heads}, d_k={self.d_k}, "
-            f"d_v={self.d_v}, dtype={self.dtype}"
-            + (", flash=True)" if self.flash else ")")
+            f"d_v={self.d_v}, dtype={self.dtype}{self._rope_repr()}"
+            f"{extra})"
         )
 
     @property
@@ -122,6 +166,14 @@ class GroupedQueryAttention:
             )
         return self._weights
 
+    def _rope_repr(self) -> str:
+        if self.rope_base is None:
+            return ""
+        return (
+            f", rope_base={self.rope_base:g}, "
+            f"rope_layout={self.rope_layout!r}, rope_dim={self.rope_dim}"
+        )
+
     @property
     def n_params(self) -> int:
         return sum(p.size for p in self.params.values())
@@ -136,7 +188,8 @@ class GroupedQueryAttention:
         ``[B, n_heads, L_q, L_k]``. With ``kv_cache`` (a
         :class:`~attn_np.KVCache`), ``x`` is the next chunk: it attends
         causally over every cached position plus itself, and its keys and
-        values are added to the cache.
+        values are added to the cache. A window layer needs
+        ``causal=True`` and a cache with the same window.
         """
         x3, unbatched = self._check_x(
             x, "x" if kv_cache is None else "x_chunk"
@@ -144,6 +197,7 @@ class GroupedQueryAttention:
         B, L, _ = x3.shape
         h, n_kv, d_k, d_v = self.n_heads, self.n_kv_heads, self.d_k, self.d_v
         W = self.params
+        start = 0  # the position of the chunk's first token
         if kv_cache is not None:
             if not isinstance(kv_cache, KVCache):
                 raise TypeError(
@@ -160,8 +214,20 @@ class GroupedQueryAttention:
                 d_v=d_v,
                 dtype=dtype,
             )
+            if kv_cache.window != self.window:
+                raise ValueError(
+                    f"kv_cache has window={kv_cache.window} but the layer "
+                    f"has window={self.window}: give the layer a "
+                    "KVCache(window=layer.window)"
+                )
             # the chunk attends over the cache and causally over itself
             causal = True
+            start = len(kv_cache)
+        elif self.window is not None and not causal:
+            raise ValueError(
+                f"a window layer (window={self.window}) is causal: call "
+                "forward(x, causal=True)"
+            )
 
         # [B, L, d_model] @ [d_model, h*d_k] -> [B, L, h*d_k]
         q = x3 @ W["W_q"]
@@ -173,21 +239,40 @@ class GroupedQueryAttention:
         q = self._split_queries(q, d_k)
         k = split_kv(k, n_kv, d_k)  # [B, L, n_kv*d_k] -> [B, n_kv, L, d_k]
         v = split_kv(v, n_kv, d_v)  # [B, L, n_kv*d_v] -> [B, n_kv, L, d_v]
+        rope, scale = None, None
+        # StreamingLLM caches keys before rotation (see _rope_in_cache)
+        in_cache = kv_cache is not None and kv_cache.sink_tokens > 0
+        if self.rope_base is not None and not in_cache:
+            # rotate q and k by their positions
+            q, k, rope = self._rope_forward(q, k, start)
         if kv_cache is not None:
-            # views, no copy: [B, n_kv, L_cached + L, d_k], [.., d_v]
+            # views of the cache: [B, n_kv, L_cached + L, d_k], [.., d_v]
             k, v = kv_cache.append(k, v)
+        if self.rope_base is not None and in_cache:
+            # [B, n_kv, G*L, 2*d_k] and [B, n_kv, L_k, 2*d_k]
+            q, k = self._rope_in_cache(q, k, kv_cache)
+            scale = 1.0 / np.sqrt(d_k)  # of the true d_k, not 2*d_k
         L_k = k.shape[2]
 
+        sinks = None
         if self.flash:
             # [B, n_kv, G*L, d_v]; the kernels keep no weights
-            o, att = self._flash_forward(q, k, v, mask, causal)
+            o, att = self._flash_forward(q, k, v, mask, causal, kv_cache)
         else:
             # None or [..., G*L, L_k]
-            allowed = self._group_mask(mask, causal, B, L, L_k)
+            allowed = self._group_mask(mask, causal, B, L, L_k, kv_cache)
+            # None or [n_kv, G*L, 1]: head kv*G + g owns rows g*L ... g*L+L-1
+            sinks = self._sink_rows(L)
             # [B, n_kv, G*L, d_v], weights [B, n_kv, G*L, L_k]
             # x was checked finite once, in _check_x
             o, att = attention_forward(
-                q, k, v, mask=allowed, check_finite=False
+                q,
+                k,
+                v,
+                mask=allowed,
+                sinks=sinks,
+                scale=scale,
+                check_finite=False,
             )
             # head i = kv*G + g
             self._weights = att.weights.reshape(B, h, L, L_k)
@@ -196,8 +281,10 @@ class GroupedQueryAttention:
         # [B, L, h*d_v] @ [h*d_v, d_model] -> [B, L, d_model]
         y = o @ W["W_o"]
 
+        if sinks is not None:  # [B, n_kv, G*L, 1] -> [B, h, L]
+            self.sink_weights = att.sink_weights.reshape(B, h, L)
         self._cache = (
-            None if kv_cache is not None else (x3, o, att, unbatched)
+            None if kv_cache is not None else (x3, o, att, rope, unbatched)
         )
         return y[0] if unbatched else y
 
@@ -211,7 +298,7 @@ class GroupedQueryAttention:
                 "backward needs a preceding forward without kv_cache "
                 "(decoding with a cache is inference only)"
             )
-        x3, o, att, unbatched = self._cache
+        x3, o, att, rope, unbatched = self._cache
         B, L, _ = x3.shape
         dy = as_float_array(dy, "dy")
         want = (L, self.d_model) if unbatched else (B, L, self.d_model)
@@ -229,10 +316,15 @@ class GroupedQueryAttention:
         do = dy3 @ W["W_o"].T
         do = self._split_queries(do, d_v)  # -> [B, n_kv, G*L, d_v]
         # dk, dv already summed over each group's query heads
-        if self.flash:
-            dq, dk, dv = self._flash_backward(do, att)
+        if self.flash:  # no sinks with flash=True
+            (dq, dk, dv), dsinks = self._flash_backward(do, att), []
         else:
-            dq, dk, dv = attention_backward(do, att)
+            dq, dk, dv, *dsinks = attention_backward(do, att)
+        if dsinks:  # [n_kv, G*L, 1] -> [h, L] -> [h]
+            ds = dsinks[0].reshape(self.n_heads, L).sum(axis=1)
+            self.grads["sinks"] = ds
+        if rope is not None:  # rotate the gradients back: by -theta
+            dq, dk = self._rope_backward(dq, dk, rope)
         # [B, n_kv, G*L, d_k] -> [B, L, h*d_k]
         dq = self._merge_heads(dq, L, d_k)
         dk = merge_kv(dk)  # [B, n_kv, L, d_k] -> [B, L, n_kv*d_k]
@@ -264,6 +356,70 @@ class GroupedQueryAttention:
             )
         return (x[None], True) if x.ndim == 2 else (x, False)
 
+    def _rope_forward(self, q, k, start):
+        """Rotate query heads ``[B, n_kv, G*L, d_k]`` and key heads ``[B,
+        n_kv, L, d_k]`` at positions ``start ... start+L-1``."""
+        B, n_kv, GL, d_k = q.shape
+        L = k.shape[2]
+        positions = start + np.arange(L)  # [L]
+        kw = dict(
+            base=self.rope_base,
+            layout=self.rope_layout,
+            rotary_dim=self.rope_dim,
+        )
+        # [B, n_kv, G*L, d_k] -> [B, n_kv, G, L, d_k]: a view, one head a row
+        q, q_cache = rope_forward(
+            q.reshape(B, n_kv, self.group_size, L, d_k), positions, **kw
+        )
+        k, k_cache = rope_forward(k, positions, **kw)  # [B, n_kv, L, d_k]
+        # -> [B, n_kv, G*L, d_k]
+        return q.reshape(B, n_kv, GL, d_k), k, (q_cache, k_cache)
+
+    def _rope_in_cache(self, q, k, cache):
+        """StreamingLLM's positions inside the cache (Xiao et al. 2023).
+
+        ``k [B, n_kv, n, d_k]`` holds unrotated keys: the sinks, then a
+        contiguous run ending with the chunk. Key slot ``s`` turns by
+        position ``s``. Query ``i`` (absolute) sees the sinks and the keys
+        ``j > i - (W - S)``, ``min(i + 1, W)`` keys in all, and stands at
+        position ``min(i, W - 1)`` among them: that is its position for
+        the sink columns. For the other columns any common shift will do,
+        so it turns by its own slot, and ``i - j`` is kept. The two query
+        rotations sit side by side, ``[q_sink, q_recent]``, against keys
+        ``[k, 0]`` (sinks) and ``[0, k]`` (the rest): one matmul gives
+        both kinds of scores. Returns ``(q2, k2)`` with ``2 d_k``
+        features.
+        """
+        B, n_kv, GL, d_k = q.shape
+        n, G = k.shape[2], self.group_size
+        L, S = GL // G, min(cache.sink_tokens, len(cache))
+        kw = dict(
+            base=self.rope_base,
+            layout=self.rope_layout,
+            rotary_dim=self.rope_dim,
+        )
+        k, _ = rope_forward(k, np.arange(n), **kw)  # slots 0 ... n-1
+        q = q.reshape(B, n_kv, G, L, d_k)  # one head a row
+        i = len(cache) - L + np.arange(L)  # absolute positions [L]
+        q_sink, _ = rope_forward(q, np.minimum(i, cache.window - 1), **kw)
+        q_rest, _ = rope_forward(q, n - L + np.arange(L), **kw)
+        # [B, n_kv, G, L, 2*d_k] -> [B, n_kv, G*L, 2*d_k]
+        q2 = np.concatenate([q_sink, q_rest], axis=-1).reshape(
+            B, n_kv, GL, 2 * d_k
+        )
+        k2 = np.zeros((B, n_kv, n, 2 * d_k), dtype=k.dtype)
+        k2[:, :, :S, :d_k] = k[:, :, :S]  # sinks meet q_sink
+        k2[:, :, S:, d_k:] = k[:, :, S:]  # the rest meet q_rest
+        return q2, k2
+
+    def _rope_backward(self, dq, dk, rope):
+        """The backward of :meth:`_rope_forward`: ``R(-theta)`` on ``dq``
+        and ``dk``."""
+        q_cache, k_cache = rope
+        # [B, n_kv, G*L, d_k] -> [B, n_kv, G, L, d_k] -> back
+        dq5 = rope_backward(dq.reshape(q_cache.shape), q_cache)
+        return dq5.reshape(dq.shape), rope_backward(dk, k_cache)
+
     def _split_queries(self, t, d):
         """[B, L, h*d] -> [B, n_kv, G*L, d]: query head kv*G + g goes to
         group kv, rows g*L ... g*L+L-1."""
@@ -285,12 +441,17 @@ class GroupedQueryAttention:
         )
         return t.reshape(B, L, self.n_heads * d)
 
-    def _flash_forward(self, q, k, v, mask, causal):
+    def _flash_forward(self, q, k, v, mask, causal, kv_cache):
         """The tiled kernels on the stacked layout: ``(o, cache)``."""
         if mask is not None:
             raise ValueError(
                 "mask is not supported with flash=True: the tiled kernels "
-                "take causal=True/False only; use a layer with flash=False"
+                "take causal and window only; use a layer with flash=False"
+            )
+        if kv_cache is not None and kv_cache.sink_tokens:
+            raise ValueError(
+                "flash=True needs a cache of contiguous positions, got "
+                f"kv_cache with sink_tokens={kv_cache.sink_tokens}"
             )
         B, n_kv, GL, d_k = q.shape
         G = self.group_size
@@ -300,7 +461,12 @@ class GroupedQueryAttention:
         # [B, n_kv, L_k, d] -> [B, n_kv, 1, L_k, d]: broadcast over G
         k5, v5 = k[:, :, None], v[:, :, None]
         o, cache = flash_attention_forward(
-            q5, k5, v5, causal=causal, check_finite=False
+            q5,
+            k5,
+            v5,
+            causal=causal,
+            window=self.window,
+            check_finite=False,
         )
         return o.reshape(B, n_kv, GL, v.shape[-1]), cache  # [B,n_kv,G*L,d_v]
 
@@ -314,9 +480,17 @@ class GroupedQueryAttention:
         # [B, n_kv, G, L, d_k] -> [B, n_kv, G*L, d_k]; dk, dv: drop the 1
         return dq.reshape(B, n_kv, GL, -1), dk[:, :, 0], dv[:, :, 0]
 
-    def _group_mask(self, mask, causal, B, L_q, L_k):
-        """Combine the caller's mask and the causal mask into one for the
-        stacked query rows."""
+    def _sink_rows(self, L):
+        """``params["sinks"] [h]`` laid out like the stacked query rows:
+        ``[n_kv, G*L, 1]`` (each head's logit repeated for its L rows)."""
+        if "sinks" not in self.params:
+            return None
+        rows = np.repeat(self.params["sinks"], L)  # [h*L], head-major
+        return rows.reshape(self.n_kv_heads, self.group_size * L, 1)
+
+    def _group_mask(self, mask, causal, B, L_q, L_k, kv_cache=None):
+        """Combine the caller's mask and the causal (or window) mask into
+        one for the stacked query rows."""
         G, h, n_kv = self.group_size, self.n_heads, self.n_kv_heads
         allowed = None
         if mask is not None:
@@ -332,8 +506,14 @@ class GroupedQueryAttention:
             else:
                 m = np.broadcast_to(m, full).reshape(B, n_kv, G, L_q, L_k)
                 allowed = m.reshape(B, n_kv, G * L_q, L_k)
-        if causal and L_q > 1:
-            c = np.tile(causal_mask(L_q, L_k), (G, 1))  # [G*L_q, L_k]
+        c = None
+        if kv_cache is not None and kv_cache.window is not None:
+            # a rolling cache knows which positions it holds: [L_q, L_k]
+            c = kv_cache.attention_mask(L_q)
+        elif causal and (L_q > 1 or self.window is not None):
+            c = causal_mask(L_q, L_k, window=self.window)  # [L_q, L_k]
+        if c is not None:
+            c = np.tile(c, (G, 1))  # [G*L_q, L_k]
             allowed = c if allowed is None else allowed & c
         return allowed
 
@@ -350,6 +530,11 @@ class MultiHeadAttention(GroupedQueryAttention):
         d_v=None,
         seed=0,
         dtype=np.float64,
+        rope_base=None,
+        rope_layout="half",
+        rope_dim=None,
+        window=None,
+        sinks=False,
         flash=False,
     ):
         super().__init__(
@@ -360,6 +545,11 @@ class MultiHeadAttention(GroupedQueryAttention):
             d_v=d_v,
             seed=seed,
             dtype=dtype,
+            rope_base=rope_base,
+            rope_layout=rope_layout,
+            rope_dim=rope_dim,
+            window=window,
+            sinks=sinks,
             flash=flash,
         )
 
@@ -376,6 +566,11 @@ class MultiQueryAttention(GroupedQueryAttention):
         d_v=None,
         seed=0,
         dtype=np.float64,
+        rope_base=None,
+        rope_layout="half",
+        rope_dim=None,
+        window=None,
+        sinks=False,
         flash=False,
     ):
         super().__init__(
@@ -386,6 +581,11 @@ class MultiQueryAttention(GroupedQueryAttention):
             d_v=d_v,
             seed=seed,
             dtype=dtype,
+            rope_base=rope_base,
+            rope_layout=rope_layout,
+            rope_dim=rope_dim,
+            window=window,
+            sinks=sinks,
             flash=flash,
         )
 

@@ -132,6 +132,40 @@ def masked_softmax(
     return s
 
 
+def sink_softmax(
+    x: np.ndarray,
+    sink: np.ndarray,
+    mask: np.ndarray | None,
+    *,
+    overwrite: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax over the last axis of ``x`` plus one sink logit per row;
+    returns ``(p, p_sink)``.
+
+    ``sink`` broadcasts to ``[..., 1]``: each row is ``softmax([x_row,
+    a])`` with the sink's column dropped (gpt-oss), so the row sums to
+    ``1 - p_sink <= 1``. The sink is finite and always allowed, so the
+    shift ``m = max(max_j x_j, a)`` is finite and even a row with every
+    entry masked is well defined: all its mass goes to the sink.
+    """
+    if overwrite and (
+        mask is None or np.broadcast_shapes(mask.shape, x.shape) == x.shape
+    ):
+        s = x
+        if mask is not None:
+            np.copyto(s, -np.inf, where=~mask)  # masked logits -> -inf
+    else:
+        s = x.copy() if mask is None else np.where(mask, x, -np.inf)
+    # [..., 1]: the shift covers the sink too, so every exponent is <= 0
+    m = np.maximum(np.max(s, axis=-1, keepdims=True), sink)
+    s -= m
+    np.exp(s, out=s)  # masked entries: exp(-inf) = 0
+    e_sink = np.exp(sink - m)  # [..., 1]
+    denom = np.sum(s, axis=-1, keepdims=True) + e_sink  # >= 1
+    s /= denom
+    return s, e_sink / denom
+
+
 def _check_finite(x: np.ndarray, mask: np.ndarray | None) -> None:
     """Refuse inf/NaN logits where they take part: exclude entries with
     ``mask``, not with ``-inf``."""

@@ -1,5 +1,8 @@
 """Execute notebooks in place, top to bottom, each in a fresh kernel (``make notebooks``).
 
+Each notebook's name is printed as it starts and its time when it finishes, so that a reader
+waiting for ``make notebooks`` knows what is running.
+
 Outputs are stored without per-cell timing metadata so that re-running an unchanged notebook
 changes nothing but machine-dependent outputs (timings, in cells tagged ``nbval-ignore-output``).
 """
@@ -44,9 +47,13 @@ def main(paths: list[str]) -> int:
             "usage: execute_notebooks.py NOTEBOOK.ipynb ...", file=sys.stderr
         )
         return 2
-    for p in paths:
+    for i, p in enumerate(paths, 1):
+        print(f"[{i}/{len(paths)}] {p}: executing...", flush=True)
         elapsed = execute(Path(p))
-        print(f"{p}: executed in {elapsed:.1f} s")
+        print(
+            f"[{i}/{len(paths)}] {p}: executed in {elapsed:.1f} s",
+            flush=True,
+        )
     return 0
 
 

@@ -2,7 +2,8 @@
 them.
 
 Each benchmark is a module ``attn_np.bench.NAME`` with a ``main(argv) ->
-int`` function.
+int`` function. Its name is printed before it runs (and its time after), so
+that a reader waiting for ``make bench`` knows what is running.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import sys
+import time
 
 import attn_np.bench as _pkg
 
@@ -24,6 +26,16 @@ def available() -> list[str]:
     )
 
 
+def run(name: str, argv: list[str]) -> int:
+    """Run one benchmark, announcing it first and timing it."""
+    print(f"== {name} ==", flush=True)
+    start = time.perf_counter()
+    status = importlib.import_module(f"attn_np.bench.{name}").main(argv)
+    took = time.perf_counter() - start
+    print(f"== {name}: done in {took:.1f} s ==", flush=True)
+    return status
+
+
 def main(argv: list[str]) -> int:
     names = available()
     if not argv or argv[0] in ("-h", "--help"):
@@ -36,10 +48,7 @@ def main(argv: list[str]) -> int:
     if name == "all":
         status = 0
         for n in names:
-            print(f"== {n} ==", flush=True)
-            status |= importlib.import_module(f"attn_np.bench.{n}").main(
-                rest
-            )
+            status |= run(n, rest)
         return status
     if name not in names:
         print(
@@ -50,7 +59,7 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    return importlib.import_module(f"attn_np.bench.{name}").main(rest)
+    return run(name, rest)
 
 
 if __name__ == "__main__":

@@ -5,22 +5,32 @@ formulas.
   memory of one attention layer (chapters 2 and 3);
 * :mod:`~attn_np.costs.decode`: FLOPs, bytes and arithmetic intensity of a
   prefill and a decode step, the roofline and Shazeer's ratio (chapter 4);
+* :mod:`~attn_np.costs.latent`: the cache, FLOPs and bytes of multi-head
+  latent attention, naive and absorbed (chapter 7);
 * :mod:`~attn_np.costs.catalogue`: the attention shapes of released models
-  and the size of their key/value caches (chapters 3, 4 and 7 to 9).
+  and the size of their key/value caches (chapters 3, 4 and 7 to 9), and
+  ``from_hf_config``, which reads them from a Hugging Face ``config.json``
+  (appendix A1).
 
 Every name is also available here, so ``from attn_np import costs`` then
 ``costs.forward_flops``.
 """
 
 from .catalogue import (
+    CATALOGUE,
     GB,
+    LATENT_MODELS,
     MODELS,
+    WINDOW_MODELS,
     GiB,
     ModelConfig,
+    cached_positions,
+    from_hf_config,
     get_model,
     kv_bytes_per_token,
     kv_cache_bytes,
     max_concurrent_sequences,
+    max_context,
     weight_bytes,
 )
 from .decode import (
@@ -33,6 +43,12 @@ from .decode import (
     ridge_point,
     roofline_time,
     shazeer_ratio,
+)
+from .latent import (
+    latent_cache_elements,
+    latent_chunk_cost,
+    latent_decode_step_cost,
+    latent_param_count,
 )
 from .layer import (
     activation_bytes,
@@ -53,6 +69,9 @@ __all__ = [
     "GB",
     "GiB",
     "MODELS",
+    "CATALOGUE",
+    "LATENT_MODELS",
+    "WINDOW_MODELS",
     "ChunkCost",
     "ModelConfig",
     "activation_bytes",
@@ -60,18 +79,25 @@ __all__ = [
     "attention_weights_bytes",
     "backward_flops",
     "backward_flops_breakdown",
+    "cached_positions",
     "chunk_cost",
     "decode_step_cost",
     "forward_flops",
     "forward_flops_breakdown",
     "forward_retained_bytes",
+    "from_hf_config",
     "get_model",
     "head_dims",
     "kv_bytes_per_token",
     "kv_cache_bytes",
     "kv_read_tokens_per_second",
+    "latent_cache_elements",
+    "latent_chunk_cost",
+    "latent_decode_step_cost",
+    "latent_param_count",
     "matmul_flops",
     "max_concurrent_sequences",
+    "max_context",
     "param_count",
     "prefill_cost",
     "ridge_point",

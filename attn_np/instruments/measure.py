@@ -60,9 +60,9 @@ def read_probes(nbytes: int = 512 * 2**20) -> dict:
     """Two ways to stream-read ``nbytes`` of float32 once: ``{name: (fn,
     bytes read)}``.
 
-    * ``np.sum``: one thread, one addition per element; the idea of
-      McCalpin's STREAM benchmark, read-only here. One core alone may not
-      saturate the memory bus.
+    * ``np.sum``: one thread, one addition per element; in the spirit of
+      McCalpin's STREAM benchmark, whose kernels read and write, but
+      read-only. One core alone may not saturate the memory bus.
     * ``BLAS gemv``: ``A @ x`` with ``A`` the same bytes as a ``[n, 1024]``
       matrix. OpenBLAS splits the rows over all its threads, two
       multiply-adds per 8 bytes, so it is still memory-bound, and it is the

@@ -24,9 +24,14 @@ STYLE = {
     "svg.hashsalt": "attn_np",
 }
 
-# : Colours for the three attention families, used in every chapter (colour-
-# blind safe).
-FAMILY_COLOURS = {"MHA": "#0072B2", "GQA": "#009E73", "MQA": "#D55E00"}
+# : Colours for the attention families, used in every chapter (colour-
+# blind safe); MLA (chapter 7) is the family of the latent caches.
+FAMILY_COLOURS = {
+    "MHA": "#0072B2",
+    "GQA": "#009E73",
+    "MQA": "#D55E00",
+    "MLA": "#CC79A7",
+}
 
 
 def use_book_style() -> None:

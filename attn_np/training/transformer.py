@@ -2,6 +2,9 @@
 
     ids [B, L] -> embedding + sinusoidal positions -> n_layers x block
                -> RMSNorm -> linear -> logits [B, L, V]
+
+With ``positions="rope"`` (chapter 6) no table is added: every attention
+layer rotates its queries and keys instead (rotary position embeddings).
     block:  x = x + attn(norm1(x))   (causal self-attention: MHA/GQA/MQA)
             x = x + ffn(norm2(x))    (GELU MLP)
 
@@ -26,6 +29,8 @@ from .layers import (
     check_token_ids,
     sinusoidal_positions,
 )
+
+POSITIONS = ("sinusoidal", "rope", "none")
 
 
 class Block(Composite):
@@ -68,6 +73,16 @@ class Transformer(Composite):
     head) default to ``d_model // n_heads``. With the same ``seed``, the
     embedding, feed-forward and output layers start from the same weights
     whatever the attention family.
+
+    ``positions`` says how the model knows where a token is:
+    ``"sinusoidal"`` adds Vaswani et al.'s table to the embeddings,
+    ``"rope"`` rotates queries and keys in every attention layer (base
+    ``rope_base``, layout ``rope_layout``) and ``"none"`` gives no position
+    at all (a causal model can still infer some).
+
+    ``window`` and ``sinks`` go to every attention layer (chapter 8): a
+    sliding window of ``window`` positions, and a learned sink logit per
+    query head.
     """
 
     def __init__(
@@ -84,7 +99,17 @@ class Transformer(Composite):
         dtype=np.float64,
         d_k=None,
         d_v=None,
+        positions="sinusoidal",
+        rope_base=10000.0,
+        rope_layout="half",
+        window=None,
+        sinks=False,
     ):
+        if positions not in POSITIONS:
+            raise ValueError(
+                f"positions must be one of {POSITIONS}, got {positions!r}"
+            )
+        self.position_encoding = positions
         self.vocab_size = check_positive_int(vocab_size, "vocab_size")
         self.d_model = check_positive_int(d_model, "d_model")
         self.max_len = check_positive_int(max_len, "max_len")
@@ -96,8 +121,13 @@ class Transformer(Composite):
         self.embed = Embedding(
             vocab_size, d_model, seed=seeds[0, 0], dtype=dtype
         )
-        # [max_len, d], fixed
-        self.positions = sinusoidal_positions(max_len, d_model, dtype=dtype)
+        # [max_len, d], fixed; None when positions enter in attention
+        self.positions = (
+            sinusoidal_positions(max_len, d_model, dtype=dtype)
+            if positions == "sinusoidal"
+            else None
+        )
+        rope = positions == "rope"
         self.blocks = [
             Block(
                 GroupedQueryAttention(
@@ -108,6 +138,10 @@ class Transformer(Composite):
                     d_v=d_v,
                     seed=s_attn,
                     dtype=dtype,
+                    rope_base=rope_base if rope else None,
+                    rope_layout=rope_layout,
+                    window=window,
+                    sinks=sinks,
                 ),
                 d_ff,
                 seed=s_ffn,
@@ -167,8 +201,9 @@ class Transformer(Composite):
                 "ids must have shape [B, L] with 1 <= L <= "
                 f"max_len={self.max_len}, got {ids.shape}"
             )
-        # [B, L, d] + [L, d]
-        x = self.embed.forward(ids) + self.positions[: ids.shape[1]]
+        x = self.embed.forward(ids)  # [B, L, d]
+        if self.positions is not None:  # "rope" rotates inside attention
+            x = x + self.positions[: ids.shape[1]]  # [B, L, d] + [L, d]
         for blk in self.blocks:
             x = blk.forward(x)  # [B, L, d]
         # [B, L, d] -> [B, L, V]

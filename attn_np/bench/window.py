@@ -1,0 +1,128 @@
+"""``python -m attn_np.bench window``: does a sliding window stop the decode
+step from growing with the context? (chapter 8)
+
+One float32 attention layer decodes one token over a context of ``n``
+positions, with full attention (a plain :class:`~attn_np.KVCache`, which
+holds all ``n``) and with a window of ``W`` (a rolling cache, which holds
+``W``). Printed for each context: the bytes each cache holds and the best
+step time of each. The full step should grow with ``n``; the windowed one
+should stay flat once ``n > W``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from attn_np.instruments.measure import best_times
+from attn_np.instruments.plotting import format_bytes
+from attn_np.kv_cache import KVCache
+from attn_np.multihead import GroupedQueryAttention
+
+
+def window_decode_setup(
+    d_model, n_heads, n_kv_heads, context, *, window=None, seed=0
+):
+    """A float32 layer (``window=None``: full attention), its cache after
+    ``context`` random positions, and a one-token ``step()``.
+
+    The full cache is preallocated one position longer and every step is
+    undone (:meth:`KVCache.truncate`), so each call sees ``context``
+    positions. The rolling cache is not undone: each step forgets the
+    oldest position and moves the other ``W - 1``, as it does when a
+    model decodes on and on; it holds ``W`` positions whatever the
+    context.
+    """
+    layer = GroupedQueryAttention(
+        d_model,
+        n_heads,
+        n_kv_heads,
+        seed=seed,
+        dtype=np.float32,
+        window=window,
+    )
+    rng = np.random.default_rng(seed)
+    cache = KVCache(initial_capacity=context + 1, window=window)
+    shape = (1, n_kv_heads, context)
+    cache.append(  # [1, n_kv, context, d_k] and [.., d_v]
+        rng.standard_normal(shape + (layer.d_k,), dtype=np.float32),
+        rng.standard_normal(shape + (layer.d_v,), dtype=np.float32),
+    )
+    x = rng.standard_normal((1, 1, d_model), dtype=np.float32)
+
+    def step():
+        layer.forward(x, kv_cache=cache)  # [1, 1, d_model]
+        if window is None:
+            cache.truncate(context)
+
+    step()  # a rolling cache forgets all but its window here, once
+    return layer, cache, step
+
+
+def run(
+    d_model=512,
+    n_heads=8,
+    n_kv_heads=2,
+    window=1024,
+    contexts=(1024, 2048, 4096, 8192, 16384, 32768),
+    rounds=10,
+):
+    """Measure; ``{context: {"full": (bytes, s), "window": (bytes, s)}}``.
+
+    The contexts of each kind are timed in turns (:func:`best_times`), so
+    a busy moment of a shared machine slows all of them alike. The two
+    kinds are timed apart: between two windowed steps, a full step over
+    32 MiB would push the window's 1 MiB out of the CPU caches.
+    """
+    times, held = {}, {}
+    for kind, w in (("full", None), ("window", window)):
+        fns = {}
+        for n in contexts:
+            _, cache, step = window_decode_setup(
+                d_model, n_heads, n_kv_heads, n, window=w
+            )
+            fns[kind, n] = step
+            held[kind, n] = cache.nbytes
+        times.update(best_times(fns, rounds=rounds))
+        del fns  # free this kind's caches before the next
+    return {
+        n: {k: (held[k, n], times[k, n]) for k in ("full", "window")}
+        for n in contexts
+    }
+
+
+def main(argv) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m attn_np.bench window",
+        description=__doc__.split("\n")[0],
+    )
+    parser.add_argument("--d-model", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--window", type=int, default=1024)
+    parser.add_argument("--rounds", type=int, default=10)
+    args = parser.parse_args(argv)
+    r = run(
+        args.d_model,
+        args.heads,
+        args.kv_heads,
+        args.window,
+        rounds=args.rounds,
+    )
+    print(
+        f"one-token decode step, float32, d_model={args.d_model}, "
+        f"{args.heads} query heads, {args.kv_heads} key/value heads, "
+        f"window {args.window}"
+    )
+    print(
+        f"{'context':>8}{'full cache':>12}{'full step':>11}"
+        f"{'window cache':>14}{'window step':>13}"
+    )
+    for n, row in r.items():
+        (fb, ft), (wb, wt) = row["full"], row["window"]
+        print(
+            f"{n:>8}{format_bytes(fb):>12}{ft * 1e3:>8.3f} ms"
+            f"{format_bytes(wb):>14}{wt * 1e3:>10.3f} ms"
+        )
+    return 0
