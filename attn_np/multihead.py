@@ -78,7 +78,7 @@ class GroupedQueryAttention:
     ``flash=True`` computes attention with
     :func:`~attn_np.flash_attention_forward` and its backward: the same
     outputs and gradients in O(L) memory, but no ``attention_weights``,
-    no ``mask`` (``causal`` and ``window`` only) and no sinks.
+    no ``mask`` and no sinks (``causal`` and ``window`` only).
     """
 
     def __init__(
@@ -107,6 +107,14 @@ class GroupedQueryAttention:
         self.n_kv_heads, self.d_k, self.d_v = n_kv_heads, d_k, d_v
         self.group_size = n_heads // n_kv_heads
         self.dtype = dtype = check_float_dtype(dtype)
+        if not isinstance(flash, (bool, np.bool_)):
+            raise TypeError(f"flash must be True or False, got {flash!r}")
+        if flash and sinks:
+            raise ValueError(
+                "sinks=True is not supported with flash=True: the tiled "
+                "kernels have no sink column; use flash=False"
+            )
+        self.flash = bool(flash)
         rng = np.random.default_rng(seed)
         shapes = {
             "W_q": (d_model, n_heads * d_k),
@@ -123,14 +131,6 @@ class GroupedQueryAttention:
             for name, shape in shapes.items()
         }
         self.window = check_window(window)
-        if not isinstance(flash, (bool, np.bool_)):
-            raise TypeError(f"flash must be True or False, got {flash!r}")
-        if flash and sinks:
-            raise ValueError(
-                "flash=True does not support sinks=True: the tiled kernels "
-                "have no sink logit"
-            )
-        self.flash = bool(flash)
         if sinks:  # a logit per query head, 0: the sink starts as one key
             self.params["sinks"] = np.zeros(n_heads, dtype=dtype)
         self.grads = {
@@ -153,6 +153,14 @@ class GroupedQueryAttention:
             f"{extra})"
         )
 
+    def _rope_repr(self) -> str:
+        if self.rope_base is None:
+            return ""
+        return (
+            f", rope_base={self.rope_base:g}, "
+            f"rope_layout={self.rope_layout!r}, rope_dim={self.rope_dim}"
+        )
+
     @property
     def attention_weights(self):
         """``[B, n_heads, L_q, L_k]`` weights of the last forward (None
@@ -165,14 +173,6 @@ class GroupedQueryAttention:
                 "attn_np.attention_forward, to look at them"
             )
         return self._weights
-
-    def _rope_repr(self) -> str:
-        if self.rope_base is None:
-            return ""
-        return (
-            f", rope_base={self.rope_base:g}, "
-            f"rope_layout={self.rope_layout!r}, rope_dim={self.rope_dim}"
-        )
 
     @property
     def n_params(self) -> int:
@@ -220,6 +220,12 @@ class GroupedQueryAttention:
                     f"has window={self.window}: give the layer a "
                     "KVCache(window=layer.window)"
                 )
+            if self.flash and kv_cache.sink_tokens:
+                raise ValueError(
+                    "a StreamingLLM cache (sink_tokens > 0) is not "
+                    "supported with flash=True: its keys are rotated by "
+                    "slot, which the tiled kernels do not do"
+                )
             # the chunk attends over the cache and causally over itself
             causal = True
             start = len(kv_cache)
@@ -254,14 +260,13 @@ class GroupedQueryAttention:
             scale = 1.0 / np.sqrt(d_k)  # of the true d_k, not 2*d_k
         L_k = k.shape[2]
 
-        sinks = None
-        if self.flash:
-            # [B, n_kv, G*L, d_v]; the kernels keep no weights
-            o, att = self._flash_forward(q, k, v, mask, causal, kv_cache)
+        if self.flash:  # chapter 9: the tiled kernels keep no weights
+            # [B, n_kv, G*L, d_v]
+            o, att = self._flash_forward(q, k, v, mask, causal, scale)
         else:
             # None or [..., G*L, L_k]
             allowed = self._group_mask(mask, causal, B, L, L_k, kv_cache)
-            # None or [n_kv, G*L, 1]: head kv*G + g owns rows g*L ... g*L+L-1
+            # None or [n_kv, G*L, 1]: head kv*G + g owns rows g*L ...
             sinks = self._sink_rows(L)
             # [B, n_kv, G*L, d_v], weights [B, n_kv, G*L, L_k]
             # x was checked finite once, in _check_x
@@ -276,13 +281,13 @@ class GroupedQueryAttention:
             )
             # head i = kv*G + g
             self._weights = att.weights.reshape(B, h, L, L_k)
+            if sinks is not None:  # [B, n_kv, G*L, 1] -> [B, h, L]
+                self.sink_weights = att.sink_weights.reshape(B, h, L)
         # [B, n_kv, G*L, d_v] -> [B, L, h*d_v]
         o = self._merge_heads(o, L, d_v)
         # [B, L, h*d_v] @ [h*d_v, d_model] -> [B, L, d_model]
         y = o @ W["W_o"]
 
-        if sinks is not None:  # [B, n_kv, G*L, 1] -> [B, h, L]
-            self.sink_weights = att.sink_weights.reshape(B, h, L)
         self._cache = (
             None if kv_cache is not None else (x3, o, att, rope, unbatched)
         )
@@ -316,8 +321,9 @@ class GroupedQueryAttention:
         do = dy3 @ W["W_o"].T
         do = self._split_queries(do, d_v)  # -> [B, n_kv, G*L, d_v]
         # dk, dv already summed over each group's query heads
-        if self.flash:  # no sinks with flash=True
-            (dq, dk, dv), dsinks = self._flash_backward(do, att), []
+        if self.flash:
+            dq, dk, dv = self._flash_backward(do, att)
+            dsinks = ()
         else:
             dq, dk, dv, *dsinks = attention_backward(do, att)
         if dsinks:  # [n_kv, G*L, 1] -> [h, L] -> [h]
@@ -441,23 +447,19 @@ class GroupedQueryAttention:
         )
         return t.reshape(B, L, self.n_heads * d)
 
-    def _flash_forward(self, q, k, v, mask, causal, kv_cache):
+    def _flash_forward(self, q, k, v, mask, causal, scale):
         """The tiled kernels on the stacked layout: ``(o, cache)``."""
         if mask is not None:
             raise ValueError(
                 "mask is not supported with flash=True: the tiled kernels "
-                "take causal and window only; use a layer with flash=False"
-            )
-        if kv_cache is not None and kv_cache.sink_tokens:
-            raise ValueError(
-                "flash=True needs a cache of contiguous positions, got "
-                f"kv_cache with sink_tokens={kv_cache.sink_tokens}"
+                "take causal=True/False and the layer's window only; use a "
+                "layer with flash=False"
             )
         B, n_kv, GL, d_k = q.shape
         G = self.group_size
         # [B, n_kv, G*L, d_k] -> [B, n_kv, G, L, d_k]: row g*L + l is
         # query head kv*G + g at position l (a view, no copy)
-        q5 = q.reshape(B, n_kv, G, GL // G, d_k)
+        q5 = q.reshape(B, n_kv, G, GL // G, q.shape[-1])
         # [B, n_kv, L_k, d] -> [B, n_kv, 1, L_k, d]: broadcast over G
         k5, v5 = k[:, :, None], v[:, :, None]
         o, cache = flash_attention_forward(
@@ -465,6 +467,7 @@ class GroupedQueryAttention:
             k5,
             v5,
             causal=causal,
+            scale=scale,
             window=self.window,
             check_finite=False,
         )
@@ -520,7 +523,9 @@ class GroupedQueryAttention:
 
 class MultiHeadAttention(GroupedQueryAttention):
     """Multi-head attention (Vaswani et al. 2017): every query head has its
-    own key/value head."""
+    own key/value head. ``options`` are :class:`GroupedQueryAttention`'s
+    keywords (``rope_base``, ``rope_layout``, ``rope_dim``, ``window``,
+    ``sinks``, ``flash``)."""
 
     def __init__(
         self,
@@ -530,33 +535,16 @@ class MultiHeadAttention(GroupedQueryAttention):
         d_v=None,
         seed=0,
         dtype=np.float64,
-        rope_base=None,
-        rope_layout="half",
-        rope_dim=None,
-        window=None,
-        sinks=False,
-        flash=False,
+        **options,
     ):
         super().__init__(
-            d_model,
-            n_heads,
-            n_heads,
-            d_k=d_k,
-            d_v=d_v,
-            seed=seed,
-            dtype=dtype,
-            rope_base=rope_base,
-            rope_layout=rope_layout,
-            rope_dim=rope_dim,
-            window=window,
-            sinks=sinks,
-            flash=flash,
+            d_model, n_heads, n_heads, d_k, d_v, seed, dtype, **options
         )
 
 
 class MultiQueryAttention(GroupedQueryAttention):
     """Multi-query attention (Shazeer 2019): all query heads share one
-    key/value head."""
+    key/value head. ``options`` as for :class:`MultiHeadAttention`."""
 
     def __init__(
         self,
@@ -566,27 +554,10 @@ class MultiQueryAttention(GroupedQueryAttention):
         d_v=None,
         seed=0,
         dtype=np.float64,
-        rope_base=None,
-        rope_layout="half",
-        rope_dim=None,
-        window=None,
-        sinks=False,
-        flash=False,
+        **options,
     ):
         super().__init__(
-            d_model,
-            n_heads,
-            1,
-            d_k=d_k,
-            d_v=d_v,
-            seed=seed,
-            dtype=dtype,
-            rope_base=rope_base,
-            rope_layout=rope_layout,
-            rope_dim=rope_dim,
-            window=window,
-            sinks=sinks,
-            flash=flash,
+            d_model, n_heads, 1, d_k, d_v, seed, dtype, **options
         )
 
 
