@@ -9,7 +9,27 @@ them with ``params`` and ``grads`` dicts that share their keys.
 The attention mechanisms sit at the top, one module per idea, in the order of
 the chapters:
 
-==  ===================================  ============================
+==  ===================================  ===================================
+ch  chapter                              modules
+==  ===================================  ===================================
+1   scaled dot-product attention         :mod:`.softmax`, :mod:`.attention`
+2   multi-head attention                 :mod:`.multihead`,
+                                         :mod:`.costs.layer`
+3   multi-query and grouped-query        :mod:`.multihead`, :mod:`.convert`,
+    attention                            :mod:`.costs.catalogue`
+4   incremental decoding, KV cache       :mod:`.kv_cache`,
+                                         :mod:`.costs.decode`, :mod:`.bench`
+5   training MHA, GQA and MQA            :mod:`.training`
+6   rotary position embeddings           :mod:`.rope`
+7   multi-head latent attention          :mod:`.latent`,
+                                         :mod:`.costs.latent`
+8   sliding windows, rolling caches,     :mod:`.attention`, :mod:`.kv_cache`,
+    attention sinks                      :mod:`.streaming`
+9   FlashAttention                       :mod:`.flash`
+A1  the KV cache of any model config     :mod:`.costs.catalogue`,
+                                         :mod:`.memory`
+==  ===================================  ===================================
+
 Three supporting subpackages: :mod:`.training` (the chapter-5 kit),
 :mod:`.costs` (the cost formulas and the catalogue of released models) and
 :mod:`.instruments` (gradient checks, plotting, measurement, BLAS threads,

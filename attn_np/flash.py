@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import check_positive_int, check_upstream
-from .attention import _check_inputs, unbroadcast
+from .attention import _check_inputs, check_window, unbroadcast
 
 BLOCK_Q = 256  # query rows per tile: the fastest in the chapter-9 sweep
 BLOCK_K = 256  # keys per tile
@@ -61,7 +61,7 @@ def block_plan(L_q, L_k, block_q, block_k, *, causal=False, window=None):
     query aligns with the last key) and may attend key ``c`` iff
     ``c <= p`` (causal) and ``c > p - window`` (window).
     """
-    window = _check_window(window, causal)
+    window = check_window(window, causal)
     r0 = np.arange(0, L_q, block_q)[:, None]  # first row of a tile
     r1 = np.minimum(r0 + block_q, L_q) - 1  # last row of a tile
     c0 = np.arange(0, L_k, block_k)[None, :]  # first key of a tile
@@ -142,7 +142,7 @@ def flash_attention_forward(
     q, k, v, _, scale = _check_inputs(
         q, k, v, None, False, scale, check_finite
     )
-    window = _check_window(window, causal)
+    window = check_window(window, causal)
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
@@ -263,15 +263,3 @@ def _tile_mask(r0, r1, c0, c1, L_q, L_k, window):
     if window is not None:
         allowed &= keys > pos - window
     return allowed
-
-
-def _check_window(window, causal):
-    if window is None:
-        return None
-    window = check_positive_int(window, "window")
-    if not causal:
-        raise ValueError(
-            f"window={window} needs causal=True (a query attends the "
-            "window keys ending at its own position)"
-        )
-    return window

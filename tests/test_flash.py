@@ -515,3 +515,78 @@ def test_layer_flash_subclasses_and_errors():
     assert dense_layer.attention_weights is None  # before the first forward
     dense_layer.forward(np.ones((3, 8)))
     assert dense_layer.attention_weights.shape == (1, 2, 3, 3)
+
+
+# ------------------------------------------------- chapter 8's windows, RoPE and rolling caches
+@pytest.mark.parametrize(
+    "L_q, L_k, window", [(32, 32, 5), (7, 40, 9), (40, 23, 4), (16, 16, 64)]
+)
+def test_window_equals_attention_forward_window(L_q, L_k, window):
+    """The same semantics as chapter 8's attention_forward(window=W)."""
+    q, k, v = qkv(
+        np.random.default_rng(L_q + window), (2, 2), (2, 1), L_q, L_k
+    )
+    dout = np.random.default_rng(17).standard_normal((2, 2, L_q, 3))
+    o_ref, c_ref = attention_forward(q, k, v, causal=True, window=window)
+    o, g = flash(
+        q, k, v, dout, causal=True, window=window, block_q=6, block_k=8
+    )
+    assert np.abs(o - o_ref).max() < EXACT
+    for a, b in zip(g, attention_backward(dout, c_ref)):
+        assert np.abs(a - b).max() < EXACT
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"window": 5},
+        {"rope_base": 10000.0, "rope_dim": 2},
+        {"window": 4, "rope_base": 500.0, "rope_dim": 2},
+    ],
+)
+def test_layer_flash_window_and_rope(kw):
+    dense_layer, flash_layer = layer_pair(2, **kw)
+    rng = np.random.default_rng(18)
+    x, dy = (
+        rng.standard_normal((2, 11, 12)),
+        rng.standard_normal((2, 11, 12)),
+    )
+    y_d, y_f = (
+        dense_layer.forward(x, causal=True),
+        flash_layer.forward(x, causal=True),
+    )
+    dx_d, dx_f = dense_layer.backward(dy), flash_layer.backward(dy)
+    assert (
+        np.abs(y_f - y_d).max() < EXACT and np.abs(dx_f - dx_d).max() < EXACT
+    )
+    for name in dense_layer.grads:
+        assert (
+            np.abs(flash_layer.grads[name] - dense_layer.grads[name]).max()
+            < EXACT
+        ), name
+
+
+def test_layer_flash_rolling_cache():
+    """A window layer decoding through KVCache(window=W): the rolling cache holds a contiguous
+    run of positions ending with the chunk, which is what the kernels' alignment assumes."""
+    dense_layer, flash_layer = layer_pair(2, window=4)
+    x = np.random.default_rng(19).standard_normal((2, 13, 12))
+    full = dense_layer.forward(x, causal=True)
+    cache, outs, start = KVCache(initial_capacity=1, window=4), [], 0
+    for n in (5, 1, 3, 1, 1, 2):
+        outs.append(
+            flash_layer.forward(x[:, start : start + n], kv_cache=cache)
+        )
+        start += n
+    assert np.abs(np.concatenate(outs, axis=1) - full).max() < EXACT
+
+
+def test_layer_flash_refuses_sinks():
+    with pytest.raises(
+        ValueError, match="sinks=True is not supported with flash=True"
+    ):
+        GroupedQueryAttention(8, 2, 1, sinks=True, flash=True)
+    layer = GroupedQueryAttention(8, 2, 1, window=4, flash=True)
+    cache = KVCache(window=4, sink_tokens=1)
+    with pytest.raises(ValueError, match="sink_tokens > 0"):
+        layer.forward(np.ones((1, 3, 8)), kv_cache=cache)
