@@ -17,7 +17,11 @@ attention sees
 and each key/value head meets *one* contiguous ``[G*L_q, d_k]`` query matrix
 in a single matmul. Keys and values are never copied per query head, and in
 the backward the matmul ``dS^T Q`` over the stacked rows sums the gradients
-of the whole group into its one key/value head.
+of the whole group into its one key/value head. A decode step with fewer
+than :attr:`GroupedQueryAttention.min_stacked_rows` stacked rows views them
+as ``[B, n_kv, G, L_q, d_k]`` against ``[B, n_kv, 1, L_k, d]`` instead:
+one matrix-vector product per query head, which BLAS streams faster than
+a product with a handful of rows (chapter 4).
 
 Rotary positions (chapter 6). With ``rope_base`` set, every query and key
 head is rotated (:func:`~attn_np.rope_forward`) after the head split and
@@ -80,6 +84,14 @@ class GroupedQueryAttention:
     outputs and gradients in O(L) memory, but no ``attention_weights``,
     no ``mask`` and no sinks (``causal`` and ``window`` only).
     """
+
+    # A chunk decoded with a KVCache stacks its G*L query rows per key/value
+    # head into one matrix product only from this many rows on; below, it
+    # makes one product per query head (L rows each: matrix-vector
+    # products in a decode step). BLAS streams a cache through G
+    # matrix-vector products faster than through one product with very few
+    # rows (measured by ``python -m attn_np.bench decode --levers``).
+    min_stacked_rows = 8
 
     def __init__(
         self,
@@ -271,8 +283,18 @@ class GroupedQueryAttention:
             allowed = self._group_mask(mask, causal, B, L, L_k, kv_cache)
             # None or [n_kv, G*L, 1]: head kv*G + g owns rows g*L ...
             sinks = self._sink_rows(L)
-            # [B, n_kv, G*L, d_v], weights [B, n_kv, G*L, L_k]
-            # x was checked finite once, in _check_x
+            if kv_cache is not None and self.group_size * L < (
+                self.min_stacked_rows
+            ):
+                # a few query rows per key/value head (a decode step):
+                # one matrix-vector product per query head, [B, n_kv, G,
+                # L, d] against [B, n_kv, 1, L_k, d] (free reshapes)
+                q, k, v, allowed, sinks = self._per_head(
+                    q, k, v, allowed, sinks
+                )
+            # [B, n_kv, G*L, d_v], weights [B, n_kv, G*L, L_k] (or
+            # [B, n_kv, G, L, ...] per head); x was checked finite once,
+            # in _check_x
             o, att = attention_forward(
                 q,
                 k,
@@ -282,6 +304,7 @@ class GroupedQueryAttention:
                 scale=scale,
                 check_finite=False,
             )
+            o = o.reshape(B, n_kv, self.group_size * L, d_v)
             # head i = kv*G + g
             self._weights = att.weights.reshape(B, h, L, L_k)
             if sinks is not None:  # [B, n_kv, G*L, 1] -> [B, h, L]
@@ -449,6 +472,25 @@ class GroupedQueryAttention:
             0, 3, 1, 2, 4
         )
         return t.reshape(B, L, self.n_heads * d)
+
+    def _per_head(self, q, k, v, allowed, sinks):
+        """The stacked layout split by query head: ``q [B, n_kv, G, L,
+        d_k]``, ``k [B, n_kv, 1, L_k, d_k]``, ``v [B, n_kv, 1, L_k, d_v]``
+        (views), the mask ``[..., G, L, L_k]`` and sinks ``[n_kv, G, L,
+        1]``. Row ``g*L + l`` becomes ``[g, l]``: the same numbers, each
+        query head its own product with its group's keys and values."""
+        B, n_kv, GL, d_k = q.shape
+        G = self.group_size
+        L = GL // G
+        q = q.reshape(B, n_kv, G, L, d_k)
+        k, v = k[:, :, None], v[:, :, None]  # [B, n_kv, 1, L_k, d]
+        if allowed is not None:  # [..., G*L, L_k] -> [..., G, L, L_k]
+            allowed = allowed.reshape(
+                allowed.shape[:-2] + (G, L, allowed.shape[-1])
+            )
+        if sinks is not None:  # [n_kv, G*L, 1] -> [n_kv, G, L, 1]
+            sinks = sinks.reshape(n_kv, G, L, 1)
+        return q, k, v, allowed, sinks
 
     def _flash_forward(self, q, k, v, mask, causal, scale):
         """The tiled kernels on the stacked layout: ``(o, cache)``."""

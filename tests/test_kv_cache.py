@@ -281,3 +281,41 @@ def test_backward_after_cached_forward_raises():
     y = layer.forward(x, kv_cache=KVCache())
     with pytest.raises(RuntimeError, match="kv_cache"):
         layer.backward(np.ones_like(y))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"rope_base": 10000.0},
+        {"window": 5},
+        {"window": 6, "sinks": True, "rope_base": 100.0},
+    ],
+)
+@pytest.mark.parametrize("n_kv", [1, 2, 4])
+def test_per_head_decode_equals_stacked_decode(options, n_kv, monkeypatch):
+    """A decode step with few stacked rows makes one product per query
+    head (min_stacked_rows); forcing the stacked products gives the same
+    outputs and weights, for every family and layer option."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 15, 16))
+    chunks = [6, 1, 1, 2, 1, 3, 1]
+    runs = {}
+    for rows in (1, 10**9):  # always stacked; always per head
+        monkeypatch.setattr(GroupedQueryAttention, "min_stacked_rows", rows)
+        layer = GroupedQueryAttention(16, 4, n_kv, seed=3, **options)
+        if "sinks" in layer.params:  # distinct per head, not all 0
+            layer.params["sinks"][:] = [0.5, -1.0, 2.0, 0.0]
+        window = options.get("window")
+        sinks = 2 if window and options.get("sinks") else 0
+        cache = KVCache(window=window, sink_tokens=sinks)
+        outs = []
+        for start, n in zip(np.cumsum([0] + chunks[:-1]), chunks):
+            y = layer.forward(
+                x[:, start : start + n], causal=True, kv_cache=cache
+            )
+            outs.append((y, layer.attention_weights))
+        runs[rows] = outs
+    for (y1, w1), (y2, w2) in zip(runs[1], runs[10**9]):
+        np.testing.assert_allclose(y2, y1, rtol=0, atol=1e-13)
+        np.testing.assert_allclose(w2, w1, rtol=0, atol=1e-15)
