@@ -76,8 +76,9 @@ def test_main_prints_within_77_columns(capsys, monkeypatch):
         bench, "run", lambda *a: real_run(*a, probe_bytes=2**20)
     )
     argv = ["--d-model", "32", "--heads", "8", "--context", "40"]
-    assert bench.main(argv + ["--rounds", "1"]) == 0
+    assert bench.main(argv + ["--rounds", "1", "--levers"]) == 0
     out = capsys.readouterr().out
+    assert "no temporaries" in out and "stacked products" in out
     assert "goal, every family at >= 0.75" in out
     assert "MHA / MQA" in out
     assert max(len(line) for line in out.splitlines()) <= 77
@@ -100,8 +101,10 @@ def test_step_parts_are_the_steps_work():
     parts = bench.step_parts(layer, cache)
     assert set(parts) == set(bench.PARTS)
     q, k, v = parts["attention"]()[1].q, cache.keys, cache.values
-    assert q.shape == (1, 2, H // 2, D // H)
-    out, att = attention_forward(q, k, v)
+    # G = 4 rows per key/value head: one product per query head
+    assert layer.group_size < layer.min_stacked_rows
+    assert q.shape == (1, 2, H // 2, 1, D // H)
+    out, att = attention_forward(q, k[:, :, None], v[:, :, None])
     np.testing.assert_allclose(parts["attention"]()[0], out, rtol=1e-6)
     w = parts["weights"]()
     assert [a.shape for a in w] == [(1, D), (1, 2 * 4), (1, 2 * 4), (1, D)]
@@ -183,3 +186,40 @@ def test_decode_steps_equal_the_full_causal_forward(n_kv):
         layer.attention_weights, weights[:, :, -1:], rtol=0, atol=1e-12
     )
     assert cache.reallocations > 0
+
+
+# -- the levers, one at a time
+
+
+@pytest.mark.parametrize("n_kv", [8, 2, 1])
+def test_lever_steps_compute_the_step_and_leave_the_cache(n_kv):
+    steps = bench.lever_steps(D, H, n_kv, CTX)
+    layer, cache, stacked, unaligned = steps.pop("_keep")
+    assert set(steps) == {"library", *bench.LEVERS}
+    before = cache.keys.copy()
+    x = np.random.default_rng(0).standard_normal((1, 1, D), dtype=np.float32)
+    want = layer.forward(x, kv_cache=cache)[0]  # [1, d]
+    cache.truncate(CTX)
+    # the yardstick computes the library's numbers
+    got = steps["no temporaries"]()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    for name, fn in steps.items():
+        fn()
+        assert len(cache) == CTX == len(unaligned[1]), name
+    np.testing.assert_array_equal(cache.keys, before)
+    assert stacked.min_stacked_rows == 1
+    # the unaligned lever's cache: rows context + 1 apart
+    assert unaligned[1]._kt.strides[-2] == (CTX + 1) * 4
+
+
+def test_levers_table(capsys):
+    lev = bench.run_levers(D, H, CTX, rounds=3, flush_bytes=2**16)
+    assert list(lev) == ["MHA", "GQA", "MQA"]
+    for row in lev.values():
+        assert row["library"] > 0
+        for name in bench.LEVERS:
+            median, low, high = row[name]
+            assert low <= median <= high
+    lines = bench.lever_table(lev)
+    assert len(lines) == 2 + len(bench.LEVERS)
+    assert all(len(line) <= 77 for line in lines)

@@ -32,13 +32,23 @@ from __future__ import annotations
 import argparse
 import os
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
+from attn_np import attention as _attention
+from attn_np import multihead as _multihead
 from attn_np.attention import attention_forward
 from attn_np.costs.decode import decode_step_cost
-from attn_np.instruments.measure import best_times, read_probes
+from attn_np.instruments.blas import blas_threads
+from attn_np.instruments.measure import (
+    best_times,
+    paired_difference,
+    read_probes,
+    round_times,
+)
 from attn_np.instruments.plotting import format_bytes
 from attn_np.kv_cache import KVCache
 from attn_np.multihead import GroupedQueryAttention
@@ -75,19 +85,22 @@ def cpu_cache_sizes() -> dict:
     return sizes
 
 
-def decode_setup(d_model, n_heads, n_kv_heads, context, batch=1, seed=0):
+def decode_setup(
+    d_model, n_heads, n_kv_heads, context, batch=1, seed=0, spare=1
+):
     """A float32 layer, a cache filled with ``context`` random positions, and
     a one-token step.
 
     ``step()`` decodes one token and then forgets it again
     (:meth:`KVCache.truncate`), so every call sees the same context and
-    nothing is reallocated (the cache is preallocated one position longer).
+    nothing is reallocated (the cache is preallocated ``spare >= 1``
+    positions longer).
     """
     layer = GroupedQueryAttention(
         d_model, n_heads, n_kv_heads, seed=seed, dtype=np.float32
     )
     rng = np.random.default_rng(seed)
-    cache = KVCache(initial_capacity=context + 1)
+    cache = KVCache(initial_capacity=context + spare)
     shape = (batch, n_kv_heads, context)
     cache.append(
         rng.standard_normal(shape + (layer.d_k,), dtype=np.float32),
@@ -110,8 +123,9 @@ def step_parts(layer, cache, seed=0) -> dict:
     * ``weights``: the four products with the projection matrices, as the
       layer makes them (one ``[B, d] @ [d, n]`` product each);
     * ``attention``: :func:`~attn_np.attention_forward` over the cached
-      keys and values, with the ``G`` query rows of each key/value head
-      stacked, as the layer calls it (its softmax included);
+      keys and values, as the layer calls it (its softmax included): the
+      ``G`` query rows of each key/value head stacked, or one product per
+      query head below ``layer.min_stacked_rows`` rows;
     * ``softmax``: the softmax over a score array of that shape.
 
     Inputs are random: the times do not depend on the values.
@@ -127,6 +141,10 @@ def step_parts(layer, cache, seed=0) -> dict:
     k, v = cache.keys, cache.values  # [B, n_kv, n, d_k], [.., d_v]
     # [B, n_kv, G, n]
     s = rng.standard_normal((B, n_kv, G, k.shape[2]), dtype=dtype)
+    if G < layer.min_stacked_rows:  # one product per query head
+        q = q[:, :, :, None]  # [B, n_kv, G, 1, d_k]
+        k, v = k[:, :, None], v[:, :, None]  # [B, n_kv, 1, n, d]
+        s = s[:, :, :, None]  # [B, n_kv, G, 1, n]
 
     def weights():
         # [B, d] @ [d, h*d_k], [d, n_kv*d_k], [d, n_kv*d_v];
@@ -143,6 +161,231 @@ def step_parts(layer, cache, seed=0) -> dict:
         return masked_softmax(s, None, -1, overwrite=True)
 
     return {"weights": weights, "attention": attention, "softmax": softmax}
+
+
+# -- the levers of a decode step, measured one at a time -------------------
+LEVERS = {
+    "stacked products": "a group's G query rows in one product against "
+    "its keys and values (min_stacked_rows = 1), not one product per query "
+    "head",
+    "softmax not in place": "the softmax writes a new array "
+    "(overwrite=False) instead of the score array",
+    "softmax on 2 threads": "the softmax's rows split between two Python "
+    "threads (NumPy releases the GIL in its loops)",
+    "1 BLAS thread": "the whole step on one BLAS thread",
+    "1 BLAS thread, attention": "the two products over the cache on one "
+    "BLAS thread, the projections on all",
+    "cache rows unaligned": "the stored K^T and V^T in plain np.empty "
+    "buffers, capacity context + 1, instead of rows that each start on a "
+    "64-byte line",
+    "no temporaries": "the step's arithmetic alone: no checks or "
+    "head-split copies, outputs into arrays allocated once",
+}
+
+
+@contextmanager
+def _patched(module, name, value):
+    """``module.name = value`` for the duration of the block."""
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
+
+
+def _softmax_copy(x, mask, axis, overwrite=False):
+    """The library's softmax, never in place."""
+    return masked_softmax(x, mask, axis, overwrite=False)
+
+
+_POOL = None
+
+
+def _softmax_threads(x, mask, axis, overwrite=False):
+    """The library's softmax over the last axis, its rows in two halves on
+    two threads (in place when allowed, as the library's call is)."""
+    global _POOL
+    if mask is not None or axis not in (-1, x.ndim - 1):
+        return masked_softmax(x, mask, axis, overwrite=overwrite)
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(2)
+    s = x if overwrite else x.copy()
+    rows = s.reshape(-1, s.shape[-1])  # [rows, L_k], a view
+    half = rows.shape[0] // 2
+    parts = (rows[:half], rows[half:])
+    done = [
+        _POOL.submit(masked_softmax, r, None, -1, overwrite=True)
+        for r in parts
+        if r.shape[0]
+    ]
+    for f in done:
+        f.result()
+    return s
+
+
+def no_temporaries_step(layer, cache, x):
+    """A one-token step of ``layer`` (batch 1, no rope, window or sinks)
+    that computes what :meth:`~GroupedQueryAttention.forward` computes
+    and nothing else: no checks, no head-split copies, each output into
+    an array allocated once. It is a yardstick for the rest of a step,
+    not a second implementation: it appends to the cache's buffers
+    directly and is timed, never used."""
+    W = layer.params
+    n_kv, G, d_k = layer.n_kv_heads, layer.group_size, layer.d_k
+    n = len(cache)  # the step's own position
+    kt, vt = cache._kt[0], cache._vt[0]  # [n_kv, d_k, cap], [n_kv, d_v, ..]
+    q = np.empty((1, layer.n_heads * d_k), dtype=layer.dtype)
+    s = np.empty((n_kv, G, 1, n + 1), dtype=layer.dtype)
+    o = np.empty((n_kv, G, 1, layer.d_v), dtype=layer.dtype)
+    per_head = G < layer.min_stacked_rows
+    scale = layer.dtype.type(1.0 / np.sqrt(d_k))
+
+    def step():
+        x1 = x.reshape(1, -1)  # [1, d]
+        np.matmul(x1, W["W_q"], out=q)  # [1, h*d_k]
+        # new key and value into column n: [1, d] @ [d, n_kv*d]
+        kt[:, :, n] = (x1 @ W["W_k"]).reshape(n_kv, d_k)
+        vt[:, :, n] = (x1 @ W["W_v"]).reshape(n_kv, -1)
+        np.multiply(q, scale, out=q)
+        qh = q.reshape(n_kv, G, 1, d_k)  # head kv*G + g
+        K, V = kt[:, None, :, : n + 1], vt[:, None, :, : n + 1]
+        if per_head:  # [n_kv, G, 1, d_k] @ [n_kv, 1, d_k, n+1]
+            np.matmul(qh, K, out=s)
+        else:  # [n_kv, 1, G, d_k] @ [n_kv, 1, d_k, n+1]
+            np.matmul(
+                qh.reshape(n_kv, 1, G, d_k),
+                K,
+                out=s.reshape(n_kv, 1, G, n + 1),
+            )
+        masked_softmax(s, None, -1, overwrite=True)
+        if per_head:  # [n_kv, 1, d_v, n+1] @ [n_kv, G, n+1, 1]
+            np.matmul(V, s.swapaxes(-1, -2), out=o.swapaxes(-1, -2))
+        else:  # [n_kv, 1, d_v, n+1] @ [n_kv, 1, n+1, G]
+            np.matmul(
+                V,
+                s.reshape(n_kv, 1, G, n + 1).swapaxes(-1, -2),
+                out=o.reshape(n_kv, 1, G, -1).swapaxes(-1, -2),
+            )
+        return o.reshape(1, -1) @ W["W_o"]  # [1, h*d_v] @ [h*d_v, d]
+
+    return step
+
+
+def lever_steps(d_model, n_heads, n_kv_heads, context, seed=0) -> dict:
+    """``{"library": step, lever: step, ...}``: the library's one-token
+    step (:func:`decode_setup`) and, for each of :data:`LEVERS`, the same
+    step with that one thing changed. Each step leaves its cache as it
+    found it."""
+    layer, cache, step = decode_setup(
+        d_model, n_heads, n_kv_heads, context, seed=seed
+    )
+    stacked = GroupedQueryAttention(
+        d_model, n_heads, n_kv_heads, seed=seed, dtype=np.float32
+    )
+    stacked.min_stacked_rows = 1
+    x = np.random.default_rng(seed).standard_normal(
+        (1, 1, d_model), dtype=np.float32
+    )
+
+    def with_layer(other):
+        def run():
+            other.forward(x, kv_cache=cache)
+            cache.truncate(context)
+
+        return run
+
+    def within(make_context, fn=step):
+        def run():
+            with make_context():
+                fn()
+
+        return run
+
+    def attention_one_thread(*a, **kw):
+        with blas_threads(1):
+            return attention_forward(*a, **kw)
+
+    unaligned = decode_setup(
+        d_model, n_heads, n_kv_heads, context, seed=seed
+    )
+    # the cache's buffers as np.empty would give them: the rows context + 1
+    # positions apart, the first one wherever the allocator put it
+    for name in ("_kt", "_vt"):
+        setattr(unaligned[1], name, np.array(getattr(unaligned[1], name)))
+    return {
+        "library": step,
+        "stacked products": with_layer(stacked),
+        "softmax not in place": within(
+            lambda: _patched(_attention, "masked_softmax", _softmax_copy)
+        ),
+        "softmax on 2 threads": within(
+            lambda: _patched(_attention, "masked_softmax", _softmax_threads)
+        ),
+        "1 BLAS thread": within(lambda: blas_threads(1)),
+        "1 BLAS thread, attention": within(
+            lambda: _patched(
+                _multihead, "attention_forward", attention_one_thread
+            )
+        ),
+        "cache rows unaligned": unaligned[2],
+        "no temporaries": no_temporaries_step(layer, cache, x),
+        "_keep": (layer, cache, stacked, unaligned),
+    }
+
+
+def run_levers(
+    d_model=2048, n_heads=16, context=8192, rounds=20, flush_bytes=None
+) -> dict:
+    """Time :func:`lever_steps` for every family, in turns, a read of
+    ``flush_bytes`` before each.
+
+    Returns ``{family: {"library": seconds, lever: (median, low, high)}}``:
+    the library's best step time, and each lever's time minus the
+    library's, round by round (:func:`paired_difference`: the median and
+    the quartiles).
+    """
+    if flush_bytes is None:
+        flush_bytes = 2 * cpu_cache_sizes().get("L3", 32 * 2**20)
+    flush = np.ones(max(1, flush_bytes // 4), dtype=np.float32)
+    fns, keep = {}, []
+    for fam, n_kv in families(n_heads).items():
+        steps = lever_steps(d_model, n_heads, n_kv, context)
+        keep.append(steps.pop("_keep"))
+        for name, fn in steps.items():
+            fns[f"{fam} {name} (flush)"] = flush.sum
+            fns[f"{fam} {name}"] = fn
+    times = round_times(fns, rounds=rounds)
+    out = {}
+    for fam in families(n_heads):
+        lib = times[f"{fam} library"]
+        out[fam] = {"library": float(lib.min())}
+        for name in LEVERS:
+            out[fam][name] = paired_difference(times[f"{fam} {name}"], lib)
+    return out
+
+
+def lever_table(levers) -> list[str]:
+    """Lines of the levers table: the library's step time, then each
+    lever's change to it, ms (negative: faster), in brackets where the
+    quartiles of the change straddle 0 (no clear effect)."""
+    fams = list(levers)
+    out = [f"{'ms per step':28}" + "".join(f"{f:>10}" for f in fams)]
+    out.append(
+        f"{'library (best round)':28}"
+        + "".join(f"{levers[f]['library'] * 1e3:10.2f}" for f in fams)
+    )
+    for name in LEVERS:
+        cells = []
+        for f in fams:
+            median, low, high = levers[f][name]
+            text = f"{median * 1e3:+.2f}"
+            clear = low > 0 or high < 0
+            cells.append(
+                f"{text:>9} " if clear else f"{'(' + text + ')':>10}"
+            )
+        out.append(f"{name:28}" + "".join(cells))
+    return out
 
 
 def families(n_heads) -> dict:
@@ -304,6 +547,11 @@ def main(argv) -> int:
     )
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument(
+        "--levers",
+        action="store_true",
+        help="also time each lever of a step alone (LEVERS)",
+    )
     args = parser.parse_args(argv)
     busy = busy_warning()
     r = run(args.d_model, args.heads, args.context, args.batch, args.rounds)
@@ -356,6 +604,23 @@ def main(argv) -> int:
         f"{r['mha_over_mqa']:.2f}, "
         f"{'met' if r['mha_over_mqa'] >= want else 'NOT met'}"
     )
+    if args.levers:
+        print()
+        say(
+            "levers, one at a time: each family's step as the library "
+            "makes it (its best round), and the change in its time when "
+            "one thing is done differently: the median over "
+            f"{args.rounds} rounds of the lever's time minus the "
+            "library's in the same round (in brackets where the quartiles "
+            "of that difference straddle 0: no clear effect):"
+        )
+        lev = run_levers(args.d_model, args.heads, args.context, args.rounds)
+        print()
+        for line in lever_table(lev):
+            print(line)
+        print()
+        for name, what in LEVERS.items():
+            say(f"{name}: {what}.")
     busy = busy or busy_warning()
     if busy:
         say(busy)

@@ -28,7 +28,9 @@ from .measure import (
     matmul_gflops,
     measure_memory,
     measure_peak_bytes,
+    paired_difference,
     read_probes,
+    round_times,
 )
 from .plotting import (
     FAMILY_COLOURS,
@@ -46,6 +48,8 @@ __all__ = [
     "MemoryMeasurement",
     "best_time",
     "best_times",
+    "paired_difference",
+    "round_times",
     "blas_threads",
     "bytes_axis",
     "check_gradients",

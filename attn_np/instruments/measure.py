@@ -45,15 +45,37 @@ def best_times(fns: dict, *, rounds: int = 5) -> dict:
     burst of someone else's work then slows a round of all of them, not only
     the one that happened to be running.
     """
+    return {
+        name: min(ts) for name, ts in round_times(fns, rounds=rounds).items()
+    }
+
+
+def round_times(fns: dict, *, rounds: int = 5) -> dict:
+    """Every round's time of each ``fn()`` in ``fns``, measured in turns
+    (after one warm-up round): ``{name: array of rounds seconds}``.
+
+    Round ``i`` of every candidate was measured within the same few
+    milliseconds, so ``t[a] - t[b]`` round by round compares ``a`` with
+    ``b`` under the same conditions (:func:`paired_difference`).
+    """
     for fn in fns.values():
         fn()
-    best = {name: float("inf") for name in fns}
-    for _ in range(rounds):
+    times = {name: np.empty(rounds) for name in fns}
+    for i in range(rounds):
         for name, fn in fns.items():
             t0 = time.perf_counter()
             fn()
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return best
+            times[name][i] = time.perf_counter() - t0
+    return times
+
+
+def paired_difference(a, b) -> tuple[float, float, float]:
+    """``(median, low, high)`` of ``a - b`` round by round (two arrays of
+    :func:`round_times`): ``low`` and ``high`` are the quartiles. A
+    difference is real when the quartiles share its sign."""
+    d = np.asarray(a) - np.asarray(b)
+    low, median, high = np.percentile(d, [25, 50, 75])
+    return float(median), float(low), float(high)
 
 
 def read_probes(nbytes: int = 512 * 2**20) -> dict:
