@@ -16,10 +16,10 @@ numbers, which BLAS reads markedly more slowly (``python -m attn_np.bench
 decode`` times a step). :attr:`KVCache.keys` and :attr:`KVCache.values`
 still show them as ``[B, n_kv_heads, len, d]`` (transposed views, no copy);
 appending a position writes one column of each. Every stored row starts on
-a 64-byte line (:func:`aligned_rows`), which the products over it read a
-little faster. Capacity doubles when it
-runs out, so appending ``n`` positions one at a time reallocates ``O(log
-n)`` times and copies ``O(n)`` positions in total, not ``O(n^2)``.
+a 64-byte line (:func:`aligned_rows`), so that none begins mid-line.
+Capacity doubles when it runs out, so appending ``n`` positions one at a
+time reallocates ``O(log n)`` times and copies ``O(n)`` positions in total,
+not ``O(n^2)``.
 
 Rolling caches (chapter 8). ``KVCache(window=W)`` serves a sliding-window
 layer: before a chunk is appended, every position but the last ``W - 1``
@@ -329,9 +329,10 @@ def aligned_rows(shape, dtype) -> np.ndarray:
 
     The rows are padded to a whole number of 64-byte lines and the first
     one is placed on a line, so the array is a view into a slightly
-    larger buffer. A stored ``K^T`` row then never begins mid-line, which
-    a decode step's products over the cache read a little faster
-    (``python -m attn_np.bench decode --levers``).
+    larger buffer. A stored ``K^T`` row then never begins mid-line, and
+    BLAS's vector loads along it never straddle two lines (``python -m
+    attn_np.bench decode --levers`` measures what that is worth to a
+    step).
     """
     dtype = np.dtype(dtype)
     per_line = max(1, ROW_ALIGNMENT // dtype.itemsize)
