@@ -54,6 +54,13 @@ def test_rates_fractions_and_gap_add_up(result):
         assert row["bytes_per_s"] == pytest.approx(row["step_bytes"] / t)
         assert row["fraction"] == pytest.approx(row["bytes_per_s"] / ref)
         assert 0 < row["roof"] <= 1 + 1e-12
+        # weights at the reference, attention timed right after itself
+        again = row["parts"]["attention (again)"]
+        w = row["weight_bytes"]
+        assert w == 4 * 2 * D * (H + row["n_kv_heads"]) * (D // H)
+        assert row["best"] == pytest.approx(
+            row["step_bytes"] / ref / (w / ref + again)
+        )
         # the parts of the gap add up to time - bytes / reference
         gap = sum(row["gap"].values())
         assert gap == pytest.approx(t - row["step_bytes"] / ref)
