@@ -15,11 +15,9 @@ Kept as ``[len, d]``, each product would walk ``len`` short rows of ``d``
 numbers, which BLAS reads markedly more slowly (``python -m attn_np.bench
 decode`` times a step). :attr:`KVCache.keys` and :attr:`KVCache.values`
 still show them as ``[B, n_kv_heads, len, d]`` (transposed views, no copy);
-appending a position writes one column of each. Every stored row starts on
-a 64-byte line (:func:`aligned_rows`), so that none begins mid-line.
-Capacity doubles when it runs out, so appending ``n`` positions one at a
-time reallocates ``O(log n)`` times and copies ``O(n)`` positions in total,
-not ``O(n^2)``.
+appending a position writes one column of each. Capacity doubles when it
+runs out, so appending ``n`` positions one at a time reallocates ``O(log
+n)`` times and copies ``O(n)`` positions in total, not ``O(n^2)``.
 
 Rolling caches (chapter 8). ``KVCache(window=W)`` serves a sliding-window
 layer: before a chunk is appended, every position but the last ``W - 1``
@@ -245,8 +243,8 @@ class KVCache:
             cap = max(self._initial_capacity, L)
             if self.window is not None:
                 cap = max(min(cap, self.window), L)
-            self._kt = aligned_rows((B, n_kv, d_k, cap), k.dtype)
-            self._vt = aligned_rows((B, n_kv, d_v, cap), v.dtype)
+            self._kt = np.empty((B, n_kv, d_k, cap), dtype=k.dtype)
+            self._vt = np.empty((B, n_kv, d_v, cap), dtype=v.dtype)
         else:
             self._check_layout(
                 (B, n_kv, d_k, d_v), k.dtype, f"k {k.shape} and v {v.shape}"
@@ -308,37 +306,11 @@ class KVCache:
 
 
 def _grow(buf: np.ndarray, cap: int, n: int, axis: int) -> np.ndarray:
-    """A copy of ``buf`` with capacity ``cap`` along ``axis`` (the last);
-    its first ``n`` positions are kept."""
+    """A copy of ``buf`` with capacity ``cap`` along ``axis``; its first
+    ``n`` positions are kept."""
     shape = list(buf.shape)
     shape[axis] = cap
-    new = aligned_rows(tuple(shape), buf.dtype)
+    new = np.empty(shape, dtype=buf.dtype)
     keep = (slice(None),) * axis + (slice(0, n),)
     new[keep] = buf[keep]
     return new
-
-
-# bytes between the starts of two rows of a cache buffer, at least: a CPU
-# cache line on x86-64 and most ARM cores
-ROW_ALIGNMENT = 64
-
-
-def aligned_rows(shape, dtype) -> np.ndarray:
-    """``np.empty(shape, dtype)``, except that every row (the last axis)
-    starts on a :data:`ROW_ALIGNMENT`-byte boundary.
-
-    The rows are padded to a whole number of 64-byte lines and the first
-    one is placed on a line, so the array is a view into a slightly
-    larger buffer. A stored ``K^T`` row then never begins mid-line, and
-    BLAS's vector loads along it never straddle two lines (``python -m
-    attn_np.bench decode --levers`` measures what that is worth to a
-    step).
-    """
-    dtype = np.dtype(dtype)
-    per_line = max(1, ROW_ALIGNMENT // dtype.itemsize)
-    padded = -(-shape[-1] // per_line) * per_line  # round up
-    count = int(np.prod(shape[:-1], dtype=np.int64)) * padded
-    raw = np.empty(count * dtype.itemsize + ROW_ALIGNMENT, dtype=np.uint8)
-    start = -raw.ctypes.data % ROW_ALIGNMENT  # first byte on a line
-    flat = raw[start : start + count * dtype.itemsize].view(dtype)
-    return flat.reshape(tuple(shape[:-1]) + (padded,))[..., : shape[-1]]

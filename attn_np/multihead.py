@@ -17,11 +17,11 @@ attention sees
 and each key/value head meets *one* contiguous ``[G*L_q, d_k]`` query matrix
 in a single matmul. Keys and values are never copied per query head, and in
 the backward the matmul ``dS^T Q`` over the stacked rows sums the gradients
-of the whole group into its one key/value head. A decode step with fewer
-than :attr:`GroupedQueryAttention.min_stacked_rows` stacked rows views them
-as ``[B, n_kv, G, L_q, d_k]`` against ``[B, n_kv, 1, L_k, d]`` instead:
-one matrix-vector product per query head, which BLAS streams faster than
-a product with a handful of rows (chapter 4).
+of the whole group into its one key/value head. A decode step of a group
+(``G > 1``) with fewer than :attr:`GroupedQueryAttention.min_stacked_rows`
+stacked rows views them as ``[B, n_kv, G, L_q, d_k]`` against ``[B, n_kv,
+1, L_k, d]`` instead: one matrix-vector product per query head, which BLAS
+may stream faster than a product with a handful of rows (chapter 4).
 
 Rotary positions (chapter 6). With ``rope_base`` set, every query and key
 head is rotated (:func:`~attn_np.rope_forward`) after the head split and
@@ -86,11 +86,11 @@ class GroupedQueryAttention:
     """
 
     # A chunk decoded with a KVCache stacks its G*L query rows per key/value
-    # head into one matrix product only from this many rows on; below, it
-    # makes one product per query head (L rows each: matrix-vector
-    # products in a decode step). BLAS streams a cache through G
-    # matrix-vector products faster than through one product with very few
-    # rows (measured by ``python -m attn_np.bench decode --levers``).
+    # head into one matrix product only from this many rows on; below, a
+    # group of G > 1 heads makes one product per query head (L rows each:
+    # matrix-vector products in a decode step), which BLAS may stream
+    # faster than one product with very few rows (``python -m
+    # attn_np.bench decode --levers`` measures it).
     min_stacked_rows = 8
 
     def __init__(
@@ -283,8 +283,11 @@ class GroupedQueryAttention:
             allowed = self._group_mask(mask, causal, B, L, L_k, kv_cache)
             # None or [n_kv, G*L, 1]: head kv*G + g owns rows g*L ...
             sinks = self._sink_rows(L)
-            if kv_cache is not None and self.group_size * L < (
-                self.min_stacked_rows
+            G = self.group_size
+            if (
+                kv_cache is not None
+                and 1 < G
+                and G * L < (self.min_stacked_rows)
             ):
                 # a few query rows per key/value head (a decode step):
                 # one matrix-vector product per query head, [B, n_kv, G,

@@ -201,7 +201,7 @@ def test_decode_steps_equal_the_full_causal_forward(n_kv):
 @pytest.mark.parametrize("n_kv", [8, 2, 1])
 def test_lever_steps_compute_the_step_and_leave_the_cache(n_kv):
     steps = bench.lever_steps(D, H, n_kv, CTX)
-    layer, cache, stacked, unaligned = steps.pop("_keep")
+    layer, cache, aligned = steps.pop("_keep")
     assert set(steps) == {"library", *bench.LEVERS}
     before = cache.keys.copy()
     x = np.random.default_rng(0).standard_normal((1, 1, D), dtype=np.float32)
@@ -212,11 +212,15 @@ def test_lever_steps_compute_the_step_and_leave_the_cache(n_kv):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     for name, fn in steps.items():
         fn()
-        assert len(cache) == CTX == len(unaligned[1]), name
+        assert len(cache) == CTX == len(aligned[1]), name
     np.testing.assert_array_equal(cache.keys, before)
-    assert stacked.min_stacked_rows == 1
-    # the unaligned lever's cache: rows context + 1 apart
-    assert unaligned[1]._kt.strides[-2] == (CTX + 1) * 4
+    # the stacked lever patched the layer only while it ran
+    assert "min_stacked_rows" not in vars(layer)
+    assert layer.min_stacked_rows == 8
+    # the aligned lever's cache: the same keys, rows on 64-byte lines
+    np.testing.assert_array_equal(aligned[1].keys, before)
+    assert aligned[1]._kt.ctypes.data % 64 == 0
+    assert aligned[1]._kt.strides[-2] % 64 == 0
 
 
 def test_levers_table(capsys):
@@ -230,3 +234,16 @@ def test_levers_table(capsys):
     lines = bench.lever_table(lev)
     assert len(lines) == 2 + len(bench.LEVERS)
     assert all(len(line) <= 77 for line in lines)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("shape", [(1, 1, 3, 1), (2, 3, 4, 17), (5, 8193)])
+def test_aligned_rows_start_on_64_byte_lines(dtype, shape):
+    a = bench.aligned_rows(shape, dtype)
+    assert a.shape == shape and a.dtype == dtype
+    assert a.strides[-1] == a.itemsize  # positions adjacent
+    rows = a.reshape(-1, shape[-1])
+    assert np.shares_memory(rows, a)  # the rows themselves, not a copy
+    assert all(r.ctypes.data % 64 == 0 for r in rows)
+    # rows padded by less than one line
+    assert 0 <= a.strides[-2] - shape[-1] * a.itemsize < 64

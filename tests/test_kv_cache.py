@@ -319,30 +319,3 @@ def test_per_head_decode_equals_stacked_decode(options, n_kv, monkeypatch):
     for (y1, w1), (y2, w2) in zip(runs[1], runs[10**9]):
         np.testing.assert_allclose(y2, y1, rtol=0, atol=1e-13)
         np.testing.assert_allclose(w2, w1, rtol=0, atol=1e-15)
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("shape", [(1, 1, 3, 1), (2, 3, 4, 17), (5, 8193)])
-def test_aligned_rows_start_on_64_byte_lines(dtype, shape):
-    from attn_np.kv_cache import ROW_ALIGNMENT, aligned_rows
-
-    a = aligned_rows(shape, dtype)
-    assert a.shape == shape and a.dtype == dtype
-    assert a.strides[-1] == a.itemsize  # positions adjacent
-    rows = a.reshape(-1, shape[-1]) if a.ndim > 1 else a[None]
-    assert np.shares_memory(rows, a)  # the rows themselves, not a copy
-    starts = [r.ctypes.data for r in rows]
-    assert all(s % ROW_ALIGNMENT == 0 for s in starts)
-    # rows padded by less than one line
-    assert 0 <= a.strides[-2] - shape[-1] * a.itemsize < ROW_ALIGNMENT
-
-
-def test_cache_rows_stay_aligned_as_it_grows():
-    cache = KVCache(initial_capacity=3)
-    rng = np.random.default_rng(0)
-    for n in (3, 1, 5, 9):
-        k = rng.standard_normal((1, 2, n, 4)).astype(np.float32)
-        cache.append(k, k)
-        for buf in (cache._kt, cache._vt):
-            assert buf.ctypes.data % 64 == 0 and buf.strides[-2] % 64 == 0
-    assert cache.reallocations == 3 and len(cache) == 18

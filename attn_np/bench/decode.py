@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import os
 import textwrap
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,7 +48,6 @@ from attn_np.instruments.measure import (
     best_times,
     paired_difference,
     read_probes,
-    round_times,
 )
 from attn_np.instruments.plotting import format_bytes
 from attn_np.kv_cache import KVCache
@@ -125,7 +125,7 @@ def step_parts(layer, cache, seed=0) -> dict:
     * ``attention``: :func:`~attn_np.attention_forward` over the cached
       keys and values, as the layer calls it (its softmax included): the
       ``G`` query rows of each key/value head stacked, or one product per
-      query head below ``layer.min_stacked_rows`` rows;
+      query head for ``1 < G < layer.min_stacked_rows``;
     * ``softmax``: the softmax over a score array of that shape.
 
     Inputs are random: the times do not depend on the values.
@@ -141,7 +141,7 @@ def step_parts(layer, cache, seed=0) -> dict:
     k, v = cache.keys, cache.values  # [B, n_kv, n, d_k], [.., d_v]
     # [B, n_kv, G, n]
     s = rng.standard_normal((B, n_kv, G, k.shape[2]), dtype=dtype)
-    if G < layer.min_stacked_rows:  # one product per query head
+    if 1 < G < layer.min_stacked_rows:  # one product per query head
         q = q[:, :, :, None]  # [B, n_kv, G, 1, d_k]
         k, v = k[:, :, None], v[:, :, None]  # [B, n_kv, 1, n, d]
         s = s[:, :, :, None]  # [B, n_kv, G, 1, n]
@@ -175,23 +175,28 @@ LEVERS = {
     "1 BLAS thread": "the whole step on one BLAS thread",
     "1 BLAS thread, attention": "the two products over the cache on one "
     "BLAS thread, the projections on all",
-    "cache rows unaligned": "the stored K^T and V^T in plain np.empty "
-    "buffers, capacity context + 1, instead of rows that each start on a "
-    "64-byte line",
+    "cache rows on 64 B": "the stored K^T and V^T copied into buffers "
+    "whose rows each start on a 64-byte line (aligned_rows), instead of "
+    "np.empty's, rows context + 1 positions apart",
     "no temporaries": "the step's arithmetic alone: no checks or "
     "head-split copies, outputs into arrays allocated once",
 }
 
 
 @contextmanager
-def _patched(module, name, value):
-    """``module.name = value`` for the duration of the block."""
-    old = getattr(module, name)
-    setattr(module, name, value)
+def _patched(owner, name, value):
+    """``owner.name = value`` (a module's function, an object's attribute)
+    for the duration of the block; then as it was."""
+    had = name in vars(owner)
+    old = getattr(owner, name)
+    setattr(owner, name, value)
     try:
         yield
     finally:
-        setattr(module, name, old)
+        if had:
+            setattr(owner, name, old)
+        else:  # it came from the class: drop the instance's own
+            delattr(owner, name)
 
 
 def _softmax_copy(x, mask, axis, overwrite=False):
@@ -224,6 +229,21 @@ def _softmax_threads(x, mask, axis, overwrite=False):
     return s
 
 
+def aligned_rows(shape, dtype, alignment=64) -> np.ndarray:
+    """``np.empty(shape, dtype)``, except that every row (the last axis)
+    starts on an ``alignment``-byte boundary: the rows are padded to whole
+    lines and the first is placed on one (a view into a slightly larger
+    buffer). For the ``cache rows on 64 B`` lever."""
+    dtype = np.dtype(dtype)
+    per_line = max(1, alignment // dtype.itemsize)
+    padded = -(-shape[-1] // per_line) * per_line  # round up
+    count = int(np.prod(shape[:-1], dtype=np.int64)) * padded
+    raw = np.empty(count * dtype.itemsize + alignment, dtype=np.uint8)
+    start = -raw.ctypes.data % alignment  # first byte on a line
+    flat = raw[start : start + count * dtype.itemsize].view(dtype)
+    return flat.reshape(tuple(shape[:-1]) + (padded,))[..., : shape[-1]]
+
+
 def no_temporaries_step(layer, cache, x):
     """A one-token step of ``layer`` (batch 1, no rope, window or sinks)
     that computes what :meth:`~GroupedQueryAttention.forward` computes
@@ -238,7 +258,7 @@ def no_temporaries_step(layer, cache, x):
     q = np.empty((1, layer.n_heads * d_k), dtype=layer.dtype)
     s = np.empty((n_kv, G, 1, n + 1), dtype=layer.dtype)
     o = np.empty((n_kv, G, 1, layer.d_v), dtype=layer.dtype)
-    per_head = G < layer.min_stacked_rows
+    per_head = 1 < G < layer.min_stacked_rows
     scale = layer.dtype.type(1.0 / np.sqrt(d_k))
 
     def step():
@@ -280,20 +300,9 @@ def lever_steps(d_model, n_heads, n_kv_heads, context, seed=0) -> dict:
     layer, cache, step = decode_setup(
         d_model, n_heads, n_kv_heads, context, seed=seed
     )
-    stacked = GroupedQueryAttention(
-        d_model, n_heads, n_kv_heads, seed=seed, dtype=np.float32
-    )
-    stacked.min_stacked_rows = 1
     x = np.random.default_rng(seed).standard_normal(
         (1, 1, d_model), dtype=np.float32
     )
-
-    def with_layer(other):
-        def run():
-            other.forward(x, kv_cache=cache)
-            cache.truncate(context)
-
-        return run
 
     def within(make_context, fn=step):
         def run():
@@ -306,16 +315,18 @@ def lever_steps(d_model, n_heads, n_kv_heads, context, seed=0) -> dict:
         with blas_threads(1):
             return attention_forward(*a, **kw)
 
-    unaligned = decode_setup(
-        d_model, n_heads, n_kv_heads, context, seed=seed
-    )
-    # the cache's buffers as np.empty would give them: the rows context + 1
-    # positions apart, the first one wherever the allocator put it
+    aligned = decode_setup(d_model, n_heads, n_kv_heads, context, seed=seed)
+    # the same cache, each row of its buffers on a 64-byte line
     for name in ("_kt", "_vt"):
-        setattr(unaligned[1], name, np.array(getattr(unaligned[1], name)))
+        buf = getattr(aligned[1], name)
+        copy = aligned_rows(buf.shape, buf.dtype)
+        copy[...] = buf
+        setattr(aligned[1], name, copy)
     return {
         "library": step,
-        "stacked products": with_layer(stacked),
+        "stacked products": within(
+            lambda: _patched(layer, "min_stacked_rows", 1)
+        ),
         "softmax not in place": within(
             lambda: _patched(_attention, "masked_softmax", _softmax_copy)
         ),
@@ -328,40 +339,62 @@ def lever_steps(d_model, n_heads, n_kv_heads, context, seed=0) -> dict:
                 _multihead, "attention_forward", attention_one_thread
             )
         ),
-        "cache rows unaligned": unaligned[2],
+        "cache rows on 64 B": aligned[2],
         "no temporaries": no_temporaries_step(layer, cache, x),
-        "_keep": (layer, cache, stacked, unaligned),
+        "_keep": (layer, cache, aligned),
     }
 
 
 def run_levers(
     d_model=2048, n_heads=16, context=8192, rounds=20, flush_bytes=None
 ) -> dict:
-    """Time :func:`lever_steps` for every family, in turns, a read of
-    ``flush_bytes`` before each.
+    """Time :func:`lever_steps` for every family: each lever beside a step
+    of the library's, a read of ``flush_bytes`` before each step.
 
     Returns ``{family: {"library": seconds, lever: (median, low, high)}}``:
-    the library's best step time, and each lever's time minus the
-    library's, round by round (:func:`paired_difference`: the median and
-    the quartiles).
+    the library's median step time, and each lever's time minus that of
+    the library step beside it, round by round
+    (:func:`paired_difference`: the median and the quartiles). The pair
+    runs library first in even rounds and lever first in odd ones, so
+    that whatever the second step of a pair gains or loses from the first
+    cancels in the median.
     """
     if flush_bytes is None:
         flush_bytes = 2 * cpu_cache_sizes().get("L3", 32 * 2**20)
     flush = np.ones(max(1, flush_bytes // 4), dtype=np.float32)
-    fns, keep = {}, []
-    for fam, n_kv in families(n_heads).items():
-        steps = lever_steps(d_model, n_heads, n_kv, context)
-        keep.append(steps.pop("_keep"))
-        for name, fn in steps.items():
-            fns[f"{fam} {name} (flush)"] = flush.sum
-            fns[f"{fam} {name}"] = fn
-    times = round_times(fns, rounds=rounds)
+    steps = {
+        fam: lever_steps(d_model, n_heads, n_kv, context)
+        for fam, n_kv in families(n_heads).items()
+    }
+
+    def timed(fn):
+        flush.sum()
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    lib = {(f, n): [] for f in steps for n in LEVERS}
+    lever = {(f, n): [] for f in steps for n in LEVERS}
+    for fam_steps in steps.values():  # warm-up
+        for name in ("library", *LEVERS):
+            fam_steps[name]()
+    for r in range(rounds):
+        for fam, fam_steps in steps.items():
+            for name in LEVERS:
+                if r % 2 == 0:
+                    lib[fam, name].append(timed(fam_steps["library"]))
+                    lever[fam, name].append(timed(fam_steps[name]))
+                else:
+                    lever[fam, name].append(timed(fam_steps[name]))
+                    lib[fam, name].append(timed(fam_steps["library"]))
     out = {}
-    for fam in families(n_heads):
-        lib = times[f"{fam} library"]
-        out[fam] = {"library": float(lib.min())}
+    for fam in steps:
+        all_lib = [t for name in LEVERS for t in lib[fam, name]]
+        out[fam] = {"library": float(np.median(all_lib))}
         for name in LEVERS:
-            out[fam][name] = paired_difference(times[f"{fam} {name}"], lib)
+            out[fam][name] = paired_difference(
+                lever[fam, name], lib[fam, name]
+            )
     return out
 
 
@@ -372,7 +405,7 @@ def lever_table(levers) -> list[str]:
     fams = list(levers)
     out = [f"{'ms per step':28}" + "".join(f"{f:>10}" for f in fams)]
     out.append(
-        f"{'library (best round)':28}"
+        f"{'library (median)':28}"
         + "".join(f"{levers[f]['library'] * 1e3:10.2f}" for f in fams)
     )
     for name in LEVERS:
@@ -624,7 +657,7 @@ def main(argv) -> int:
         print()
         say(
             "levers, one at a time: each family's step as the library "
-            "makes it (its best round), and the change in its time when "
+            "makes it (its median), and the change in its time when "
             "one thing is done differently: the median over "
             f"{args.rounds} rounds of the lever's time minus the "
             "library's in the same round (in brackets where the quartiles "
