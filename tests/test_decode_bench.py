@@ -28,7 +28,7 @@ def result():
 def test_families_and_bytes(result):
     d_k = D // H
     assert bench.families(16) == {"MHA": 16, "GQA": 4, "MQA": 1}
-    assert set(result["rows"]) == {"MHA", "GQA", "MQA"}
+    assert list(result["rows"]) == ["MHA", "GQA", "MQA", "MLA"]
     for fam, n_kv in bench.families(H).items():
         row = result["rows"][fam]
         assert row["n_kv_heads"] == n_kv
@@ -42,6 +42,25 @@ def test_families_and_bytes(result):
         result["rows"]["MHA"]["step_bytes"]
         / result["rows"]["MQA"]["step_bytes"]
     )
+    # MLA, absorbed: W_q, W_qr, W_dkv, W_kr, W_uk, W_uv, W_o, then the
+    # cached rows [c_KV ; k_R] with the step's own
+    dims = bench.latent_dims(D, H)
+    assert dims == {
+        "d_head": 4,
+        "d_latent_kv": 16,
+        "d_rope": 2,
+        "d_head_v": 4,
+    }
+    d_h, d_c, d_r, d_v = 4, 16, 2, 4
+    mla = result["rows"]["MLA"]
+    weights = D * H * d_h + D * H * d_r + D * d_c + D * d_r
+    weights += d_c * H * d_h + d_c * H * d_v + H * d_v * D
+    assert mla["weight_bytes"] == 4 * weights
+    assert mla["step_bytes"] == 4 * (weights + (CTX + 1) * (d_c + d_r))
+    assert mla["cache_bytes"] == 4 * CTX * (d_c + d_r)
+    assert mla["n_kv_heads"] is None
+    scores = 2 * H * (CTX + 1) * (d_c + d_r)
+    assert mla["attention_flops"] == scores + 2 * H * (CTX + 1) * d_c
 
 
 def test_rates_fractions_and_gap_add_up(result):
@@ -57,7 +76,8 @@ def test_rates_fractions_and_gap_add_up(result):
         # weights at the reference, attention timed right after itself
         again = row["parts"]["attention (again)"]
         w = row["weight_bytes"]
-        assert w == 4 * 2 * D * (H + row["n_kv_heads"]) * (D // H)
+        if row["n_kv_heads"]:  # the MLA row's weights: above
+            assert w == 4 * 2 * D * (H + row["n_kv_heads"]) * (D // H)
         assert row["best"] == pytest.approx(
             row["step_bytes"] / ref / (w / ref + again)
         )
@@ -72,9 +92,14 @@ def test_rates_fractions_and_gap_add_up(result):
 
 def test_table_fits_the_page(result):
     lines = bench.table(result)
-    assert len(lines) == 2 + 3
+    assert len(lines) == 2 + 4
     assert all(len(line) <= 77 for line in lines)
-    assert [line.split()[0] for line in lines[2:]] == ["MHA", "GQA", "MQA"]
+    assert [line.split()[0] for line in lines[2:]] == [
+        "MHA",
+        "GQA",
+        "MQA",
+        "MLA",
+    ]
 
 
 def test_main_prints_within_77_columns(capsys, monkeypatch):
@@ -247,3 +272,25 @@ def test_aligned_rows_start_on_64_byte_lines(dtype, shape):
     assert all(r.ctypes.data % 64 == 0 for r in rows)
     # rows padded by less than one line
     assert 0 <= a.strides[-2] - shape[-1] * a.itemsize < 64
+
+
+def test_latent_setup_and_parts_are_the_steps_work():
+    layer, cache, step = bench.latent_decode_setup(D, H, CTX)
+    before = cache.rows.copy()
+    step()
+    step()
+    assert len(cache) == CTX and cache.reallocations == 0
+    np.testing.assert_array_equal(cache.rows, before)
+    parts = bench.latent_step_parts(layer, cache)
+    assert set(parts) == set(bench.PARTS)
+    out, att = parts["attention"]()
+    assert out.shape == (1, 1, H, layer.d_latent_kv)
+    np.testing.assert_allclose(att.weights.sum(-1), 1, rtol=1e-5)
+    assert len(parts["weights"]()) == 7
+    # the absorbed step is the layer's default with a cache
+    x = np.random.default_rng(1).standard_normal((1, 1, D), dtype=np.float32)
+    y_abs = layer.forward(x, kv_cache=cache)
+    cache.truncate(CTX)
+    y_exp = layer.forward(x, kv_cache=cache, absorb=False)
+    cache.truncate(CTX)
+    np.testing.assert_allclose(y_abs, y_exp, rtol=1e-3, atol=1e-4)

@@ -3,7 +3,9 @@ allows? (chapter 4)
 
 One attention layer in float32 decodes one token per sequence over a
 key/value cache of ``--context`` positions, as multi-head (``n_kv_heads =
-n_heads``), grouped-query (``n_heads / 4``) and multi-query (1) attention.
+n_heads``), grouped-query (``n_heads / 4``) and multi-query (1) attention,
+and as chapter 7's multi-head latent attention on its absorbed decode path
+(:func:`latent_dims`: DeepSeek-V2-Lite's attention shape at the defaults).
 It prints one table, all from the same run:
 
 * the streaming-read bandwidth of this machine, the reference: the fastest
@@ -15,8 +17,10 @@ It prints one table, all from the same run:
   weights read at the reference, plus the longer of reading its cache at
   the reference and doing its attention's FLOPs at the measured matmul
   rate;
+* ``best``: the most the step's own BLAS calls allow: its weights read at
+  the reference, plus its attention timed right after itself;
 * the gap, ``time - bytes / reference``, split by timing the parts of the
-  step alone (:func:`step_parts`): the four projections, the attention
+  step alone (:func:`step_parts`): the projections, the attention
   over the cache (its softmax apart) and the softmax; the rest of the step
   is the remainder.
 
@@ -25,6 +29,9 @@ Every candidate is timed in turns with the reference
 shared machine slows all of them alike, and the best round of each is kept.
 A read of twice the last-level cache runs before each part, so that no part
 finds its data left in the CPU's caches by the one before.
+
+``--levers`` adds a second table: each lever of issue 17 (``LEVERS``) timed
+beside the library's step (:func:`run_levers`).
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from attn_np import attention as _attention
 from attn_np import multihead as _multihead
 from attn_np.attention import attention_forward
 from attn_np.costs.decode import decode_step_cost
+from attn_np.costs.latent import latent_decode_step_cost
 from attn_np.instruments.blas import blas_threads
 from attn_np.instruments.measure import (
     best_times,
@@ -51,6 +59,7 @@ from attn_np.instruments.measure import (
 )
 from attn_np.instruments.plotting import format_bytes
 from attn_np.kv_cache import KVCache
+from attn_np.latent import LatentKVCache, MultiHeadLatentAttention
 from attn_np.multihead import GroupedQueryAttention
 from attn_np.softmax import masked_softmax
 
@@ -421,6 +430,105 @@ def lever_table(levers) -> list[str]:
     return out
 
 
+def latent_dims(d_model, n_heads) -> dict:
+    """The MLA layer of the table: DeepSeek-V2-Lite's attention shape
+    scaled to ``d_model`` and ``n_heads``. At the defaults (2048, 16) it
+    is that model's (its config.json on Hugging Face: hidden_size 2048, 16
+    heads, qk_nope_head_dim 128, qk_rope_head_dim 64, kv_lora_rank 512,
+    v_head_dim 128, q_lora_rank null): ``d_head = d_model / n_heads``, a
+    latent of 4 heads' width, a rotary key of half a head, no query
+    compression."""
+    d_head = d_model // n_heads
+    return {
+        "d_head": d_head,
+        "d_latent_kv": 4 * d_head,
+        "d_rope": max(2, d_head // 2 // 2 * 2),  # even: RoPE turns pairs
+        "d_head_v": d_head,
+    }
+
+
+def latent_decode_setup(d_model, n_heads, context, batch=1, seed=0):
+    """:func:`decode_setup` for multi-head latent attention (chapter 7): a
+    float32 :class:`~attn_np.MultiHeadLatentAttention` of
+    :func:`latent_dims`, a :class:`~attn_np.LatentKVCache` of ``context``
+    random rows, and a one-token step on the absorbed path (the layer's
+    default with a cache), undone after each call."""
+    dims = latent_dims(d_model, n_heads)
+    layer = MultiHeadLatentAttention(
+        d_model,
+        n_heads,
+        dims["d_head"],
+        dims["d_latent_kv"],
+        dims["d_rope"],
+        d_head_v=dims["d_head_v"],
+        seed=seed,
+        dtype=np.float32,
+    )
+    rng = np.random.default_rng(seed)
+    cache = LatentKVCache(initial_capacity=context + 1)
+    cache.append(
+        rng.standard_normal(
+            (batch, context, dims["d_latent_kv"]), dtype=np.float32
+        ),
+        rng.standard_normal(
+            (batch, context, dims["d_rope"]), dtype=np.float32
+        ),
+    )
+    x = rng.standard_normal((batch, 1, d_model), dtype=np.float32)
+
+    def step():
+        # [B, 1, d_model] over context + 1 cached rows, absorbed
+        layer.forward(x, kv_cache=cache)
+        cache.truncate(context)
+
+    return layer, cache, step
+
+
+def latent_step_parts(layer, cache, seed=0) -> dict:
+    """:func:`step_parts` for the absorbed MLA step: ``weights`` (every
+    product with a weight matrix, as the layer makes them: ``x W_q``, ``x
+    W_qr``, ``x W_dkv``, ``x W_kr``, the queries times ``W_uk`` per head,
+    the latent outputs times ``W_uv`` per head, and ``W_o``), ``attention``
+    (:func:`~attn_np.attention_forward` of the ``h`` stacked latent
+    queries over the cached rows ``[c_KV ; k_R]``, values ``c_KV``) and
+    ``softmax``."""
+    rng = np.random.default_rng(seed)
+    W, dtype = layer.params, layer.dtype
+    B, h = cache.layout[0], layer.n_heads
+    d_h, d_c, d_v = layer.d_head, layer.d_latent_kv, layer.d_head_v
+    x = rng.standard_normal((B, layer.d_model), dtype=dtype)  # [B, d]
+    q_c = rng.standard_normal((B, h, 1, d_h), dtype=dtype)
+    o_lat = rng.standard_normal((B, h, 1, d_c), dtype=dtype)
+    o = rng.standard_normal((B, h * d_v), dtype=dtype)  # [B, h*d_v]
+    w_uk = W["W_uk"].reshape(d_c, h, d_h).transpose(1, 2, 0)  # [h, d_h, d_c]
+    w_uv = W["W_uv"].reshape(d_c, h, d_v).transpose(1, 0, 2)  # [h, d_c, d_v]
+    rows = cache.rows[:, None]  # [B, 1, n, d_c + d_R]: one key for all
+    q = rng.standard_normal((B, 1, h, rows.shape[-1]), dtype=dtype)
+    s = rng.standard_normal((B, 1, h, rows.shape[2]), dtype=dtype)
+
+    def weights():
+        return (
+            x @ W["W_q"],  # [B, d] @ [d, h*d_h]
+            x @ W["W_qr"],  # [B, d] @ [d, h*d_R]
+            x @ W["W_dkv"],  # [B, d] @ [d, d_c]
+            x @ W["W_kr"],  # [B, d] @ [d, d_R]
+            q_c @ w_uk,  # [B, h, 1, d_h] @ [h, d_h, d_c]
+            o_lat @ w_uv,  # [B, h, 1, d_c] @ [h, d_c, d_v]
+            o @ W["W_o"],  # [B, h*d_v] @ [h*d_v, d]
+        )
+
+    def attention():
+        # [B, 1, h, d_c]
+        return attention_forward(
+            q, rows, rows[..., :d_c], scale=layer.scale, check_finite=False
+        )
+
+    def softmax():
+        return masked_softmax(s, None, -1, overwrite=True)
+
+    return {"weights": weights, "attention": attention, "softmax": softmax}
+
+
 def families(n_heads) -> dict:
     """``{"MHA": n_heads, "GQA": n_heads // 4, "MQA": 1}``: key/value heads
     of each family."""
@@ -453,14 +561,36 @@ def run(
     c = np.empty_like(a)
     fns["matmul"] = lambda: np.matmul(a, a, out=c)
     costs, caches, keep = {}, {}, []
-    for fam, n_kv in fams.items():
-        layer, cache, step = decode_setup(
-            d_model, n_heads, n_kv, context, batch
-        )
+    for fam in (*fams, "MLA"):
+        if fam == "MLA":  # chapter 7's absorbed decode path
+            layer, cache, step = latent_decode_setup(
+                d_model, n_heads, context, batch
+            )
+            parts = latent_step_parts(layer, cache)
+            dims = latent_dims(d_model, n_heads)
+            costs[fam] = latent_decode_step_cost(
+                batch,
+                context,
+                d_model,
+                n_heads,
+                dims["d_head"],
+                dims["d_latent_kv"],
+                dims["d_rope"],
+                d_head_v=dims["d_head_v"],
+                absorb=True,
+            )
+        else:
+            layer, cache, step = decode_setup(
+                d_model, n_heads, fams[fam], context, batch
+            )
+            parts = step_parts(layer, cache)
+            costs[fam] = decode_step_cost(
+                batch, context, d_model, n_heads, fams[fam]
+            )
         keep.append((layer, cache))
         fns[f"{fam} (flush)"] = flush.sum
         fns[fam] = step
-        for part, fn in step_parts(layer, cache).items():
+        for part, fn in parts.items():
             fns[f"{fam} {part} (flush)"] = flush.sum
             fns[f"{fam} {part}"] = fn
             if part == "attention":
@@ -469,7 +599,6 @@ def run(
                 # MHA's)
                 fns[f"{fam} attention (again)"] = fn
         caches[fam] = cache.nbytes
-        costs[fam] = decode_step_cost(batch, context, d_model, n_heads, n_kv)
     times = best_times(fns, rounds=rounds)
     bandwidths = {
         name: nbytes / times[name] for name, (_, nbytes) in probes.items()
@@ -478,12 +607,16 @@ def run(
     ref = bandwidths[ref_name]
     matmul_rate = 2 * n_mm**3 / times["matmul"]  # FLOP/s
     rows = {}
-    for fam, n_kv in fams.items():
+    for fam in costs:
         nb = costs[fam].bytes_breakdown
-        w_bytes = nb["weights"]
-        kv_bytes = nb["keys and values read"]
         fl = costs[fam].flops_breakdown
-        att_flops = fl["scores Q K^T"] + fl["weights @ V"]
+        w_bytes = nb["weights"]
+        if fam == "MLA":  # the cached rows [c_KV ; k_R], scored and summed
+            kv_bytes = nb["latent cache read"]
+            att_flops = fl["scores over [c_KV ; k_R]"] + fl["weights @ c_KV"]
+        else:
+            kv_bytes = nb["keys and values read"]
+            att_flops = fl["scores Q K^T"] + fl["weights @ V"]
         t = times[fam]
         part = {p: times[f"{fam} {p}"] for p in PARTS}
         part["attention (again)"] = times[f"{fam} attention (again)"]
@@ -491,7 +624,7 @@ def run(
         best = w_bytes / ref + max(kv_bytes / ref, att_flops / matmul_rate)
         step_bytes = w_bytes + kv_bytes
         rows[fam] = {
-            "n_kv_heads": n_kv,
+            "n_kv_heads": fams.get(fam),  # None for MLA
             "cache_bytes": caches[fam],
             "step_bytes": step_bytes,
             "weight_bytes": w_bytes,
@@ -550,7 +683,7 @@ def table(r) -> list[str]:
         # each field after a space, so that none runs into the next
         gaps = (g["weights"], g["keys and values"], g["softmax"], g["rest"])
         out.append(
-            f"{fam:4}{row['n_kv_heads']:>4}"
+            f"{fam:4}{row['n_kv_heads'] or '-':>4}"
             f" {row['step_bytes'] / 2**20:4.0f} MiB"
             f" {row['time'] * 1e3:5.2f} ms"
             f" {row['bytes_per_s'] / 2**30:6.1f}"
@@ -566,15 +699,17 @@ def table(r) -> list[str]:
 
 LEGEND = (
     "bytes: the four projection matrices and the cached keys and values, "
-    "read once. of ref: bytes per second over the reference. roof: the "
-    "most a step could reach here: its weights read at the reference, plus "
+    "read once (MLA: its seven weight matrices and its cached rows [c_KV ; "
+    "k_R]; n_kv does not apply). of ref: bytes per second over the "
+    "reference. roof: the most a step could reach here: its weights read "
+    "at the reference, plus "
     "the longer of reading its cache at the reference and doing its "
     "attention's FLOPs at the matmul rate. best: the most its BLAS calls "
     "allow: its weights read at the reference, plus its attention "
     "(softmax included) as fast as it runs right after itself, its cache "
     "still in the CPU's caches where it fits. "
     "The gap, time - bytes/reference, split by timing parts of the step "
-    "alone, in turns: wts, the four projections over their bytes at the "
+    "alone, in turns: wts, the projections over their bytes at the "
     "reference; K/V, the attention over the cache without its softmax, "
     "over the cache's bytes; smax, the softmax; rest, the remainder "
     "(head splits, cache append, checks)."
