@@ -168,10 +168,12 @@ def test_decode_benchmark_runs_small():
     from attn_np.bench.decode import decode_setup, run
 
     r = run(d_model=32, n_heads=4, context=64, rounds=1, probe_bytes=2**20)
-    assert set(r["rows"]) == {"MHA", "GQA", "MQA"}
+    assert set(r["rows"]) == {"MHA", "GQA", "MQA", "MLA"}
     assert r["reference"] == max(r["bandwidths"].values()) > 0
     assert r["rows"]["MHA"]["cache_bytes"] == 1 * 4 * 64 * (8 + 8) * 4
     assert r["rows"]["MQA"]["cache_bytes"] == 1 * 1 * 64 * (8 + 8) * 4
+    # MLA: one row [c_KV ; k_R] of 4 * 8 + 4 numbers per position
+    assert r["rows"]["MLA"]["cache_bytes"] == 1 * 64 * (32 + 4) * 4
     assert r["bytes_mha_over_mqa"] > 1
     for row in r["rows"].values():
         assert row["fraction"] == pytest.approx(
