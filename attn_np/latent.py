@@ -50,18 +50,21 @@ from .training.layers import rmsnorm_backward, rmsnorm_forward
 class LatentKVCache:
     """The latent cache of one MLA layer: ``c_KV`` and ``k_R`` per position.
 
-    One buffer ``[B, capacity, d_latent_kv + d_rope]`` holds both: row
-    ``j`` is ``[c_KV,j ; k_R,j]``, the key that the absorbed path scores
-    against (its first ``d_latent_kv`` columns are also the value).
-    Nothing per head is stored. Capacity doubles when it runs out, as in
-    :class:`attn_np.KVCache`.
+    One buffer holds both, and :attr:`rows` shows it as ``[B, len,
+    d_latent_kv + d_rope]``: row ``j`` is ``[c_KV,j ; k_R,j]``, the key
+    that the absorbed path scores against (its first ``d_latent_kv``
+    columns are also the value). Nothing per head is stored. As in
+    :class:`attn_np.KVCache`, the buffer is kept *transposed*, ``[B,
+    d_latent_kv + d_rope, capacity]``, one row per feature, so that a
+    decode step's two products stream along rows ``len`` numbers long;
+    :attr:`rows` is a transposed view. Capacity doubles when it runs out.
     """
 
     def __init__(self, initial_capacity: int = 16):
         self._initial_capacity = check_count(
             initial_capacity, "initial_capacity"
         )
-        self._buf = None  # [B, capacity, d_latent_kv + d_rope]
+        self._buf = None  # [B, d_latent_kv + d_rope, capacity]
         self._d_latent_kv = None
         self._len = 0
         self.reallocations = 0  # how many times the buffer grew
@@ -84,7 +87,7 @@ class LatentKVCache:
         """``(batch, d_latent_kv, d_rope)``, or None while empty."""
         if self._buf is None:
             return None
-        B, _, width = self._buf.shape
+        B, width, _ = self._buf.shape
         return B, self._d_latent_kv, width - self._d_latent_kv
 
     @property
@@ -93,7 +96,7 @@ class LatentKVCache:
 
     @property
     def capacity(self) -> int:
-        return 0 if self._buf is None else self._buf.shape[1]
+        return 0 if self._buf is None else self._buf.shape[2]
 
     @property
     def nbytes(self) -> int:
@@ -103,15 +106,16 @@ class LatentKVCache:
         """
         if self._buf is None:
             return 0
-        B, _, width = self._buf.shape
+        B, width, _ = self._buf.shape
         return B * self._len * width * self._buf.itemsize
 
     @property
     def rows(self) -> np.ndarray:
-        """View of the rows ``[c_KV ; k_R]``: ``[B, len, d_c + d_R]``."""
+        """View of the rows ``[c_KV ; k_R]``: ``[B, len, d_c + d_R]``
+        (stored transposed; no copy)."""
         if self._buf is None:
             raise ValueError("the cache is empty: it holds no latents yet")
-        return self._buf[:, : self._len]
+        return self._buf[:, :, : self._len].swapaxes(1, 2)
 
     @property
     def latents(self) -> np.ndarray:
@@ -173,7 +177,7 @@ class LatentKVCache:
         d_r = k_r.shape[2]
         if self._buf is None:
             cap = max(self._initial_capacity, L)
-            self._buf = np.empty((B, cap, d_c + d_r), dtype=c_kv.dtype)
+            self._buf = np.empty((B, d_c + d_r, cap), dtype=c_kv.dtype)
             self._d_latent_kv = d_c
         elif (B, d_c, d_r) != self.layout or c_kv.dtype != self.dtype:
             raise ValueError(
@@ -183,10 +187,11 @@ class LatentKVCache:
         need = self._len + L
         if need > self.capacity:
             cap = max(need, 2 * self.capacity)  # doubling: O(n) copied
-            self._buf = _grow(self._buf, cap, self._len, axis=1)
+            self._buf = _grow(self._buf, cap, self._len, axis=2)
             self.reallocations += 1
-        self._buf[:, self._len : need, :d_c] = c_kv  # rows len..len+L-1
-        self._buf[:, self._len : need, d_c:] = k_r
+        # [B, L, d] into columns len ... len+L-1 of [B, d_c + d_R, cap]
+        self._buf[:, :d_c, self._len : need] = c_kv.swapaxes(1, 2)
+        self._buf[:, d_c:, self._len : need] = k_r.swapaxes(1, 2)
         self._len = need
         return self.rows
 

@@ -362,6 +362,10 @@ def test_cache_nbytes_views_and_growth():
     assert cache.latents.shape == (2, 20, 6)
     assert cache.rope_keys.shape == (2, 20, 4)
     assert np.shares_memory(cache.latents, cache.rows)
+    # stored transposed: one row per feature, the positions adjacent, so
+    # that a decode step's products stream along rows len numbers long
+    assert cache.rows.strides[1] == cache.rows.itemsize
+    assert cache.rows.swapaxes(1, 2).strides[1] == 32 * 8  # capacity apart
     c_kv = x @ layer.params["W_dkv"]
     assert np.max(np.abs(cache.latents - c_kv)) < EXACT
     cache.truncate(5)
