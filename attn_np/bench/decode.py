@@ -174,6 +174,8 @@ def step_parts(layer, cache, seed=0) -> dict:
 
 # -- the levers of a decode step, measured one at a time -------------------
 LEVERS = {
+    "nothing (A/A)": "the library's step itself: what a change that "
+    "changes nothing reads as in this run, the noise floor of the table",
     "stacked products": "a group's G query rows in one product against "
     "its keys and values (min_stacked_rows = 1), not one product per query "
     "head",
@@ -333,6 +335,7 @@ def lever_steps(d_model, n_heads, n_kv_heads, context, seed=0) -> dict:
         setattr(aligned[1], name, copy)
     return {
         "library": step,
+        "nothing (A/A)": step,
         "stacked products": within(
             lambda: _patched(layer, "min_stacked_rows", 1)
         ),
