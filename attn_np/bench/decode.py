@@ -116,13 +116,20 @@ def decode_setup(
         rng.standard_normal(shape + (layer.d_v,), dtype=np.float32),
     )
     x = rng.standard_normal((batch, 1, d_model), dtype=np.float32)
+    return layer, cache, undone_step(layer, cache, x)
+
+
+def undone_step(layer, cache, x):
+    """``step()``: ``layer.forward(x, kv_cache=cache)``, one token ``x [B,
+    1, d_model]`` over every cached position, then
+    ``cache.truncate`` back, so that every call sees the same context."""
+    context = len(cache)
 
     def step():
-        # [B, 1, d_model] over context + 1 keys
         layer.forward(x, kv_cache=cache)
         cache.truncate(context)
 
-    return layer, cache, step
+    return step
 
 
 def step_parts(layer, cache, seed=0) -> dict:
@@ -434,8 +441,10 @@ def lever_table(levers) -> list[str]:
 
 
 def latent_dims(d_model, n_heads) -> dict:
-    """The MLA layer of the table: DeepSeek-V2-Lite's attention shape
-    scaled to ``d_model`` and ``n_heads``. At the defaults (2048, 16) it
+    """The MLA layer of the table, as keywords of
+    :class:`~attn_np.MultiHeadLatentAttention`: DeepSeek-V2-Lite's
+    attention shape scaled to ``d_model`` and ``n_heads``. At the
+    defaults (2048, 16) it
     is that model's (its config.json on Hugging Face: hidden_size 2048, 16
     heads, qk_nope_head_dim 128, qk_rope_head_dim 64, kv_lora_rank 512,
     v_head_dim 128, q_lora_rank null): ``d_head = d_model / n_heads``, a
@@ -458,14 +467,7 @@ def latent_decode_setup(d_model, n_heads, context, batch=1, seed=0):
     default with a cache), undone after each call."""
     dims = latent_dims(d_model, n_heads)
     layer = MultiHeadLatentAttention(
-        d_model,
-        n_heads,
-        dims["d_head"],
-        dims["d_latent_kv"],
-        dims["d_rope"],
-        d_head_v=dims["d_head_v"],
-        seed=seed,
-        dtype=np.float32,
+        d_model, n_heads, **dims, seed=seed, dtype=np.float32
     )
     rng = np.random.default_rng(seed)
     cache = LatentKVCache(initial_capacity=context + 1)
@@ -478,13 +480,7 @@ def latent_decode_setup(d_model, n_heads, context, batch=1, seed=0):
         ),
     )
     x = rng.standard_normal((batch, 1, d_model), dtype=np.float32)
-
-    def step():
-        # [B, 1, d_model] over context + 1 cached rows, absorbed
-        layer.forward(x, kv_cache=cache)
-        cache.truncate(context)
-
-    return layer, cache, step
+    return layer, cache, undone_step(layer, cache, x)  # absorbed
 
 
 def latent_step_parts(layer, cache, seed=0) -> dict:
@@ -570,16 +566,12 @@ def run(
                 d_model, n_heads, context, batch
             )
             parts = latent_step_parts(layer, cache)
-            dims = latent_dims(d_model, n_heads)
             costs[fam] = latent_decode_step_cost(
                 batch,
                 context,
                 d_model,
                 n_heads,
-                dims["d_head"],
-                dims["d_latent_kv"],
-                dims["d_rope"],
-                d_head_v=dims["d_head_v"],
+                **latent_dims(d_model, n_heads),
                 absorb=True,
             )
         else:
