@@ -449,6 +449,21 @@ def layer_pair(n_kv, **kw):
     )
 
 
+def assert_same_pass(dense_layer, flash_layer, x, dy, causal):
+    """One forward and backward of each layer: the same output, input
+    gradient and parameter gradients, to EXACT."""
+    y_d = dense_layer.forward(x, causal=causal)
+    y_f = flash_layer.forward(x, causal=causal)
+    dx_d, dx_f = dense_layer.backward(dy), flash_layer.backward(dy)
+    assert np.abs(y_f - y_d).max() < EXACT
+    assert np.abs(dx_f - dx_d).max() < EXACT
+    for name in dense_layer.grads:
+        assert (
+            np.abs(flash_layer.grads[name] - dense_layer.grads[name]).max()
+            < EXACT
+        ), name
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("shape", [(9, 12), (2, 9, 12)])
@@ -458,18 +473,7 @@ def test_layer_flash_equals_dense(family, causal, shape):
     rng = np.random.default_rng(14)
     x = rng.standard_normal(shape)
     dy = rng.standard_normal(shape)
-    y_d, y_f = (
-        dense_layer.forward(x, causal=causal),
-        flash_layer.forward(x, causal=causal),
-    )
-    dx_d, dx_f = dense_layer.backward(dy), flash_layer.backward(dy)
-    assert np.abs(y_f - y_d).max() < EXACT
-    assert np.abs(dx_f - dx_d).max() < EXACT
-    for name in dense_layer.grads:
-        assert (
-            np.abs(flash_layer.grads[name] - dense_layer.grads[name]).max()
-            < EXACT
-        ), name
+    assert_same_pass(dense_layer, flash_layer, x, dy, causal)
 
 
 def test_layer_flash_kv_cache_chunks():
@@ -551,19 +555,7 @@ def test_layer_flash_window_and_rope(kw):
         rng.standard_normal((2, 11, 12)),
         rng.standard_normal((2, 11, 12)),
     )
-    y_d, y_f = (
-        dense_layer.forward(x, causal=True),
-        flash_layer.forward(x, causal=True),
-    )
-    dx_d, dx_f = dense_layer.backward(dy), flash_layer.backward(dy)
-    assert (
-        np.abs(y_f - y_d).max() < EXACT and np.abs(dx_f - dx_d).max() < EXACT
-    )
-    for name in dense_layer.grads:
-        assert (
-            np.abs(flash_layer.grads[name] - dense_layer.grads[name]).max()
-            < EXACT
-        ), name
+    assert_same_pass(dense_layer, flash_layer, x, dy, True)
 
 
 def test_layer_flash_rolling_cache():
