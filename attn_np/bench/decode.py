@@ -534,6 +534,51 @@ def families(n_heads) -> dict:
     return {"MHA": n_heads, "GQA": max(1, n_heads // 4), "MQA": 1}
 
 
+def step_case(family, d_model, n_heads, context, batch=1) -> dict:
+    """One row of the table before it is timed: the setup of
+    :func:`decode_setup` (or :func:`latent_decode_setup` for ``"MLA"``),
+    its :func:`step_parts`, and the bytes and FLOPs that
+    :mod:`attn_np.costs` counts for it: ``weight_bytes``, ``kv_bytes``
+    (the cache read, the step's own position included) and
+    ``attention_flops`` (the two products over the cache)."""
+    if family == "MLA":  # chapter 7's absorbed decode path
+        layer, cache, step = latent_decode_setup(
+            d_model, n_heads, context, batch
+        )
+        parts = latent_step_parts(layer, cache)
+        cost = latent_decode_step_cost(
+            batch,
+            context,
+            d_model,
+            n_heads,
+            **latent_dims(d_model, n_heads),
+            absorb=True,
+        )
+        nb, fl = cost.bytes_breakdown, cost.flops_breakdown
+        # the cached rows [c_KV ; k_R], scored and summed
+        kv_bytes = nb["latent cache read"]
+        flops = fl["scores over [c_KV ; k_R]"] + fl["weights @ c_KV"]
+    else:
+        n_kv = families(n_heads)[family]
+        layer, cache, step = decode_setup(
+            d_model, n_heads, n_kv, context, batch
+        )
+        parts = step_parts(layer, cache)
+        cost = decode_step_cost(batch, context, d_model, n_heads, n_kv)
+        nb, fl = cost.bytes_breakdown, cost.flops_breakdown
+        kv_bytes = nb["keys and values read"]
+        flops = fl["scores Q K^T"] + fl["weights @ V"]
+    return {
+        "layer": layer,
+        "cache": cache,
+        "step": step,
+        "parts": parts,
+        "weight_bytes": nb["weights"],
+        "kv_bytes": kv_bytes,
+        "attention_flops": flops,
+    }
+
+
 def run(
     d_model=2048,
     n_heads=16,
@@ -559,33 +604,14 @@ def run(
     a = np.ones((n_mm, n_mm), dtype=np.float32)
     c = np.empty_like(a)
     fns["matmul"] = lambda: np.matmul(a, a, out=c)
-    costs, caches, keep = {}, {}, []
-    for fam in (*fams, "MLA"):
-        if fam == "MLA":  # chapter 7's absorbed decode path
-            layer, cache, step = latent_decode_setup(
-                d_model, n_heads, context, batch
-            )
-            parts = latent_step_parts(layer, cache)
-            costs[fam] = latent_decode_step_cost(
-                batch,
-                context,
-                d_model,
-                n_heads,
-                **latent_dims(d_model, n_heads),
-                absorb=True,
-            )
-        else:
-            layer, cache, step = decode_setup(
-                d_model, n_heads, fams[fam], context, batch
-            )
-            parts = step_parts(layer, cache)
-            costs[fam] = decode_step_cost(
-                batch, context, d_model, n_heads, fams[fam]
-            )
-        keep.append((layer, cache))
+    cases = {
+        fam: step_case(fam, d_model, n_heads, context, batch)
+        for fam in (*fams, "MLA")
+    }
+    for fam, case in cases.items():
         fns[f"{fam} (flush)"] = flush.sum
-        fns[fam] = step
-        for part, fn in parts.items():
+        fns[fam] = case["step"]
+        for part, fn in case["parts"].items():
             fns[f"{fam} {part} (flush)"] = flush.sum
             fns[f"{fam} {part}"] = fn
             if part == "attention":
@@ -593,7 +619,6 @@ def run(
                 # still in the CPU's caches where it fits (MQA's, not
                 # MHA's)
                 fns[f"{fam} attention (again)"] = fn
-        caches[fam] = cache.nbytes
     times = best_times(fns, rounds=rounds)
     bandwidths = {
         name: nbytes / times[name] for name, (_, nbytes) in probes.items()
@@ -602,16 +627,9 @@ def run(
     ref = bandwidths[ref_name]
     matmul_rate = 2 * n_mm**3 / times["matmul"]  # FLOP/s
     rows = {}
-    for fam in costs:
-        nb = costs[fam].bytes_breakdown
-        fl = costs[fam].flops_breakdown
-        w_bytes = nb["weights"]
-        if fam == "MLA":  # the cached rows [c_KV ; k_R], scored and summed
-            kv_bytes = nb["latent cache read"]
-            att_flops = fl["scores over [c_KV ; k_R]"] + fl["weights @ c_KV"]
-        else:
-            kv_bytes = nb["keys and values read"]
-            att_flops = fl["scores Q K^T"] + fl["weights @ V"]
+    for fam, case in cases.items():
+        w_bytes, kv_bytes = case["weight_bytes"], case["kv_bytes"]
+        att_flops = case["attention_flops"]
         t = times[fam]
         part = {p: times[f"{fam} {p}"] for p in PARTS}
         part["attention (again)"] = times[f"{fam} attention (again)"]
@@ -620,7 +638,7 @@ def run(
         step_bytes = w_bytes + kv_bytes
         rows[fam] = {
             "n_kv_heads": fams.get(fam),  # None for MLA
-            "cache_bytes": caches[fam],
+            "cache_bytes": case["cache"].nbytes,
             "step_bytes": step_bytes,
             "weight_bytes": w_bytes,
             "attention_flops": att_flops,
