@@ -283,12 +283,7 @@ class GroupedQueryAttention:
             allowed = self._group_mask(mask, causal, B, L, L_k, kv_cache)
             # None or [n_kv, G*L, 1]: head kv*G + g owns rows g*L ...
             sinks = self._sink_rows(L)
-            G = self.group_size
-            if (
-                kv_cache is not None
-                and 1 < G
-                and G * L < (self.min_stacked_rows)
-            ):
+            if kv_cache is not None and self.per_head_rows(L):
                 # a few query rows per key/value head (a decode step):
                 # one matrix-vector product per query head, [B, n_kv, G,
                 # L, d] against [B, n_kv, 1, L_k, d] (free reshapes)
@@ -475,6 +470,13 @@ class GroupedQueryAttention:
             0, 3, 1, 2, 4
         )
         return t.reshape(B, L, self.n_heads * d)
+
+    def per_head_rows(self, L) -> bool:
+        """Whether a cached chunk of ``L`` positions makes one product per
+        query head: a group (``G > 1``) with fewer than
+        :attr:`min_stacked_rows` stacked rows ``G * L``."""
+        G = self.group_size
+        return 1 < G and G * L < self.min_stacked_rows
 
     def _per_head(self, q, k, v, allowed, sinks):
         """The stacked layout split by query head: ``q [B, n_kv, G, L,

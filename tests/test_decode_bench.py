@@ -134,7 +134,7 @@ def test_step_parts_are_the_steps_work():
     assert set(parts) == set(bench.PARTS)
     q, k, v = parts["attention"]()[1].q, cache.keys, cache.values
     # G = 4 rows per key/value head: one product per query head
-    assert layer.group_size < layer.min_stacked_rows
+    assert layer.per_head_rows(1) and not layer.per_head_rows(2)
     assert q.shape == (1, 2, H // 2, 1, D // H)
     out, att = attention_forward(q, k[:, :, None], v[:, :, None])
     np.testing.assert_allclose(parts["attention"]()[0], out, rtol=1e-6)

@@ -319,3 +319,12 @@ def test_per_head_decode_equals_stacked_decode(options, n_kv, monkeypatch):
     for (y1, w1), (y2, w2) in zip(runs[1], runs[10**9]):
         np.testing.assert_allclose(y2, y1, rtol=0, atol=1e-13)
         np.testing.assert_allclose(w2, w1, rtol=0, atol=1e-15)
+
+
+def test_per_head_rows_rule():
+    """One product per query head only for groups (G > 1) with fewer than
+    min_stacked_rows stacked rows G * L."""
+    mha, gqa, mqa = (GroupedQueryAttention(16, 16, n) for n in (16, 4, 1))
+    assert not mha.per_head_rows(1)  # G = 1: nothing to stack
+    assert gqa.per_head_rows(1) and not gqa.per_head_rows(2)  # 4, 8 rows
+    assert not mqa.per_head_rows(1)  # G = 16 rows: one stacked product

@@ -141,7 +141,7 @@ def step_parts(layer, cache, seed=0) -> dict:
     * ``attention``: :func:`~attn_np.attention_forward` over the cached
       keys and values, as the layer calls it (its softmax included): the
       ``G`` query rows of each key/value head stacked, or one product per
-      query head for ``1 < G < layer.min_stacked_rows``;
+      query head where ``layer.per_head_rows(1)``;
     * ``softmax``: the softmax over a score array of that shape.
 
     Inputs are random: the times do not depend on the values.
@@ -157,7 +157,7 @@ def step_parts(layer, cache, seed=0) -> dict:
     k, v = cache.keys, cache.values  # [B, n_kv, n, d_k], [.., d_v]
     # [B, n_kv, G, n]
     s = rng.standard_normal((B, n_kv, G, k.shape[2]), dtype=dtype)
-    if 1 < G < layer.min_stacked_rows:  # one product per query head
+    if layer.per_head_rows(1):  # one product per query head
         q = q[:, :, :, None]  # [B, n_kv, G, 1, d_k]
         k, v = k[:, :, None], v[:, :, None]  # [B, n_kv, 1, n, d]
         s = s[:, :, :, None]  # [B, n_kv, G, 1, n]
@@ -276,7 +276,7 @@ def no_temporaries_step(layer, cache, x):
     q = np.empty((1, layer.n_heads * d_k), dtype=layer.dtype)
     s = np.empty((n_kv, G, 1, n + 1), dtype=layer.dtype)
     o = np.empty((n_kv, G, 1, layer.d_v), dtype=layer.dtype)
-    per_head = 1 < G < layer.min_stacked_rows
+    per_head = layer.per_head_rows(1)
     scale = layer.dtype.type(1.0 / np.sqrt(d_k))
 
     def step():
