@@ -27,7 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import check_positive_int, check_upstream
-from .attention import _check_inputs, check_window, unbroadcast
+from .attention import (
+    _check_inputs,
+    check_window,
+    position_mask,
+    unbroadcast,
+)
 
 BLOCK_Q = 256  # query rows per tile: the fastest in the chapter-9 sweep
 BLOCK_K = 256  # keys per tile
@@ -256,10 +261,9 @@ def flash_attention_backward(dout, cache: FlashCache):
 
 
 def _tile_mask(r0, r1, c0, c1, L_q, L_k, window):
-    """``[n_q, n_k]`` bool: may query row r attend key c (causal tile)?"""
-    pos = np.arange(r0, r1)[:, None] + (L_k - L_q)  # positions [n_q, 1]
-    keys = np.arange(c0, c1)[None, :]  # [1, n_k]
-    allowed = keys <= pos
-    if window is not None:
-        allowed &= keys > pos - window
-    return allowed
+    """``[n_q, n_k]`` bool: may query row r attend key c (causal tile)?
+    Chapter 8's :func:`~attn_np.attention.position_mask`, on the tile's
+    query positions (the last query aligned with the last key) and keys."""
+    return position_mask(
+        np.arange(r0, r1) + (L_k - L_q), np.arange(c0, c1), window=window
+    )
