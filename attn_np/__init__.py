@@ -36,7 +36,11 @@ A1  the KV cache of any model config     :mod:`.costs.catalogue`,
 Three supporting subpackages: :mod:`.training` (the chapter-5 kit),
 :mod:`.costs` (the cost formulas and the catalogue of released models) and
 :mod:`.instruments` (gradient checks, plotting, measurement, BLAS threads,
-``show_source``). Argument validation lives in one module, :mod:`._checks`.
+``show_source``). The checks that several modules share (array kinds and
+dtypes, masks, counts, scales, windows, sink logits, flags, a layer's
+input, upstream gradients) live in :mod:`._checks`, each rule written
+once; a module raises itself only for rules of its own (a cache's layout,
+RoPE's settings, a model config's fields).
 ``python -m attn_np.bench NAME`` runs the benchmarks;
 ``python -m attn_np.memory CONFIG --seq-len N`` sizes the key/value cache
 of any Hugging Face ``config.json`` (:func:`.costs.from_hf_config`,

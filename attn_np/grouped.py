@@ -128,21 +128,21 @@ def grouped_attention_forward(
     q, k, v, scale = _check_qkv(q, k, v, scale, check_finite)
     B, n_kv, G, L_q, d_k = q.shape
     L_k = k.shape[2]
-    q_pos, k_pos = _positions(q_positions, k_positions, L_q, L_k)
     window = check_window(window, check_flag(causal, "causal"))
+    pos = None  # None: the last query at the last key's position
+    if q_positions is not None or k_positions is not None:
+        pos = _positions(q_positions, k_positions, L_q, L_k)  # [L_q], [L_k]
     if check_flag(tiled, "tiled"):  # chapter 9: by tiles, O(L) memory
-        _tiles_take_no(allowed, sinks, score_mods, sink_tokens, q_pos, k_pos)
-        return _tiled_forward(
+        check_tiled(allowed, sinks, score_mods, sink_tokens, pos)
+        return grouped_tiled_forward(
             q, k, v, causal, window, scale, block_q, block_k
         )
     full = (B, n_kv, G, L_q, L_k)
     if allowed is not None:
         allowed = check_mask(allowed, full, "[B, n_kv, G, L_q, L_k]")
-    if causal:  # [L_q, L_k]; left out where every key is allowed
-        c = position_mask(
-            q_pos, k_pos, window=window, sink_tokens=sink_tokens
-        )
-        if not c.all():
+    if causal:  # the causal rule, from positions: [L_q, L_k] or None
+        c = _causal(pos, L_q, L_k, window, sink_tokens)
+        if c is not None:
             allowed = c if allowed is None else allowed & c
     per_head = per_head_rows(G, L_q, min_stacked_rows)
     qs = q * scale  # [B, n_kv, G, L_q, d_k]
@@ -153,9 +153,11 @@ def grouped_attention_forward(
         # [.., G*L_q, d_k] @ [.., d_k, L_k] -> [.., G*L_q, L_k]
         s = qs.reshape(B, n_kv, G * L_q, d_k) @ k.swapaxes(-1, -2)
         s = s.reshape(full)  # a view: [B, n_kv, G, L_q, L_k]
-    ctx = ScoreContext(q_pos, k_pos, n_kv, G)
     mods = []
-    for mod in score_mods:  # chapter 10: soft caps, biases, ...
+    if score_mods:  # chapter 10: soft caps, biases, ...
+        pos = pos or _positions(None, None, L_q, L_k)
+        ctx = ScoreContext(*pos, n_kv, G)
+    for mod in score_mods:
         s, saved = mod.forward(s, ctx)
         mods.append((mod, saved))
     p_sink = None
@@ -248,7 +250,7 @@ def _weighted_values(p, v, per_head):
     return o.reshape(B, n_kv, G, L_q, -1)
 
 
-def _tiles_take_no(allowed, sinks, score_mods, sink_tokens, q_pos, k_pos):
+def check_tiled(allowed, sinks, score_mods, sink_tokens, positions):
     """Refuse what the tiled kernels cannot do, naming it."""
     unsupported = {
         "mask": allowed is not None,
@@ -256,7 +258,7 @@ def _tiles_take_no(allowed, sinks, score_mods, sink_tokens, q_pos, k_pos):
         "score_mods": len(score_mods) > 0,
         "sink_tokens (a StreamingLLM cache)": sink_tokens != 0,
         "positions that skip (keys) or end elsewhere (queries)": (
-            not _consecutive(q_pos, k_pos)
+            positions is not None and not _consecutive(*positions)
         ),
     }
     for what, bad in unsupported.items():
@@ -268,7 +270,7 @@ def _tiles_take_no(allowed, sinks, score_mods, sink_tokens, q_pos, k_pos):
             )
 
 
-def _tiled_forward(q, k, v, causal, window, scale, block_q, block_k):
+def grouped_tiled_forward(q, k, v, causal, window, scale, block_q, block_k):
     """Chapter 9's kernels on the grouped layout: ``q [B, n_kv, G, L_q,
     d_k]`` against ``k, v [B, n_kv, 1, L_k, d]`` (views, no copy)."""
     o, fc = flash_attention_forward(
@@ -283,6 +285,17 @@ def _tiled_forward(q, k, v, causal, window, scale, block_q, block_k):
         check_finite=False,
     )  # [B, n_kv, G, L_q, d_v]
     return o, GroupedCache(q, k, v, o, None, scale, tiled=fc)
+
+
+def _causal(pos, L_q, L_k, window, sink_tokens):
+    """:func:`~attn_np.position_mask` of the positions ``pos`` (None: the
+    last query at the last key's), ``[L_q, L_k]``, or None where it allows
+    every key (one query at the last key and no window cutting in)."""
+    if pos is None and L_q == 1 and (window is None or window >= L_k):
+        return None  # a decode step needs no mask
+    q_pos, k_pos = pos or _positions(None, None, L_q, L_k)
+    c = position_mask(q_pos, k_pos, window=window, sink_tokens=sink_tokens)
+    return None if c.all() else c
 
 
 def _consecutive(q_pos, k_pos):

@@ -144,7 +144,7 @@ class CacheBuffer:
                 f"{self.dtype}; convert it or start a new cache"
             )
 
-    def _append(self, parts: dict) -> None:
+    def append_parts(self, parts: dict) -> None:
         """Write the chunk's parts ``{name: [*lead, L, width]}`` into the
         next columns, growing (or, for a rolling cache, shrinking) the
         buffer first."""
@@ -318,7 +318,7 @@ class KVCache(CacheBuffer):
         Between reallocations no step copies the cache; a reallocation
         (``O(log n)`` of them) copies what it holds once.
         """
-        self._append({"k": k, "v": v})
+        self.append_parts({"k": k, "v": v})
         return self.keys, self.values
 
     def step(self, q, k, v, rotary=None):
@@ -330,8 +330,9 @@ class KVCache(CacheBuffer):
         Returns ``(q, k, v, where)``: the queries, every held key and
         value (views), and the keywords of
         :func:`~attn_np.grouped.grouped_attention_forward` that say which
-        keys each query may attend (positions, sink tokens; the layer's
-        window equals the cache's).
+        keys each query may attend: causal, and for a rolling cache the
+        positions held and the sink tokens (the layer's window equals the
+        cache's).
         """
         positions = len(self) + np.arange(k.shape[2])  # the chunk's: [L]
         where = {}
@@ -346,12 +347,13 @@ class KVCache(CacheBuffer):
                     rotary.forward(k, positions)[0],
                 )
             k, v = self.append(k, v)
-        where.update(
-            causal=True,
-            q_positions=positions,
-            k_positions=self.positions,
-            sink_tokens=self.sink_tokens,
-        )
+        where["causal"] = True  # the last query aligned with the last key
+        if self.window is not None:  # a rolling cache: the positions held
+            where.update(
+                q_positions=positions,
+                k_positions=self.positions,
+                sink_tokens=self.sink_tokens,
+            )
         return q, k, v, where
 
     # -- chapter 8: rolling caches and StreamingLLM -------------------------

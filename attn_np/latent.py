@@ -92,7 +92,7 @@ class LatentKVCache(CacheBuffer):
 
         Returns :attr:`rows`, the chunk included (a view, no copy).
         """
-        self._append({"c_kv": c_kv, "k_r": k_r})
+        self.append_parts({"c_kv": c_kv, "k_r": k_r})
         return self.rows
 
 

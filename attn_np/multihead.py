@@ -221,7 +221,9 @@ class GroupedQueryAttention:
         o, self._att = self.attend(q, k, v, mask=mask, **where)
         y, out = self.output(o, x3)  # [B, L, d_model]
         self._cache = (
-            None if kv_cache else (x3, out, self._att, rope, unbatched)
+            None
+            if kv_cache is not None
+            else (x3, out, self._att, rope, unbatched)
         )
         return y[0] if unbatched else y
 
@@ -303,8 +305,8 @@ class GroupedQueryAttention:
             )
         do, dx_out = self.output_backward(dy.reshape(B, L, self.d_model), o)
         g = grouped_attention_backward(do, att)  # dk, dv summed per group
-        if "sinks" in g:  # [n_kv, G, 1, 1] -> [h]
-            self.grads["sinks"] = g["sinks"].reshape(self.n_heads)
+        for name in g.keys() - {"q", "k", "v"}:  # sinks, score mods' params
+            self.grads[name] = g[name].reshape(self.params[name].shape)
         dq, dk = self.position_backward(g["q"], g["k"], rope)
         dx = self.project_backward(x3, dq, dk, g["v"])
         if dx_out is not None:  # an output step that reads x
@@ -394,11 +396,7 @@ class GroupedQueryAttention:
         o = np.zeros((B * L, self.n_heads * self.d_v), dtype=q.dtype)
         # the scores' shape in the core: [B, n_kv, G, L, n]
         s = np.zeros(q.shape[:-1] + (k.shape[2],), dtype=q.dtype)
-        where = {
-            "causal": True,
-            "k_positions": kv_cache.positions,
-            "q_positions": kv_cache.positions[-L:],
-        }
+        where = {"causal": True}  # the queries at the last L positions
 
         def weights():  # [B*L, d] @ [d, n] three times, [B*L, h*d_v] @ W_o
             return (

@@ -573,9 +573,18 @@ def run(
     }
 
 
+def _ms(seconds, sign="") -> str:
+    """Milliseconds in five characters: two decimals, fewer when a busy
+    machine makes the number too wide for its column."""
+    for decimals in (2, 1, 0):
+        text = f"{seconds * 1e3:{sign}5.{decimals}f}"
+        if len(text) <= 5:
+            return text
+    return text
+
+
 def table(r) -> list[str]:
-    """The lines of the printed table (at most 77 characters each, unless
-    a busy machine makes a number wider than its column)."""
+    """The lines of the printed table, at most 77 characters each."""
     out = [
         f"{'':35}{'of':>4}{'':12}  time - bytes/ref, ms",
         f"{'':4}{'n_kv':>4}{'bytes':>9}{'time':>9}{'GiB/s':>7}"
@@ -589,12 +598,12 @@ def table(r) -> list[str]:
         out.append(
             f"{fam:4}{row['n_kv_heads'] or '-':>4}"
             f" {row['step_bytes'] / 2**20:4.0f} MiB"
-            f" {row['time'] * 1e3:5.2f} ms"
+            f" {_ms(row['time'])} ms"
             f" {row['bytes_per_s'] / 2**30:6.1f}"
             f" {row['fraction']:5.2f} {row['roof']:5.2f}"
             f" {row['best']:5.2f} |"
             + "".join(
-                f" {x * 1e3:{'' if k == 2 else '+'}5.2f}"
+                f" {_ms(x, '' if k == 2 else '+')}"
                 for k, x in enumerate(gaps)
             )
         )
