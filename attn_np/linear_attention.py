@@ -596,3 +596,633 @@ def gated_delta_chunked_backward(do, cache: ChunkedCache, dstate=None):
         dbeta,
         dS,
     )
+
+
+# ---------------------------------------------------------------------------
+# -- the layer's small parts, each with its backward
+
+
+def silu(x):
+    """``x * sigmoid(x)``."""
+    return x * _sigmoid(x)
+
+
+def _sigmoid(x):
+    # exp of a non-positive number only: no overflow for large |x|
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def _silu_backward(dy, x):
+    s = _sigmoid(x)
+    return dy * s * (1.0 + x * (1.0 - s))
+
+
+def causal_conv_forward(x, w, prev=None):
+    """Depthwise causal convolution then SiLU, Qwen3-Next's short
+    convolution.
+
+    ``x [B, L, ch]``, ``w [K, ch]``, ``prev [B, K-1, ch]`` the inputs
+    before the chunk (zeros: the sequence starts here). With ``xp =
+    [prev, x]``, ``y_t = silu(sum_j w_j * xp_{t+j})``: ``w[K-1]`` weighs
+    the current token. Returns ``(y [B, L, ch], cache)``; ``cache.tail``
+    is the last ``K - 1`` inputs, the next chunk's ``prev``.
+    """
+    K = w.shape[0]
+    B, L, ch = x.shape
+    if prev is None:
+        prev = np.zeros((B, K - 1, ch), dtype=x.dtype)
+    xp = np.concatenate([prev, x], axis=1)  # [B, K-1+L, ch]
+    pre = np.zeros_like(x, dtype=np.result_type(x, w))
+    for j in range(K):
+        pre += w[j] * xp[:, j : j + L]  # [ch] * [B, L, ch]
+    return silu(pre), (xp, w, pre)
+
+
+def causal_conv_backward(dy, cache):
+    """``(dx, dw)`` of :func:`causal_conv_forward` (``prev`` is a constant:
+    a cached input)."""
+    xp, w, pre = cache
+    K, L = w.shape[0], pre.shape[1]
+    dpre = _silu_backward(dy, pre)  # [B, L, ch]
+    dxp = np.zeros_like(xp, dtype=dpre.dtype)
+    dw = np.empty_like(w)
+    for j in range(K):
+        dw[j] = np.sum(dpre * xp[:, j : j + L], axis=(0, 1))
+        dxp[:, j : j + L] += w[j] * dpre
+    return dxp[:, K - 1 :], dw
+
+
+def l2norm_forward(x, eps=1e-6):
+    """``x / sqrt(sum(x^2) + eps)`` over the last axis (the ``l2norm`` of
+    FLA and Hugging Face, ``eps`` inside the root)."""
+    r = 1.0 / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+    y = x * r
+    return y, (y, r)
+
+
+def l2norm_backward(dy, cache):
+    """``dx = r (dy - y (y . dy))``."""
+    y, r = cache
+    return r * (dy - y * np.sum(y * dy, axis=-1, keepdims=True))
+
+
+def softplus(x):
+    """``log(1 + e^x)``, computed without overflow."""
+    return np.logaddexp(0.0, x)
+
+
+# ---------------------------------------------------------------------------
+# -- the state cache
+
+
+class StateCache:
+    """What a Gated DeltaNet layer carries from one chunk to the next, for
+    one batch of sequences: the state ``[B, n_v_heads, d_k, d_v]`` and the
+    last ``K - 1`` inputs of each short convolution.
+
+    Unlike a :class:`~attn_np.KVCache` it does not grow: ``nbytes`` is the
+    same after 10 tokens and after a million. ``len(cache)`` counts the
+    positions seen. A state cannot forget its last tokens, so
+    :meth:`truncate` only keeps everything or resets to empty.
+    """
+
+    def __init__(self):
+        self.state = None  # [B, n_v_heads, d_k, d_v]
+        self.conv = None  # (q, k, v) inputs: each [B, K-1, channels]
+        self._seen = 0
+
+    def __len__(self) -> int:
+        return self._seen
+
+    def __repr__(self) -> str:
+        if self.state is None:
+            return "StateCache(empty)"
+        B, n_v, d_k, d_v = self.state.shape
+        return (
+            f"StateCache(batch={B}, n_v_heads={n_v}, d_k={d_k}, d_v={d_v}, "
+            f"seen={self._seen}, dtype={self.state.dtype}, "
+            f"nbytes={self.nbytes})"
+        )
+
+    @property
+    def state_bytes(self) -> int:
+        """``B n_v_heads d_k d_v x itemsize``."""
+        return 0 if self.state is None else self.state.nbytes
+
+    @property
+    def conv_bytes(self) -> int:
+        """``B (K - 1) (2 n_k d_k + n_v d_v) x itemsize``."""
+        return 0 if self.conv is None else sum(c.nbytes for c in self.conv)
+
+    @property
+    def nbytes(self) -> int:
+        """State and convolution inputs: the whole per-layer cache."""
+        return self.state_bytes + self.conv_bytes
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` positions: only ``n = len(self)`` (nothing
+        to do) or ``n = 0`` (start again) are possible; the state mixes
+        every position into the same numbers."""
+        n = check_count(n, "n", minimum=0)
+        if n == self._seen:
+            return
+        if n:
+            raise ValueError(
+                f"a StateCache cannot be truncated to {n} of its "
+                f"{self._seen} positions: the state holds no positions "
+                "one by one (only n=0, a reset, or n=len(cache))"
+            )
+        self.state, self.conv, self._seen = None, None, 0
+
+    def check_chunk(
+        self, x_shape, *, batch, n_v_heads, d_k, d_v, conv_shapes, dtype
+    ) -> None:
+        """Raise unless a chunk ``x_chunk`` (of shape ``x_shape``) of a layer
+        with this layout fits the cache (before any work)."""
+        if self.state is None:
+            return
+        want = (batch, n_v_heads, d_k, d_v)
+        if self.state.shape != want:
+            raise ValueError(
+                f"x_chunk {tuple(x_shape)} needs a state of shape [B, "
+                f"n_v_heads, d_k, d_v] = {want}, but state_cache holds "
+                f"{self.state.shape}: use one StateCache per layer and batch"
+            )
+        got = tuple(c.shape for c in self.conv)
+        if got != tuple(conv_shapes):
+            raise ValueError(
+                f"x_chunk {tuple(x_shape)} needs convolution inputs of "
+                f"shapes {tuple(conv_shapes)}, but state_cache holds {got}"
+            )
+        if np.dtype(dtype) != self.state.dtype:
+            raise TypeError(
+                f"x_chunk makes a state of dtype {np.dtype(dtype)}, but "
+                f"state_cache holds {self.state.dtype}"
+            )
+
+    def update(self, state, conv, n_new: int) -> None:
+        self.state, self.conv = state, tuple(conv)
+        self._seen += n_new
+
+
+# ---------------------------------------------------------------------------
+# -- the layer
+
+KERNELS = {
+    "chunked": (gated_delta_chunked_forward, gated_delta_chunked_backward),
+    "recurrent": (
+        gated_delta_recurrent_forward,
+        gated_delta_recurrent_backward,
+    ),
+}
+
+
+class GatedDeltaNet:
+    """The Gated DeltaNet layer as Qwen3-Next releases it
+    (``Qwen3NextGatedDeltaNet`` in Hugging Face ``transformers``).
+
+    ``n_k_heads`` key heads of ``d_k`` and ``n_v_heads`` value heads of
+    ``d_v`` (a multiple: value head ``j`` reads key head ``j // G``, ``G
+    = n_v_heads // n_k_heads``); one state ``[d_k, d_v]`` per value head.
+    Parameters::
+
+        W_q, W_k [d_model, n_k d_k]   W_v, W_z [d_model, n_v d_v]
+        W_a, W_b [d_model, n_v]       A_log, dt_bias [n_v]
+        conv_q, conv_k [K, n_k d_k]   conv_v [K, n_v d_v]
+        norm [d_v]                    W_o [n_v d_v, d_model]
+
+    Forward, ``x [B, L, d_model]``: project; short causal convolution and
+    SiLU on q, k, v; L2-normalise q and k, scale q by ``1/sqrt(d_k)``;
+    ``g = -exp(A_log) softplus(x W_a + dt_bias)``, ``beta = sigmoid(x
+    W_b)``; the gated delta rule (``mode``: ``"chunked"`` or
+    ``"recurrent"``); ``RMSNorm(o) * silu(x W_z)`` per value head;
+    ``W_o``. ``state_cache=`` (a :class:`StateCache`) continues from the
+    cached state, for decoding.
+    """
+
+    def __init__(
+        self,
+        d_model,
+        n_v_heads,
+        n_k_heads=None,
+        d_k=None,
+        d_v=None,
+        *,
+        conv_size=4,
+        chunk_size=64,
+        mode="chunked",
+        eps=1e-6,
+        seed=0,
+        dtype=np.float64,
+    ):
+        self.d_model = check_positive_int(d_model, "d_model")
+        self.n_v_heads = check_positive_int(n_v_heads, "n_v_heads")
+        self.n_k_heads = (
+            self.n_v_heads
+            if n_k_heads is None
+            else check_positive_int(n_k_heads, "n_k_heads")
+        )
+        if self.n_v_heads % self.n_k_heads:
+            raise ValueError(
+                "n_v_heads must be a multiple of n_k_heads (each key head "
+                f"serves a group of value heads), got n_v_heads="
+                f"{self.n_v_heads} and n_k_heads={self.n_k_heads}"
+            )
+        if (d_k is None or d_v is None) and d_model % self.n_v_heads:
+            raise ValueError(
+                "d_model must be divisible by n_v_heads when d_k or d_v is "
+                f"not given, got d_model={d_model}, n_v_heads={n_v_heads}"
+            )
+        default = self.d_model // self.n_v_heads
+        self.d_k = check_positive_int(default if d_k is None else d_k, "d_k")
+        self.d_v = check_positive_int(default if d_v is None else d_v, "d_v")
+        self.group_size = self.n_v_heads // self.n_k_heads
+        self.conv_size = check_positive_int(conv_size, "conv_size")
+        self.chunk_size = check_positive_int(chunk_size, "chunk_size")
+        if mode not in KERNELS:
+            raise ValueError(
+                f"mode must be one of {tuple(KERNELS)}, got {mode!r}"
+            )
+        self.mode = mode
+        self.eps = float(eps)
+        self.dtype = dtype = check_float_dtype(dtype)
+        rng = np.random.default_rng(seed)
+        d, n_k, n_v = self.d_model, self.n_k_heads, self.n_v_heads
+        self.params = {}
+        for name, shape in self._projection_shapes().items():
+            self.params[name] = (
+                rng.standard_normal(shape) / np.sqrt(shape[0])
+            ).astype(dtype)
+        K = self.conv_size
+        for name, ch in (("q", n_k * self.d_k), ("k", n_k * self.d_k)):
+            self.params[f"conv_{name}"] = rng.uniform(
+                -1 / np.sqrt(K), 1 / np.sqrt(K), (K, ch)
+            ).astype(dtype)
+        self.params["conv_v"] = rng.uniform(
+            -1 / np.sqrt(K), 1 / np.sqrt(K), (K, n_v * self.d_v)
+        ).astype(dtype)
+        self.params.update(self._gate_params(rng))
+        self.params["norm"] = np.ones(self.d_v, dtype=dtype)
+        self.params["W_o"] = (
+            rng.standard_normal((n_v * self.d_v, d))
+            / np.sqrt(n_v * self.d_v)
+        ).astype(dtype)
+        self.grads = {n: np.zeros_like(p) for n, p in self.params.items()}
+        self._cache = None
+
+    # the hooks a variant overrides: its projections and its two gates
+    def _projection_shapes(self) -> dict:
+        d, n_k, n_v = self.d_model, self.n_k_heads, self.n_v_heads
+        return {
+            "W_q": (d, n_k * self.d_k),
+            "W_k": (d, n_k * self.d_k),
+            "W_v": (d, n_v * self.d_v),
+            "W_z": (d, n_v * self.d_v),
+            "W_a": (d, n_v),
+            "W_b": (d, n_v),
+        }
+
+    def _gate_params(self, rng) -> dict:
+        """``A_log = log(A)``, ``A ~ U(1, 16)``; ``dt_bias`` the inverse
+        softplus of ``dt``, log-uniform in ``[0.001, 0.1]`` (FLA's
+        initialisation)."""
+        n = self.n_v_heads
+        A = rng.uniform(1, 16, n)
+        dt = np.exp(rng.uniform(np.log(1e-3), np.log(0.1), n))
+        return {
+            "A_log": np.log(A).astype(self.dtype),
+            "dt_bias": (dt + np.log(-np.expm1(-dt))).astype(self.dtype),
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(d_model={self.d_model}, n_v_heads="
+            f"{self.n_v_heads}, n_k_heads={self.n_k_heads}, d_k={self.d_k}, "
+            f"d_v={self.d_v}, conv_size={self.conv_size}, "
+            f"mode={self.mode!r}, chunk_size={self.chunk_size}, "
+            f"dtype={self.dtype})"
+        )
+
+    @property
+    def n_params(self) -> int:
+        return sum(p.size for p in self.params.values())
+
+    def state_bytes_per_sequence(self, dtype=None) -> int:
+        """State plus convolution inputs, per sequence, in bytes: ``(n_v
+        d_k d_v + (K - 1)(2 n_k d_k + n_v d_v)) x itemsize``."""
+        item = np.dtype(self.dtype if dtype is None else dtype).itemsize
+        n_k, n_v = self.n_k_heads, self.n_v_heads
+        conv = (self.conv_size - 1) * (2 * n_k * self.d_k + n_v * self.d_v)
+        return (n_v * self.d_k * self.d_v + conv) * item
+
+    # ------------------------------------------------------------------
+    # forward
+    def forward(self, x, *, causal=True, state_cache=None):
+        """``x [L, d_model]`` or ``[B, L, d_model]`` -> ``y`` of the same
+        shape. Always causal. With ``state_cache``, ``x`` is the next
+        chunk of the sequences the cache has seen (inference only)."""
+        if causal is not True:
+            raise ValueError(
+                "a Gated DeltaNet layer is causal (its state runs forward "
+                f"in time): call forward(x, causal=True), got {causal!r}"
+            )
+        name = "x" if state_cache is None else "x_chunk"
+        x = as_float_array(x, name)
+        check_finite(x, name)
+        if x.ndim not in (2, 3) or x.shape[-1] != self.d_model:
+            raise ValueError(
+                f"{name} must have shape [L, d_model] or [B, L, d_model] "
+                f"with d_model={self.d_model}, got {x.shape}"
+            )
+        unbatched = x.ndim == 2
+        x3 = x[None] if unbatched else x
+        B, L, _ = x3.shape
+        n_k, n_v, G = self.n_k_heads, self.n_v_heads, self.group_size
+        d_k, d_v = self.d_k, self.d_v
+        P = self.params
+        dtype = np.result_type(x3.dtype, P["W_q"].dtype)
+        prev, S0 = (None, None, None), None
+        if state_cache is not None:
+            if not isinstance(state_cache, StateCache):
+                raise TypeError(
+                    "state_cache must be an attn_np.linear_attention."
+                    f"StateCache, got {type(state_cache).__name__}"
+                )
+            K1 = self.conv_size - 1
+            state_cache.check_chunk(
+                x3.shape,
+                batch=B,
+                n_v_heads=n_v,
+                d_k=d_k,
+                d_v=d_v,
+                conv_shapes=[
+                    (B, K1, n_k * d_k),
+                    (B, K1, n_k * d_k),
+                    (B, K1, n_v * d_v),
+                ],
+                dtype=dtype,
+            )
+            if state_cache.state is not None:
+                prev = state_cache.conv
+                # [B, n_v, d_k, d_v] -> [B, n_k, G, d_k, d_v]
+                S0 = state_cache.state.reshape(B, n_k, G, d_k, d_v)
+
+        xf = x3.reshape(B * L, self.d_model)  # [B*L, d_model]
+        # 1. project: [B*L, d_model] @ [d_model, ch] -> [B, L, ch]
+        q0, k0, v0 = (
+            (xf @ P[w]).reshape(B, L, -1) for w in ("W_q", "W_k", "W_v")
+        )
+        # 2. short causal convolutions and SiLU
+        qc, cq = causal_conv_forward(q0, P["conv_q"], prev[0])
+        kc, ck = causal_conv_forward(k0, P["conv_k"], prev[1])
+        vc, cv = causal_conv_forward(v0, P["conv_v"], prev[2])
+        # 3. heads: [B, L, n*d] -> [B, n, L, d]; q and k on the unit
+        # sphere, q scaled by 1/sqrt(d_k)
+        q, cqn = l2norm_forward(_split(qc, n_k, d_k))
+        k, ckn = l2norm_forward(_split(kc, n_k, d_k))
+        q = q / np.sqrt(d_k)
+        # value head j = h*G + i reads key head h: [B, n_k, G, L, d]
+        v = _split(vc, n_v, d_v).reshape(B, n_k, G, L, d_v)
+        qb = np.broadcast_to(q[:, :, None], (B, n_k, G, L, d_k))
+        kb = np.broadcast_to(k[:, :, None], (B, n_k, G, L, d_k))
+        # 4. gates: g [B, L, n_v (, d_k)], beta [B, L, n_v]
+        g, beta, cgate = self._gates_forward(xf, B, L)
+        g = _gate_heads(g, n_k, G)  # -> [B, n_k, G, L (, d_k)]
+        beta = _gate_heads(beta, n_k, G)
+        # 5. the gated delta rule: o [B, n_k, G, L, d_v]
+        use = "recurrent" if L == 1 else self.mode
+        kernel_fwd = KERNELS[use][0]
+        kw = {"chunk_size": self.chunk_size} if use == "chunked" else {}
+        o, ckern = kernel_fwd(qb, kb, v, g, beta, S0, **kw)
+        # 6. output: [B, n_k, G, L, d_v] -> [B, L, n_v, d_v]
+        o = o.reshape(B, n_v, L, d_v).transpose(0, 2, 1, 3)
+        on, cnorm = rmsnorm_forward(o, P["norm"], eps=self.eps)
+        z, cz = self._output_gate_forward(xf, B, L)  # [B, L, n_v, d_v]
+        y = (on * z).reshape(B * L, n_v * d_v)
+        # [B*L, n_v*d_v] @ [n_v*d_v, d_model] -> [B, L, d_model]
+        out = (y @ P["W_o"]).reshape(B, L, self.d_model)
+
+        if state_cache is not None:
+            tails = (cq[0], ck[0], cv[0])  # [B, K-1+L, ch] each
+            K1 = self.conv_size - 1
+            state_cache.update(
+                ckern.final_state.reshape(B, n_v, d_k, d_v),
+                [t[:, t.shape[1] - K1 :] for t in tails],
+                L,
+            )
+            self._cache = None
+        else:
+            self._cache = dict(
+                xf=xf,
+                shape=(B, L, unbatched),
+                conv=(cq, ck, cv),
+                norms=(cqn, ckn),
+                gate=cgate,
+                kernel=(use, ckern),
+                on=on,
+                norm=cnorm,
+                z=z,
+                out_gate=cz,
+                y=y,
+            )
+        return out[0] if unbatched else out
+
+    # ------------------------------------------------------------------
+    # backward
+    def backward(self, dy):
+        """Gradient with respect to ``x``; fills ``self.grads``."""
+        c = self._cache
+        if c is None:
+            raise RuntimeError(
+                "backward needs a preceding forward without state_cache "
+                "(decoding with a cache is inference only)"
+            )
+        B, L, unbatched = c["shape"]
+        want = (L, self.d_model) if unbatched else (B, L, self.d_model)
+        dy = check_upstream(dy, "dy", want, "the layer's output")
+        n_k, n_v, G = self.n_k_heads, self.n_v_heads, self.group_size
+        d_k, d_v = self.d_k, self.d_v
+        P, grads, xf = self.params, self.grads, c["xf"]
+        dyf = dy.reshape(B * L, self.d_model)
+        # 6. output
+        grads["W_o"] = c["y"].T @ dyf  # [n_v*d_v, B*L] @ [B*L, d_model]
+        dyv = (dyf @ P["W_o"].T).reshape(B, L, n_v, d_v)
+        dxf = self._output_gate_backward(dyv * c["on"], c["out_gate"])
+        do, grads["norm"] = rmsnorm_backward(dyv * c["z"], c["norm"])
+        # [B, L, n_v, d_v] -> [B, n_k, G, L, d_v]
+        do = do.transpose(0, 2, 1, 3).reshape(B, n_k, G, L, d_v)
+        # 5. the kernel
+        use, ckern = c["kernel"]
+        dq, dk, dv, dg, dbeta, _ = KERNELS[use][1](do, ckern)
+        # 4. gates: back to [B, L, n_v (, d_k)]
+        dxf += self._gates_backward(
+            _gate_heads_back(dg, B, L),
+            _gate_heads_back(dbeta, B, L),
+            c["gate"],
+        )
+        # 3. heads: sum the broadcast over each key head's G value heads
+        dq = dq.sum(axis=2) / np.sqrt(d_k)  # [B, n_k, L, d_k]
+        dk = dk.sum(axis=2)
+        dqc = _merge(l2norm_backward(dq, c["norms"][0]))  # [B, L, n_k*d_k]
+        dkc = _merge(l2norm_backward(dk, c["norms"][1]))
+        dvc = _merge(dv.reshape(B, n_v, L, d_v))  # [B, L, n_v*d_v]
+        # 2. convolutions, 1. projections
+        for name, dc, cc in (
+            ("q", dqc, c["conv"][0]),
+            ("k", dkc, c["conv"][1]),
+            ("v", dvc, c["conv"][2]),
+        ):
+            d0, grads[f"conv_{name}"] = causal_conv_backward(dc, cc)
+            d0 = d0.reshape(B * L, -1)
+            W = P[f"W_{name}"]
+            grads[f"W_{name}"] = xf.T @ d0  # [d_model, B*L] @ [B*L, ch]
+            dxf = dxf + d0 @ W.T  # [B*L, ch] @ [ch, d_model]
+        dx = dxf.reshape(B, L, self.d_model)
+        return dx[0] if unbatched else dx
+
+    # ------------------------------------------------------------------
+    # the gates (Gated DeltaNet's; KimiDeltaAttention overrides them)
+    def _gates_forward(self, xf, B, L):
+        """``g = -exp(A_log) softplus(x W_a + dt_bias)``, ``beta =
+        sigmoid(x W_b)``: ``[B, L, n_v]`` each."""
+        P = self.params
+        pre = xf @ P["W_a"] + P["dt_bias"]  # [B*L, n_v]
+        g = -np.exp(P["A_log"]) * softplus(pre)
+        beta = _sigmoid(xf @ P["W_b"])  # [B*L, n_v]
+        shape = (B, L, self.n_v_heads)
+        return g.reshape(shape), beta.reshape(shape), (pre, g, beta)
+
+    def _gates_backward(self, dg, dbeta, saved):
+        """Fills the gates' grads; returns their part of ``dx [B*L,
+        d_model]``."""
+        pre, g, beta = saved
+        P, grads, xf = self.params, self.grads, self._cache["xf"]
+        dg, dbeta = dg.reshape(g.shape), dbeta.reshape(beta.shape)
+        grads["A_log"] = np.sum(dg * g, axis=0)  # d(-e^A s)/dA = g
+        dpre = dg * -np.exp(P["A_log"]) * _sigmoid(pre)  # softplus' = sig
+        grads["dt_bias"] = dpre.sum(axis=0)
+        grads["W_a"] = xf.T @ dpre
+        db = dbeta * beta * (1.0 - beta)
+        grads["W_b"] = xf.T @ db
+        return dpre @ P["W_a"].T + db @ P["W_b"].T
+
+    def _output_gate_forward(self, xf, B, L):
+        """``silu(x W_z)``: ``[B, L, n_v, d_v]``."""
+        zp = xf @ self.params["W_z"]  # [B*L, n_v*d_v]
+        z = silu(zp).reshape(B, L, self.n_v_heads, self.d_v)
+        return z, zp
+
+    def _output_gate_backward(self, dz, zp):
+        xf = self._cache["xf"]
+        dzp = _silu_backward(dz.reshape(zp.shape), zp)
+        self.grads["W_z"] = xf.T @ dzp
+        return dzp @ self.params["W_z"].T
+
+
+class KimiDeltaAttention(GatedDeltaNet):
+    """Kimi Delta Attention (Kimi Team 2025; FLA's ``KimiDeltaAttention``):
+    the same layer with a decay per key channel and low-rank gates.
+
+    ``g = -exp(A_log) softplus(x W_f1 W_f2 + dt_bias)``, ``[B, L, n_v,
+    d_k]`` (``W_f1 [d_model, d_v]``, ``W_f2 [d_v, n_v d_k]``, ``dt_bias
+    [n_v d_k]``), so the state decays as ``Diag(alpha_t) S``; the output
+    gate is ``sigmoid(x W_g1 W_g2 + b_g)`` (``W_g1 [d_model, d_v]``,
+    ``W_g2 [d_v, n_v d_v]``) in place of ``silu(x W_z)``. Everything else
+    (convolutions, L2 norms, ``beta``, the kernels) is Gated DeltaNet's.
+    """
+
+    def __init__(self, *args, eps=1e-5, **kwargs):
+        super().__init__(*args, eps=eps, **kwargs)
+
+    def _projection_shapes(self) -> dict:
+        d, n_k, n_v = self.d_model, self.n_k_heads, self.n_v_heads
+        return {
+            "W_q": (d, n_k * self.d_k),
+            "W_k": (d, n_k * self.d_k),
+            "W_v": (d, n_v * self.d_v),
+            "W_b": (d, n_v),
+            "W_f1": (d, self.d_v),
+            "W_f2": (self.d_v, n_v * self.d_k),
+            "W_g1": (d, self.d_v),
+            "W_g2": (self.d_v, n_v * self.d_v),
+        }
+
+    def _gate_params(self, rng) -> dict:
+        n, nk = self.n_v_heads, self.n_v_heads * self.d_k
+        A = rng.uniform(1, 16, n)
+        dt = np.exp(rng.uniform(np.log(1e-3), np.log(0.1), nk))
+        return {
+            "A_log": np.log(A).astype(self.dtype),
+            "dt_bias": (dt + np.log(-np.expm1(-dt))).astype(self.dtype),
+            "b_g": np.zeros(n * self.d_v, dtype=self.dtype),
+        }
+
+    def _gates_forward(self, xf, B, L):
+        P, n_v, d_k = self.params, self.n_v_heads, self.d_k
+        h = xf @ P["W_f1"]  # [B*L, d_v]: the low rank
+        pre = (h @ P["W_f2"] + P["dt_bias"]).reshape(-1, n_v, d_k)
+        A = np.exp(P["A_log"])[:, None]  # [n_v, 1]: per head
+        g = -A * softplus(pre)  # [B*L, n_v, d_k]
+        beta = _sigmoid(xf @ P["W_b"])
+        return (
+            g.reshape(B, L, n_v, d_k),
+            beta.reshape(B, L, n_v),
+            (h, pre, g, beta),
+        )
+
+    def _gates_backward(self, dg, dbeta, saved):
+        h, pre, g, beta = saved
+        P, grads, xf = self.params, self.grads, self._cache["xf"]
+        dg, dbeta = dg.reshape(g.shape), dbeta.reshape(beta.shape)
+        grads["A_log"] = np.sum(dg * g, axis=(0, 2))
+        A = np.exp(P["A_log"])[:, None]
+        dpre = (dg * -A * _sigmoid(pre)).reshape(h.shape[0], -1)
+        grads["dt_bias"] = dpre.sum(axis=0)
+        grads["W_f2"] = h.T @ dpre
+        dh = dpre @ P["W_f2"].T  # [B*L, d_v]
+        grads["W_f1"] = xf.T @ dh
+        db = dbeta * beta * (1.0 - beta)
+        grads["W_b"] = xf.T @ db
+        return dh @ P["W_f1"].T + db @ P["W_b"].T
+
+    def _output_gate_forward(self, xf, B, L):
+        P = self.params
+        h = xf @ P["W_g1"]  # [B*L, d_v]
+        s = _sigmoid(h @ P["W_g2"] + P["b_g"])  # [B*L, n_v*d_v]
+        return s.reshape(B, L, self.n_v_heads, self.d_v), (h, s)
+
+    def _output_gate_backward(self, dz, saved):
+        h, s = saved
+        P, grads, xf = self.params, self.grads, self._cache["xf"]
+        dpre = dz.reshape(s.shape) * s * (1.0 - s)
+        grads["b_g"] = dpre.sum(axis=0)
+        grads["W_g2"] = h.T @ dpre
+        dh = dpre @ P["W_g2"].T
+        grads["W_g1"] = xf.T @ dh
+        return dh @ P["W_g1"].T
+
+
+def _split(t, n, d):
+    """``[B, L, n*d] -> [B, n, L, d]``."""
+    B, L, _ = t.shape
+    return t.reshape(B, L, n, d).transpose(0, 2, 1, 3)
+
+
+def _merge(t):
+    """``[B, n, L, d] -> [B, L, n*d]``."""
+    B, n, L, d = t.shape
+    return t.transpose(0, 2, 1, 3).reshape(B, L, n * d)
+
+
+def _gate_heads(t, n_k, G):
+    """``[B, L, n_v (, d_k)] -> [B, n_k, G, L (, d_k)]``."""
+    B, L = t.shape[:2]
+    t = np.moveaxis(t, 2, 1)  # [B, n_v, L (, d_k)]
+    return t.reshape(B, n_k, G, L, *t.shape[3:])
+
+
+def _gate_heads_back(t, B, L):
+    """``[B, n_k, G, L (, d_k)] -> [B, L, n_v (, d_k)]``."""
+    t = t.reshape(B, -1, L, *t.shape[4:])
+    return np.moveaxis(t, 1, 2)
