@@ -26,6 +26,8 @@ ch  chapter                              modules
 8   sliding windows, rolling caches,     :mod:`.attention`, :mod:`.kv_cache`,
     attention sinks                      :mod:`.streaming`
 9   FlashAttention                       :mod:`.flash`
+12  linear attention, DeltaNet, Gated    :mod:`.linear_attention`
+    DeltaNet, Kimi Delta Attention
 A1  the KV cache of any model config     :mod:`.costs.catalogue`,
                                          :mod:`.memory`
 ==  ===================================  ===================================
@@ -71,6 +73,18 @@ from .instruments import (
 )
 from .kv_cache import KVCache
 from .latent import LatentKVCache, MultiHeadLatentAttention
+from .linear_attention import (
+    GatedDeltaNet,
+    KimiDeltaAttention,
+    StateCache,
+    gated_delta_chunked_backward,
+    gated_delta_chunked_forward,
+    gated_delta_recurrent_backward,
+    gated_delta_recurrent_forward,
+    gated_deltanet_from_hf,
+    linear_attention_backward,
+    linear_attention_forward,
+)
 from .multihead import (
     GroupedQueryAttention,
     MultiHeadAttention,
@@ -106,8 +120,10 @@ __all__ = [
     "AssociativeRecall",
     "AttentionCache",
     "FlashCache",
+    "GatedDeltaNet",
     "GroupedQueryAttention",
     "KVCache",
+    "KimiDeltaAttention",
     "LatentKVCache",
     "MarkedCopy",
     "MODELS",
@@ -117,6 +133,7 @@ __all__ = [
     "MultiQueryAttention",
     "RopeCache",
     "SoftmaxCache",
+    "StateCache",
     "TOLERANCE",
     "Transformer",
     "attention_backward",
@@ -130,9 +147,16 @@ __all__ = [
     "flash_attention_backward",
     "flash_attention_forward",
     "from_hf_config",
+    "gated_delta_chunked_backward",
+    "gated_delta_chunked_forward",
+    "gated_delta_recurrent_backward",
+    "gated_delta_recurrent_forward",
+    "gated_deltanet_from_hf",
     "instruments",
     "kv_bytes_per_token",
     "kv_cache_bytes",
+    "linear_attention_backward",
+    "linear_attention_forward",
     "mha_to_gqa",
     "numerical_gradient",
     "position_mask",

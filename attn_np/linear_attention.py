@@ -938,6 +938,11 @@ class GatedDeltaNet:
         unbatched = x.ndim == 2
         x3 = x[None] if unbatched else x
         B, L, _ = x3.shape
+        if L == 0 or B == 0:
+            raise ValueError(
+                f"{name} must hold at least one position of one "
+                f"sequence, got shape {x.shape}"
+            )
         n_k, n_v, G = self.n_k_heads, self.n_v_heads, self.group_size
         d_k, d_v = self.d_k, self.d_v
         P = self.params
@@ -1226,3 +1231,161 @@ def _gate_heads_back(t, B, L):
     """``[B, n_k, G, L (, d_k)] -> [B, L, n_v (, d_k)]``."""
     t = t.reshape(B, -1, L, *t.shape[4:])
     return np.moveaxis(t, 1, 2)
+
+
+# ---------------------------------------------------------------------------
+# -- from a Hugging Face Qwen3-Next checkpoint
+
+HF_LINEAR_KEYS = (
+    "in_proj_qkvz.weight",
+    "in_proj_ba.weight",
+    "conv1d.weight",
+    "A_log",
+    "dt_bias",
+    "norm.weight",
+    "out_proj.weight",
+)
+
+
+def gated_deltanet_from_hf(config, state_dict, *, dtype=None, **kwargs):
+    """A :class:`GatedDeltaNet` holding the weights of one of Qwen3-Next's
+    ``linear_attention`` layers.
+
+    ``config`` is the model's ``config.json`` as a dict (a ``text_config``
+    inside it is used when present); ``state_dict`` maps the layer's
+    parameter names, without the ``model.layers.{i}.linear_attn.`` prefix,
+    to arrays in HF's layout. ``in_proj_qkvz.weight [out, d_model]`` is
+    grouped by key head: for each of the ``n_k`` key heads, its ``q``
+    (``d_k`` rows), ``k`` (``d_k``), ``v`` (``G d_v``) and ``z`` (``G
+    d_v``); ``in_proj_ba.weight`` likewise ``b`` (``G``) then ``a``
+    (``G``). ``conv1d.weight [ch, 1, K]`` runs over the channels ``[q | k
+    | v]``. Other keyword arguments go to the layer (``mode``,
+    ``chunk_size``).
+    """
+    if not isinstance(config, dict):
+        raise TypeError(
+            "config must be a dict (a config.json), got "
+            f"{type(config).__name__}"
+        )
+    cfg = config.get("text_config", config)
+    need = (
+        "hidden_size",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_conv_kernel_dim",
+    )
+    missing = [k for k in need if k not in cfg]
+    if missing:
+        raise ValueError(
+            f"config has no {', '.join(missing)}: not a Qwen3-Next-style "
+            "config with linear_attention layers"
+        )
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(
+            f"hidden_act must be 'silu' (the convolution's and the output "
+            f"gate's activation), got {act!r}"
+        )
+    gone = [k for k in HF_LINEAR_KEYS if k not in state_dict]
+    if gone:
+        raise ValueError(
+            f"state_dict lacks {', '.join(gone)} (keys are expected without "
+            "the 'model.layers.{i}.linear_attn.' prefix)"
+        )
+    d = int(cfg["hidden_size"])
+    n_k, n_v = (
+        int(cfg["linear_num_key_heads"]),
+        int(cfg["linear_num_value_heads"]),
+    )
+    d_k, d_v = (
+        int(cfg["linear_key_head_dim"]),
+        int(cfg["linear_value_head_dim"]),
+    )
+    K = int(cfg["linear_conv_kernel_dim"])
+    sd = {k: np.asarray(state_dict[k]) for k in HF_LINEAR_KEYS}
+    dtype = sd["in_proj_qkvz.weight"].dtype if dtype is None else dtype
+    layer = GatedDeltaNet(
+        d,
+        n_v,
+        n_k,
+        d_k=d_k,
+        d_v=d_v,
+        conv_size=K,
+        eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        dtype=dtype,
+        **kwargs,
+    )
+    G = n_v // n_k
+    expect = {
+        "in_proj_qkvz.weight": (2 * n_k * d_k + 2 * n_v * d_v, d),
+        "in_proj_ba.weight": (2 * n_v, d),
+        "conv1d.weight": (2 * n_k * d_k + n_v * d_v, 1, K),
+        "A_log": (n_v,),
+        "dt_bias": (n_v,),
+        "norm.weight": (d_v,),
+        "out_proj.weight": (d, n_v * d_v),
+    }
+    for name, shape in expect.items():
+        if sd[name].shape != shape:
+            raise ValueError(
+                f"state_dict[{name!r}] must have shape {shape} for this "
+                f"config, got {sd[name].shape}"
+            )
+    # [out, d] -> [d, n_k, q | k | v | z]
+    qkvz = sd["in_proj_qkvz.weight"].T.reshape(d, n_k, -1)
+    q, k, v, z = np.split(
+        qkvz, np.cumsum([d_k, d_k, G * d_v]), axis=-1
+    )  # [d, n_k, d_k], ..., [d, n_k, G*d_v]
+    ba = sd["in_proj_ba.weight"].T.reshape(d, n_k, 2 * G)
+    conv = sd["conv1d.weight"][:, 0, :].T  # [K, ch]
+    new = {
+        "W_q": q.reshape(d, n_k * d_k),
+        "W_k": k.reshape(d, n_k * d_k),
+        "W_v": v.reshape(d, n_v * d_v),
+        "W_z": z.reshape(d, n_v * d_v),
+        "W_b": ba[..., :G].reshape(d, n_v),
+        "W_a": ba[..., G:].reshape(d, n_v),
+        "conv_q": conv[:, : n_k * d_k],
+        "conv_k": conv[:, n_k * d_k : 2 * n_k * d_k],
+        "conv_v": conv[:, 2 * n_k * d_k :],
+        "A_log": sd["A_log"],
+        "dt_bias": sd["dt_bias"],
+        "norm": sd["norm.weight"],
+        "W_o": sd["out_proj.weight"].T,
+    }
+    for name, val in new.items():
+        layer.params[name] = np.ascontiguousarray(val, dtype=layer.dtype)
+    layer.grads = {n: np.zeros_like(p) for n, p in layer.params.items()}
+    return layer
+
+
+def gated_deltanet_grads_to_hf(layer: GatedDeltaNet) -> dict:
+    """The layer's ``grads`` in HF's names and layout (the inverse of
+    :func:`gated_deltanet_from_hf`), to compare with HF's gradients."""
+    gr = layer.grads
+    d, n_k, G = layer.d_model, layer.n_k_heads, layer.group_size
+    qkvz = np.concatenate(
+        [
+            gr["W_q"].reshape(d, n_k, -1),
+            gr["W_k"].reshape(d, n_k, -1),
+            gr["W_v"].reshape(d, n_k, -1),
+            gr["W_z"].reshape(d, n_k, -1),
+        ],
+        axis=-1,
+    ).reshape(d, -1)
+    ba = np.concatenate(
+        [gr["W_b"].reshape(d, n_k, G), gr["W_a"].reshape(d, n_k, G)],
+        axis=-1,
+    ).reshape(d, -1)
+    conv = np.concatenate([gr["conv_q"], gr["conv_k"], gr["conv_v"]], axis=1)
+    return {
+        "in_proj_qkvz.weight": qkvz.T,
+        "in_proj_ba.weight": ba.T,
+        "conv1d.weight": conv.T[:, None, :],
+        "A_log": gr["A_log"],
+        "dt_bias": gr["dt_bias"],
+        "norm.weight": gr["norm"],
+        "out_proj.weight": gr["W_o"].T,
+    }
