@@ -8,7 +8,9 @@ backward passes and the layers' are checked against central differences for
 every input and parameter; decoding after a chunked prefill reproduces the
 full forward."""
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +28,7 @@ from attn_np import (
     gated_delta_chunked_forward,
     gated_delta_recurrent_backward,
     gated_delta_recurrent_forward,
+    gated_deltanet_from_hf,
     linear_attention_backward,
     linear_attention_forward,
     numerical_gradient,
@@ -35,6 +38,7 @@ from attn_np.linear_attention import (
     causal_conv_backward,
     causal_conv_forward,
     elu_feature_map,
+    gated_deltanet_grads_to_hf,
     l2norm_backward,
     l2norm_forward,
     unit_lower_inverse,
@@ -457,3 +461,73 @@ def test_layer_bad_input():
         )
     with pytest.raises(RuntimeError, match="preceding forward"):
         layer.backward(np.ones((2, 3, 12)))
+
+
+# ---------------------------------------------------------------------------
+# against Hugging Face's Qwen3NextGatedDeltaNet (tests/fixtures/README.md)
+
+FIXTURE = Path(__file__).parent / "fixtures" / "qwen3_next.npz"
+
+
+def qwen3_next_layer(f, **kw):
+    config = json.loads(str(f["config"]))
+    prefix = "layer0.param."
+    sd = {n[len(prefix) :]: f[n] for n in f.files if n.startswith(prefix)}
+    return gated_deltanet_from_hf(config, sd, **kw)
+
+
+def close(a, b):
+    return np.abs(a - b).max() <= 1e-12 * max(1.0, np.abs(b).max())
+
+
+@pytest.mark.parametrize(
+    "mode, C", [("chunked", 4), ("chunked", 64), ("recurrent", None)]
+)
+def test_qwen3_next_linear_attention_layer_matches_hf(mode, C):
+    f = np.load(FIXTURE)
+    meta = json.loads(str(f["meta"]))
+    assert meta["module"]["0"] == "Qwen3NextGatedDeltaNet"
+    layer = qwen3_next_layer(f, mode=mode, chunk_size=C or 64)
+    assert (layer.n_k_heads, layer.n_v_heads) == (2, 4)
+    assert close(layer.forward(f["x"]), f["layer0.out"])
+    assert close(layer.backward(f["dy"]), f["layer0.grad.x"])
+    for name, g in gated_deltanet_grads_to_hf(layer).items():
+        assert close(g, f[f"layer0.grad.{name}"]), name
+
+
+def test_qwen3_next_decode_matches_hf_cache():
+    f = np.load(FIXTURE)
+    chunks = json.loads(str(f["meta"]))["chunks"]
+    layer = qwen3_next_layer(f, chunk_size=4)
+    x, cache, outs, t = f["x"], StateCache(), [], 0
+    for n in chunks:
+        outs.append(layer.forward(x[:, t : t + n], state_cache=cache))
+        t += n
+        if t == chunks[0]:  # HF's cache right after the prefill
+            assert close(
+                cache.state, f["layer0.decode.state.recurrent_state"]
+            )
+            # HF keeps K inputs per channel, [B, ch, K]; the first is
+            # never read again: ours are the last K - 1, [B, K-1, ch]
+            conv = np.concatenate(cache.conv, axis=-1).transpose(0, 2, 1)
+            assert close(conv, f["layer0.decode.state.conv_state"][..., 1:])
+    assert close(np.concatenate(outs, axis=1), f["layer0.decode.out"])
+
+
+def test_from_hf_bad_input():
+    f = np.load(FIXTURE)
+    config = json.loads(str(f["config"]))
+    prefix = "layer0.param."
+    sd = {n[len(prefix) :]: f[n] for n in f.files if n.startswith(prefix)}
+    with pytest.raises(TypeError, match="config must be a dict"):
+        gated_deltanet_from_hf("config.json", sd)
+    with pytest.raises(ValueError, match="linear_num_key_heads"):
+        gated_deltanet_from_hf({"hidden_size": 64}, sd)
+    with pytest.raises(ValueError, match="lacks A_log"):
+        gated_deltanet_from_hf(
+            config, {n: a for n, a in sd.items() if n != "A_log"}
+        )
+    with pytest.raises(ValueError, match="conv1d.weight"):
+        gated_deltanet_from_hf(
+            config, sd | {"conv1d.weight": sd["conv1d.weight"][..., :3]}
+        )
