@@ -494,15 +494,16 @@ def gated_delta_chunked_forward(
     N = qc.shape[0]
     states = np.empty((N + 1, *S0.shape), dtype=S0.dtype)
     states[0] = S0
-    o = np.empty(vc.shape, dtype=S0.dtype)  # [N, ..., C, d_v]
-    for n in range(N):  # the only loop: one step per chunk
-        S = states[n]  # [..., d_k, d_v]
+    eC, KBt = p.eC[..., None], p.KB.swapaxes(-1, -2)
+    for n in range(N):  # the only loop: the state, chunk by chunk
         # U = U~ - W S: [..., C, d_k] @ [..., d_k, d_v] -> [..., C, d_v]
-        U = p.Ut[n] - p.W[n] @ S
-        # O = (Q e^G) S + P U: [..., C, d_v]
-        o[n] = p.QG[n] @ S + p.P[n] @ U
+        U = p.Ut[n] - p.W[n] @ states[n]
         # S_C = e^G_C S + (K e^(G_C - G))^T U: [..., d_k, d_v]
-        states[n + 1] = p.eC[n][..., None] * S + p.KB[n].swapaxes(-1, -2) @ U
+        states[n + 1] = eC[n] * states[n] + KBt[n] @ U
+    # every chunk's output at once, from the state entering it
+    S = states[:-1]  # [N, ..., d_k, d_v]
+    U = p.Ut - p.W @ S  # [N, ..., C, d_v]
+    o = p.QG @ S + p.P @ U  # O = (Q e^G) S + P U: [N, ..., C, d_v]
     cache = ChunkedCache(qc, kc, vc, gam, bc, states, T, per_head)
     return _from_chunks(o, T), cache
 
@@ -511,14 +512,14 @@ def gated_delta_chunked_backward(do, cache: ChunkedCache, dstate=None):
     """``(dq, dk, dv, dg, dbeta, dinitial_state)`` of
     :func:`gated_delta_chunked_forward`.
 
-    Two passes. Backwards over chunks, from ``dS = dL/dS_C`` and ``dO``::
+    Backwards over chunks, from ``dS = dL/dS_C``, only the state::
 
-        dK~ = U dS^T      dU = K~ dS       dGamma_C += sum(dS * S_C-part)
-        dQ~ = dO S_0^T    dP = dO U^T      dU += P^T dO
-        dU~ = dU          dW = -dU S_0^T
-        dS_0 = e^G_C dS + Q~^T dO - W^T dU
+        dU = K~ dS + P^T dO                                 [C, d_v]
+        dS_0 = e^G_C dS + Q~^T dO - W^T dU                  [d_k, d_v]
 
-    (``K~ = K e^(G_C - G)``, ``Q~ = Q e^G``). Then all chunks at once,
+    (``K~ = K e^(G_C - G)``, ``Q~ = Q e^G``); then, for all chunks at
+    once, ``dK~ = U dS^T``, ``dQ~ = dO S_0^T``, ``dP = dO U^T``, ``dU~ =
+    dU``, ``dW = -dU S_0^T``, ``dGamma_C = sum(dS * S_0) e^G_C``. Then,
     through ``W, U~ = T diag(beta) (K e^G, V)`` and the inverse: ``dT =
     dW (b K e^G)^T + dU~ (b V)^T``, ``dA = T^T dT T^T`` (strictly lower),
     the decayed products, and ``g`` from ``Gamma`` by a reverse cumsum.
@@ -536,28 +537,26 @@ def gated_delta_chunked_backward(do, cache: ChunkedCache, dstate=None):
         dS = dS + check_upstream(
             dstate, "dstate", lead_shape, "the final state"
         )
-    dQG, dW = np.empty_like(p.QG), np.empty_like(p.W)
-    dKB, dUt = np.empty_like(p.KB), np.empty_like(p.Ut)
-    dP = np.empty_like(p.P)
-    deC = np.empty_like(p.eC)
-    for n in range(N - 1, -1, -1):
-        S = c.states[n]
-        U = p.Ut[n] - p.W[n] @ S  # recomputed: [..., C, d_v]
-        # S_C = e^G_C S + K~^T U
-        dKB[n] = U @ dS.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
-        dU = p.KB[n] @ dS  # [C, d_k] @ [d_k, d_v] -> [C, d_v]
-        deC[n] = _sum_to(np.sum(dS * S, axis=-1), p.eC[n].shape)
-        dS_prev = p.eC[n][..., None] * dS
-        # O = Q~ S + P U
-        dQG[n] = dO[n] @ S.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
-        dS_prev += p.QG[n].swapaxes(-1, -2) @ dO[n]  # [d_k, C] @ [C, d_v]
-        dP[n] = dO[n] @ U.swapaxes(-1, -2)  # [C, d_v] @ [d_v, C]
-        dU += p.P[n].swapaxes(-1, -2) @ dO[n]
-        # U = U~ - W S
-        dUt[n] = dU
-        dW[n] = -dU @ S.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
-        dS_prev -= p.W[n].swapaxes(-1, -2) @ dU
-        dS = dS_prev
+    S = c.states[:-1]  # entering each chunk: [N, ..., d_k, d_v]
+    U = p.Ut - p.W @ S  # recomputed: [N, ..., C, d_v]
+    # what of dU and dS_0 does not wait for the next chunk's dS
+    X = p.P.swapaxes(-1, -2) @ dO  # P^T dO: [N, ..., C, d_v]
+    Y = p.QG.swapaxes(-1, -2) @ dO  # Q~^T dO: [N, ..., d_k, d_v]
+    eC, Wt = p.eC[..., None], p.W.swapaxes(-1, -2)
+    dSn = np.empty_like(S)  # dL/dS_C of each chunk
+    dU = np.empty_like(U)
+    for n in range(N - 1, -1, -1):  # the state, backwards
+        dSn[n] = dS
+        # [C, d_k] @ [d_k, d_v] -> [C, d_v]
+        dU[n] = p.KB[n] @ dS + X[n]
+        dS = eC[n] * dS + Y[n] - Wt[n] @ dU[n]  # -> [d_k, d_v]
+    # then every chunk at once
+    dKB = U @ dSn.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
+    deC = _sum_to(np.sum(dSn * S, axis=-1), p.eC.shape)
+    dQG = dO @ S.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
+    dP = dO @ U.swapaxes(-1, -2)  # [C, d_v] @ [d_v, C]
+    dUt = dU
+    dW = -dU @ S.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
     # -- all chunks at once
     b = c.beta[..., None]  # [N, ..., C, 1]
     Tt = p.Tm.swapaxes(-1, -2)
@@ -608,14 +607,14 @@ def silu(x):
 
 
 def _sigmoid(x):
-    # exp of a non-positive number only: no overflow for large |x|
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    # tanh form: one transcendental, no overflow for large |x|
+    return 0.5 + 0.5 * np.tanh(0.5 * x)
 
 
 def _silu_backward(dy, x):
+    """``d silu / dx = s (1 + x (1 - s))``, ``s = sigmoid(x)``."""
     s = _sigmoid(x)
-    return dy * s * (1.0 + x * (1.0 - s))
+    return dy * (s * (1.0 + x * (1.0 - s)))
 
 
 def causal_conv_forward(x, w, prev=None):
