@@ -51,6 +51,7 @@ decoding. :class:`KimiDeltaAttention` overrides its gates.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -455,8 +456,12 @@ class ChunkedCache:
 def _to_chunks(x, C, pad):
     """``[..., T, d] -> [N, ..., C, d]``, zero-padded to ``N * C``
     tokens, chunk axis first (contiguous)."""
-    if pad:
-        x = np.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, pad), (0, 0)])
+    if pad:  # (np.pad is slow on small arrays)
+        padded = np.zeros(
+            (*x.shape[:-2], x.shape[-2] + pad, x.shape[-1]), x.dtype
+        )
+        padded[..., : x.shape[-2], :] = x
+        x = padded
     *lead, TT, d = x.shape
     x = x.reshape(*lead, TT // C, C, d)
     return np.ascontiguousarray(np.moveaxis(x, -3, 0))
@@ -985,7 +990,7 @@ class GatedDeltaNet:
         # sphere, q scaled by 1/sqrt(d_k)
         q, cqn = l2norm_forward(_split(qc, n_k, d_k))
         k, ckn = l2norm_forward(_split(kc, n_k, d_k))
-        q = q / np.sqrt(d_k)
+        q = q * (1.0 / math.sqrt(d_k))  # a Python float keeps the dtype
         # value head j = h*G + i reads key head h: [B, n_k, G, L, d]
         v = _split(vc, n_v, d_v).reshape(B, n_k, G, L, d_v)
         qb = np.broadcast_to(q[:, :, None], (B, n_k, G, L, d_k))
@@ -1066,7 +1071,7 @@ class GatedDeltaNet:
             c["gate"],
         )
         # 3. heads: sum the broadcast over each key head's G value heads
-        dq = dq.sum(axis=2) / np.sqrt(d_k)  # [B, n_k, L, d_k]
+        dq = dq.sum(axis=2) * (1.0 / math.sqrt(d_k))  # [B, n_k, L, d_k]
         dk = dk.sum(axis=2)
         dqc = _merge(l2norm_backward(dq, c["norms"][0]))  # [B, L, n_k*d_k]
         dkc = _merge(l2norm_backward(dk, c["norms"][1]))

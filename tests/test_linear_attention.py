@@ -531,3 +531,54 @@ def test_from_hf_bad_input():
         gated_deltanet_from_hf(
             config, sd | {"conv1d.weight": sd["conv1d.weight"][..., :3]}
         )
+
+
+@pytest.mark.parametrize("cls", [GatedDeltaNet, KimiDeltaAttention])
+def test_float32_stays_float32(cls):
+    layer = small_layer(cls, dtype=np.float32)
+    x = np.random.default_rng(0).standard_normal((2, 5, 12)).astype("f4")
+    y = layer.forward(x)
+    dx = layer.backward(y)
+    assert y.dtype == dx.dtype == np.float32
+    assert all(g.dtype == np.float32 for g in layer.grads.values())
+
+
+# ---------------------------------------------------------------------------
+# hybrid stacks in the chapter-5 Transformer
+
+
+def test_hybrid_transformer_gradients_and_kv_bytes():
+    from attn_np import Transformer
+
+    kw = dict(
+        vocab_size=7,
+        d_model=8,
+        n_heads=2,
+        n_kv_heads=1,
+        d_ff=8,
+        max_len=6,
+        positions="rope",
+        linear_options={"chunk_size": 2},
+    )
+    qwen = Transformer(
+        n_layers=8,
+        layer_pattern=("linear", "linear", "linear", "full"),
+        **kw,
+    )
+    assert qwen.layer_types == ["linear"] * 3 + ["full"] + ["linear"] * 3 + [
+        "full"
+    ]
+    assert isinstance(qwen.blocks[0].attn, GatedDeltaNet)
+    assert not isinstance(qwen.blocks[3].attn, GatedDeltaNet)
+    # only the two full-attention layers cache keys and values
+    assert qwen.kv_bytes_per_token() == 2 * 1 * (4 + 4) * 8
+    model = Transformer(n_layers=2, layer_pattern=("linear", "full"), **kw)
+    ids = np.random.default_rng(0).integers(7, size=(2, 5))
+    errs = check_layer_gradients(model, ids, seed=1, h=LAYER_H)
+    assert any(n.startswith("block0.attn.A_log") for n in errs)
+    for name, err in errs.items():
+        assert np.isfinite(err) and err < TOLERANCE, (name, err)
+    maps = model.attention_maps()
+    assert maps[0] is None and maps[1].shape == (2, 2, 5, 5)
+    with pytest.raises(ValueError, match="layer_pattern must be"):
+        Transformer(n_layers=2, layer_pattern=("mamba",), **kw)
