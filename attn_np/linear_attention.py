@@ -773,6 +773,19 @@ class StateCache:
 # ---------------------------------------------------------------------------
 # -- the layer
 
+
+def state_bytes(
+    n_v_heads, n_k_heads, d_k, d_v, *, conv_size=4, dtype=np.float32
+) -> int:
+    """Bytes a Gated DeltaNet layer keeps per sequence, at any context:
+    the state and the convolution's last inputs, ``(n_v d_k d_v + (K -
+    1)(2 n_k d_k + n_v d_v)) x itemsize``."""
+    item = check_float_dtype(dtype).itemsize
+    state = n_v_heads * d_k * d_v
+    conv = (conv_size - 1) * (2 * n_k_heads * d_k + n_v_heads * d_v)
+    return (state + conv) * item
+
+
 KERNELS = {
     "chunked": (gated_delta_chunked_forward, gated_delta_chunked_backward),
     "recurrent": (
@@ -913,12 +926,15 @@ class GatedDeltaNet:
         return sum(p.size for p in self.params.values())
 
     def state_bytes_per_sequence(self, dtype=None) -> int:
-        """State plus convolution inputs, per sequence, in bytes: ``(n_v
-        d_k d_v + (K - 1)(2 n_k d_k + n_v d_v)) x itemsize``."""
-        item = np.dtype(self.dtype if dtype is None else dtype).itemsize
-        n_k, n_v = self.n_k_heads, self.n_v_heads
-        conv = (self.conv_size - 1) * (2 * n_k * self.d_k + n_v * self.d_v)
-        return (n_v * self.d_k * self.d_v + conv) * item
+        """:func:`state_bytes` of this layer (in its dtype by default)."""
+        return state_bytes(
+            self.n_v_heads,
+            self.n_k_heads,
+            self.d_k,
+            self.d_v,
+            conv_size=self.conv_size,
+            dtype=self.dtype if dtype is None else dtype,
+        )
 
     # ------------------------------------------------------------------
     # forward
@@ -1002,7 +1018,9 @@ class GatedDeltaNet:
         # 5. the gated delta rule: o [B, n_k, G, L, d_v]
         use = "recurrent" if L == 1 else self.mode
         kernel_fwd = KERNELS[use][0]
-        kw = {"chunk_size": self.chunk_size} if use == "chunked" else {}
+        # a sequence shorter than a chunk is one chunk of its own length
+        C = min(self.chunk_size, L)
+        kw = {"chunk_size": C} if use == "chunked" else {}
         o, ckern = kernel_fwd(qb, kb, v, g, beta, S0, **kw)
         # 6. output: [B, n_k, G, L, d_v] -> [B, L, n_v, d_v]
         o = o.reshape(B, n_v, L, d_v).transpose(0, 2, 1, 3)
