@@ -453,6 +453,11 @@ class ChunkedCache:
         return self.states[-1]
 
 
+# the chunked form works on groups of chunks of about this many tokens:
+# the intermediate arrays of a group stay small (and in cache)
+GROUP_TOKENS = 512
+
+
 def _to_chunks(x, C, pad):
     """``[..., T, d] -> [N, ..., C, d]``, zero-padded to ``N * C``
     tokens, chunk axis first (contiguous)."""
@@ -495,20 +500,27 @@ def gated_delta_chunked_forward(
     qc, kc, vc, gc = (_to_chunks(x, C, pad) for x in (q, k, v, g))
     bc = _to_chunks(beta[..., None], C, pad)[..., 0]  # [N, ..., C]
     gam = np.cumsum(gc, axis=-2)  # Gamma_r: [N, ..., C, d_k or 1]
-    p = _chunk_parts(qc, kc, vc, gam, bc)
     N = qc.shape[0]
     states = np.empty((N + 1, *S0.shape), dtype=S0.dtype)
     states[0] = S0
-    eC, KBt = p.eC[..., None], p.KB.swapaxes(-1, -2)
-    for n in range(N):  # the only loop: the state, chunk by chunk
-        # U = U~ - W S: [..., C, d_k] @ [..., d_k, d_v] -> [..., C, d_v]
-        U = p.Ut[n] - p.W[n] @ states[n]
-        # S_C = e^G_C S + (K e^(G_C - G))^T U: [..., d_k, d_v]
-        states[n + 1] = eC[n] * states[n] + KBt[n] @ U
-    # every chunk's output at once, from the state entering it
-    S = states[:-1]  # [N, ..., d_k, d_v]
-    U = p.Ut - p.W @ S  # [N, ..., C, d_v]
-    o = p.QG @ S + p.P @ U  # O = (Q e^G) S + P U: [N, ..., C, d_v]
+    o = np.empty(vc.shape, dtype=S0.dtype)  # [N, ..., C, d_v]
+    G = max(1, GROUP_TOKENS // C)  # chunks per group
+    for lo in range(0, N, G):  # a group of chunks at a time
+        hi = min(N, lo + G)
+        p = _chunk_parts(
+            qc[lo:hi], kc[lo:hi], vc[lo:hi], gam[lo:hi], bc[lo:hi]
+        )
+        eC, KBt = p.eC[..., None], p.KB.swapaxes(-1, -2)
+        for n in range(hi - lo):  # the only loop: the state
+            S = states[lo + n]  # [..., d_k, d_v]
+            # U = U~ - W S: [..., C, d_k] @ [..., d_k, d_v] -> [..., C, d_v]
+            U = p.Ut[n] - p.W[n] @ S
+            # S_C = e^G_C S + (K e^(G_C - G))^T U: [..., d_k, d_v]
+            states[lo + n + 1] = eC[n] * S + KBt[n] @ U
+        # the group's outputs at once, from the states entering its chunks
+        S = states[lo:hi]  # [n, ..., d_k, d_v]
+        U = p.Ut - p.W @ S  # [n, ..., C, d_v]
+        o[lo:hi] = p.QG @ S + p.P @ U  # O = (Q e^G) S + P U
     cache = ChunkedCache(qc, kc, vc, gam, bc, states, T, per_head)
     return _from_chunks(o, T), cache
 
@@ -522,9 +534,10 @@ def gated_delta_chunked_backward(do, cache: ChunkedCache, dstate=None):
         dU = K~ dS + P^T dO                                 [C, d_v]
         dS_0 = e^G_C dS + Q~^T dO - W^T dU                  [d_k, d_v]
 
-    (``K~ = K e^(G_C - G)``, ``Q~ = Q e^G``); then, for all chunks at
-    once, ``dK~ = U dS^T``, ``dQ~ = dO S_0^T``, ``dP = dO U^T``, ``dU~ =
-    dU``, ``dW = -dU S_0^T``, ``dGamma_C = sum(dS * S_0) e^G_C``. Then,
+    (``K~ = K e^(G_C - G)``, ``Q~ = Q e^G``); then, for a group of
+    chunks at once (:func:`chunk_group_backward`), ``dK~ = U dS^T``, ``dQ~ =
+    dO S_0^T``, ``dP = dO U^T``, ``dU~ = dU``, ``dW = -dU S_0^T``,
+    ``dGamma_C = sum(dS * S_0) e^G_C``. Then,
     through ``W, U~ = T diag(beta) (K e^G, V)`` and the inverse: ``dT =
     dW (b K e^G)^T + dU~ (b V)^T``, ``dA = T^T dT T^T`` (strictly lower),
     the decayed products, and ``g`` from ``Gamma`` by a reverse cumsum.
@@ -535,57 +548,24 @@ def gated_delta_chunked_backward(do, cache: ChunkedCache, dstate=None):
     do = check_upstream(do, "do", want, "the output o [..., T, d_v]")
     C = c.q.shape[-2]
     dO = _to_chunks(do, C, -c.T % C)  # [N, ..., C, d_v]
-    p = _chunk_parts(c.q, c.k, c.v, c.gam, c.beta)  # recomputed
     N = c.q.shape[0]
     dS = np.zeros(lead_shape, dtype=c.states.dtype)
     if dstate is not None:
         dS = dS + check_upstream(
             dstate, "dstate", lead_shape, "the final state"
         )
-    S = c.states[:-1]  # entering each chunk: [N, ..., d_k, d_v]
-    U = p.Ut - p.W @ S  # recomputed: [N, ..., C, d_v]
-    # what of dU and dS_0 does not wait for the next chunk's dS
-    X = p.P.swapaxes(-1, -2) @ dO  # P^T dO: [N, ..., C, d_v]
-    Y = p.QG.swapaxes(-1, -2) @ dO  # Q~^T dO: [N, ..., d_k, d_v]
-    eC, Wt = p.eC[..., None], p.W.swapaxes(-1, -2)
-    dSn = np.empty_like(S)  # dL/dS_C of each chunk
-    dU = np.empty_like(U)
-    for n in range(N - 1, -1, -1):  # the state, backwards
-        dSn[n] = dS
-        # [C, d_k] @ [d_k, d_v] -> [C, d_v]
-        dU[n] = p.KB[n] @ dS + X[n]
-        dS = eC[n] * dS + Y[n] - Wt[n] @ dU[n]  # -> [d_k, d_v]
-    # then every chunk at once
-    dKB = U @ dSn.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
-    deC = _sum_to(np.sum(dSn * S, axis=-1), p.eC.shape)
-    dQG = dO @ S.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
-    dP = dO @ U.swapaxes(-1, -2)  # [C, d_v] @ [d_v, C]
-    dUt = dU
-    dW = -dU @ S.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
-    # -- all chunks at once
-    b = c.beta[..., None]  # [N, ..., C, 1]
-    Tt = p.Tm.swapaxes(-1, -2)
-    # W = T (b K e^G), U~ = T (b V)
-    dTm = dW @ (b * p.KG).swapaxes(-1, -2) + dUt @ (b * c.v).swapaxes(-1, -2)
-    dbKG, dbV = Tt @ dW, Tt @ dUt  # [N, ..., C, d]
-    dbeta = np.sum(dbKG * p.KG, axis=-1) + np.sum(dbV * c.v, axis=-1)
-    dKG, dv = b * dbKG, b * dbV
-    # T = (I - A)^{-1}: dA = T^T dT T^T, only where A lives
-    C_ = c.q.shape[-2]
-    dA = np.tril(Tt @ dTm @ Tt, k=-1) if C_ > 1 else np.zeros_like(dTm)
-    # A = -b <K, K>
-    dbeta -= np.sum(dA * p.Gk, axis=-1)
-    dk1, dk2, dgam = _decay_gram_backward(-b * dA, p.Gk, c.k, c.k, p.Ek)
-    dq, dk3, dgam2 = _decay_gram_backward(np.tril(dP), p.P, c.q, c.k, p.Ep)
-    dk = dk1 + dk2 + dk3
-    dgam = dgam + dgam2
-    # Q~ = Q e^G, K e^G, K~ = K e^(G_C - G)
-    dq = dq + dQG * p.eg
-    dk = dk + dKG * p.eg + dKB * p.eB
-    shape = c.gam.shape
-    dgam = dgam + _sum_to(dQG * p.QG + dKG * p.KG - dKB * p.KB, shape)
-    dgC = _sum_to(np.sum(dKB * p.KB, axis=-2), shape) + deC * p.eC
-    dgam[..., -1, :] += dgC
+    grads = [np.empty_like(x) for x in (c.q, c.k, c.v, c.gam, c.beta)]
+    G = max(1, GROUP_TOKENS // C)
+    for lo in reversed(range(0, N, G)):  # groups of chunks, last first
+        sl = slice(lo, min(N, lo + G))
+        dS = chunk_group_backward(
+            [x[sl] for x in (c.q, c.k, c.v, c.gam, c.beta)],
+            c.states[sl],
+            dO[sl],
+            dS,
+            [g[sl] for g in grads],
+        )
+    dq, dk, dv, dgam, dbeta = grads
     # Gamma = cumsum(g) within the chunk: dg_j = sum_{r >= j} dGamma_r
     dg = np.flip(np.cumsum(np.flip(dgam, axis=-2), axis=-2), axis=-2)
     dg = _from_chunks(dg, c.T)
@@ -600,6 +580,64 @@ def gated_delta_chunked_backward(do, cache: ChunkedCache, dstate=None):
         dbeta,
         dS,
     )
+
+
+def chunk_group_backward(inputs, S, dO, dS, out):
+    """The chunked backward for a run of chunks: ``inputs`` are their
+    ``(q, k, v, gam, beta)`` (``[n, ..., C, ·]``), ``S`` the states
+    entering them, ``dO`` their output gradients and ``dS`` the gradient
+    of the state leaving the last. Writes ``(dq, dk, dv, dgam, dbeta)``
+    into ``out``; returns the gradient of the state entering the first.
+    """
+    q, k, v, gam, beta = inputs
+    p = _chunk_parts(q, k, v, gam, beta)  # recomputed
+    N = q.shape[0]
+    U = p.Ut - p.W @ S  # recomputed: [N, ..., C, d_v]
+    # what of dU and dS_0 does not wait for the next chunk's dS
+    X = p.P.swapaxes(-1, -2) @ dO  # P^T dO: [N, ..., C, d_v]
+    Y = p.QG.swapaxes(-1, -2) @ dO  # Q~^T dO: [N, ..., d_k, d_v]
+    eC, Wt = p.eC[..., None], p.W.swapaxes(-1, -2)
+    dSn = np.empty_like(S)  # dL/dS_C of each chunk
+    dU = np.empty_like(U)
+    for n in range(N - 1, -1, -1):  # the state, backwards
+        dSn[n] = dS
+        # [C, d_k] @ [d_k, d_v] -> [C, d_v]
+        dU[n] = p.KB[n] @ dS + X[n]
+        dS = eC[n] * dS + Y[n] - Wt[n] @ dU[n]  # -> [d_k, d_v]
+    # then the run's chunks at once
+    dKB = U @ dSn.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
+    deC = _sum_to(np.sum(dSn * S, axis=-1), p.eC.shape)
+    dQG = dO @ S.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
+    dP = dO @ U.swapaxes(-1, -2)  # [C, d_v] @ [d_v, C]
+    dUt = dU
+    dW = -dU @ S.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
+    # through the intra-chunk parts, all chunks at once
+    b = beta[..., None]  # [N, ..., C, 1]
+    Tt = p.Tm.swapaxes(-1, -2)
+    # W = T (b K e^G), U~ = T (b V)
+    dTm = dW @ (b * p.KG).swapaxes(-1, -2) + dUt @ (b * v).swapaxes(-1, -2)
+    dbKG, dbV = Tt @ dW, Tt @ dUt  # [N, ..., C, d]
+    dbeta = np.sum(dbKG * p.KG, axis=-1) + np.sum(dbV * v, axis=-1)
+    dKG, dv = b * dbKG, b * dbV
+    # T = (I - A)^{-1}: dA = T^T dT T^T, only where A lives
+    C_ = q.shape[-2]
+    dA = np.tril(Tt @ dTm @ Tt, k=-1) if C_ > 1 else np.zeros_like(dTm)
+    # A = -b <K, K>
+    dbeta -= np.sum(dA * p.Gk, axis=-1)
+    dk1, dk2, dgam = _decay_gram_backward(-b * dA, p.Gk, k, k, p.Ek)
+    dq, dk3, dgam2 = _decay_gram_backward(np.tril(dP), p.P, q, k, p.Ep)
+    dk = dk1 + dk2 + dk3
+    dgam = dgam + dgam2
+    # Q~ = Q e^G, K e^G, K~ = K e^(G_C - G)
+    dq = dq + dQG * p.eg
+    dk = dk + dKG * p.eg + dKB * p.eB
+    shape = gam.shape
+    dgam = dgam + _sum_to(dQG * p.QG + dKG * p.KG - dKB * p.KB, shape)
+    dgC = _sum_to(np.sum(dKB * p.KB, axis=-2), shape) + deC * p.eC
+    dgam[..., -1, :] += dgC
+    for o, g in zip(out, (dq, dk, dv, dgam, dbeta)):
+        o[...] = g
+    return dS
 
 
 # ---------------------------------------------------------------------------

@@ -167,6 +167,29 @@ def test_chunked_equals_recurrent_property(T, C, d_k, d_v, seed):
     assert np.abs(c1.final_state - c2.final_state).max() < 1e-12
 
 
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_groups_of_chunks_change_nothing(monkeypatch, per_channel):
+    """The chunked form works on groups of GROUP_TOKENS // C chunks; with
+    groups of one or two chunks it gives the same outputs and
+    gradients."""
+    import attn_np.linear_attention as la
+
+    x = delta_inputs(seed=8, lead=(2,), T=23, per_channel=per_channel)
+    rng = np.random.default_rng(0)
+    o, cache = gated_delta_chunked_forward(**x, chunk_size=3)
+    do = rng.standard_normal(o.shape)
+    dS = rng.standard_normal(cache.final_state.shape)
+    want = gated_delta_chunked_backward(do, cache, dstate=dS)
+    assert cache.q.shape[0] <= la.GROUP_TOKENS // 3  # one group
+    for tokens in (3, 6):  # groups of 1 and of 2 chunks
+        monkeypatch.setattr(la, "GROUP_TOKENS", tokens)
+        o2, c2 = gated_delta_chunked_forward(**x, chunk_size=3)
+        got = gated_delta_chunked_backward(do, c2, dstate=dS)
+        assert np.abs(o2 - o).max() < 1e-14
+        for a, b in zip(got, want):
+            assert np.abs(a - b).max() < 1e-13
+
+
 def test_continuing_from_a_state_equals_one_pass():
     """Two calls, the second starting from the first's final state, give
     the outputs of one call (the state carries everything)."""
