@@ -605,3 +605,21 @@ def test_hybrid_transformer_gradients_and_kv_bytes():
     assert maps[0] is None and maps[1].shape == (2, 2, 5, 5)
     with pytest.raises(ValueError, match="layer_pattern must be"):
         Transformer(n_layers=2, layer_pattern=("mamba",), **kw)
+
+
+# ---------------------------------------------------------------------------
+# the benchmark's command line
+
+
+def test_bench_linear_prints_ratios_within_77_columns(capsys):
+    from attn_np.bench import linear as bench
+
+    argv = ["--T", "64", "--rounds", "1", "--memory-T", "64", "256"]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "layer ratio" in out and "kernel ratio" in out
+    assert "noise (A/A)" in out and "goal, kernel loop / chunked" in out
+    assert "chunked peak(256) / peak(64)" in out
+    assert max(len(line) for line in out.splitlines()) <= 77
+    with pytest.raises(SystemExit):
+        bench.main(["--rounds", "0"])
