@@ -455,7 +455,7 @@ class ChunkedCache:
 
 # the chunked form works on groups of chunks of about this many tokens:
 # the intermediate arrays of a group stay small (and in cache)
-GROUP_TOKENS = 512
+GROUP_TOKENS = 256
 
 
 def _to_chunks(x, C, pad):
