@@ -29,6 +29,8 @@ ch  chapter                              modules
     attention sinks                      :mod:`.kv_cache`, :mod:`.streaming`
 9   FlashAttention                       :mod:`.flash` (called by
                                          :mod:`.grouped`)
+12  linear attention, DeltaNet, Gated    :mod:`.linear_attention`
+    DeltaNet, Kimi Delta Attention
 A1  the KV cache of any model config     :mod:`.costs.catalogue`,
                                          :mod:`.memory`
 ==  ===================================  ===================================
@@ -79,6 +81,18 @@ from .instruments import (
 )
 from .kv_cache import KVCache
 from .latent import LatentKVCache, MultiHeadLatentAttention
+from .linear_attention import (
+    GatedDeltaNet,
+    KimiDeltaAttention,
+    StateCache,
+    gated_delta_chunked_backward,
+    gated_delta_chunked_forward,
+    gated_delta_recurrent_backward,
+    gated_delta_recurrent_forward,
+    gated_deltanet_from_hf,
+    linear_attention_backward,
+    linear_attention_forward,
+)
 from .multihead import (
     GroupedQueryAttention,
     MultiHeadAttention,
@@ -114,8 +128,10 @@ __all__ = [
     "AssociativeRecall",
     "AttentionCache",
     "FlashCache",
+    "GatedDeltaNet",
     "GroupedQueryAttention",
     "KVCache",
+    "KimiDeltaAttention",
     "LatentKVCache",
     "MarkedCopy",
     "MODELS",
@@ -125,6 +141,7 @@ __all__ = [
     "MultiQueryAttention",
     "RopeCache",
     "SoftmaxCache",
+    "StateCache",
     "TOLERANCE",
     "Transformer",
     "attention_backward",
@@ -138,11 +155,18 @@ __all__ = [
     "flash_attention_backward",
     "flash_attention_forward",
     "from_hf_config",
+    "gated_delta_chunked_backward",
+    "gated_delta_chunked_forward",
+    "gated_delta_recurrent_backward",
+    "gated_delta_recurrent_forward",
+    "gated_deltanet_from_hf",
     "grouped_attention_backward",
     "grouped_attention_forward",
     "instruments",
     "kv_bytes_per_token",
     "kv_cache_bytes",
+    "linear_attention_backward",
+    "linear_attention_forward",
     "mha_to_gqa",
     "numerical_gradient",
     "position_mask",
