@@ -26,6 +26,8 @@ ch  chapter                              modules
 8   sliding windows, rolling caches,     :mod:`.attention`, :mod:`.kv_cache`,
     attention sinks                      :mod:`.streaming`
 9   FlashAttention                       :mod:`.flash`
+11  long context: RoPE scaling, NoPE     :mod:`.long_context`
+    layers, chunked attention
 A1  the KV cache of any model config     :mod:`.costs.catalogue`,
                                          :mod:`.memory`
 ==  ===================================  ===================================
@@ -71,6 +73,13 @@ from .instruments import (
 )
 from .kv_cache import KVCache
 from .latent import LatentKVCache, MultiHeadLatentAttention
+from .long_context import (
+    ChunkedKVCache,
+    LongContextAttention,
+    chunked_mask,
+    scaled_frequencies,
+    softmax_scale,
+)
 from .multihead import (
     GroupedQueryAttention,
     MultiHeadAttention,
@@ -105,10 +114,12 @@ __all__ = [
     "Adam",
     "AssociativeRecall",
     "AttentionCache",
+    "ChunkedKVCache",
     "FlashCache",
     "GroupedQueryAttention",
     "KVCache",
     "LatentKVCache",
+    "LongContextAttention",
     "MarkedCopy",
     "MODELS",
     "ModelConfig",
@@ -122,6 +133,7 @@ __all__ = [
     "attention_backward",
     "attention_forward",
     "causal_mask",
+    "chunked_mask",
     "check_gradients",
     "check_layer_gradients",
     "costs",
@@ -143,10 +155,12 @@ __all__ = [
     "rope_frequencies",
     "rope_permutation",
     "rotate_pairs",
+    "scaled_frequencies",
     "sink_softmax",
     "softmax",
     "softmax_backward",
     "softmax_forward",
+    "softmax_scale",
     "stream_logits",
     "training",
     "unbroadcast",
