@@ -777,3 +777,52 @@ def with_rope_scaling(model, rope_scaling, **options):
         )
         new.blocks.append(b)
     return new
+
+
+# ------------------------------------------------------------ experiment
+@dataclass(frozen=True)
+class Passkey:
+    """Find the marked value: a passkey retrieval task of ``length`` tokens.
+
+    Every position holds a random value ``0 ... n_values-1`` except one,
+    which holds a *marked* value (``n_values + v``), and the last, a query
+    token (``2 n_values``). The target at the query is ``v``. One attention
+    layer solves it by content alone, whatever the distance; run at a
+    longer ``length`` than it was trained at, a RoPE model meets distances
+    and angles it never saw (after the passkey tests of Chen et al. 2023
+    and Peng et al. 2023, here with tokens for digits).
+    """
+
+    length: int
+    n_values: int = 16
+
+    def __post_init__(self):
+        check_positive_int(self.n_values, "n_values")
+        if check_positive_int(self.length, "length") < 2:
+            raise ValueError(
+                f"length must be at least 2 (the passkey and the query), "
+                f"got {self.length}"
+            )
+
+    @property
+    def vocab_size(self) -> int:
+        return 2 * self.n_values + 1  # values, marked values, the query
+
+    def sample(self, n: int, seed):
+        """``n`` sequences from ``np.random.default_rng(seed)``: a
+        :class:`~attn_np.training.tasks.RecallBatch`."""
+        from .training.tasks import RecallBatch
+
+        n = check_positive_int(n, "n")
+        rng = np.random.default_rng(seed)
+        V, L = self.n_values, self.length
+        inputs = rng.integers(V, size=(n, L))  # [n, L] distractors
+        key = rng.integers(V, size=n)  # [n] the passkeys
+        where = rng.integers(L - 1, size=n)  # [n] where each sits
+        inputs[np.arange(n), where] = V + key
+        inputs[:, -1] = 2 * V  # the query
+        targets = np.zeros_like(inputs)
+        targets[:, -1] = key
+        mask = np.zeros(inputs.shape, dtype=bool)
+        mask[:, -1] = True
+        return RecallBatch(inputs=inputs, targets=targets, mask=mask)

@@ -7,7 +7,9 @@ DeepSeek-V3's ``precompute_freqs_cis``, gpt-oss's
 hand in the comments, never from the function under test.
 """
 
+import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -663,3 +665,132 @@ def test_with_rope_scaling_shares_weights():
 
 # ------------------------------------------- Hugging Face fixtures (ch10)
 FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(
+    os.environ.get("ATTN_NP_FIXTURES", Path(__file__).parent / "fixtures")
+)
+
+
+def load_fixture(name):
+    path = FIXTURES / f"{name}.npz"
+    if not path.exists():
+        pytest.skip(f"no HF fixture {path} (recorded by chapter 10)")
+    f = np.load(path)
+    return f, json.loads(str(f["config"]))
+
+
+def fixture_layer(f, cfg, i, **options):
+    """Our layer with HF's weights of layer ``i``; biases ride on a
+    constant input feature (``x -> [x, 1]``, ``W -> [W; b]``)."""
+    p = {
+        k.split(".param.")[1]: f[k]
+        for k in f.files
+        if f"layer{i}.param." in k
+    }
+    d, h = cfg["hidden_size"], cfg["num_attention_heads"]
+    bias = "q_proj.bias" in p
+    base, scaling = rope_settings_from_config(cfg)
+    layer = LongContextAttention(
+        d + bias,
+        h,
+        cfg["num_key_value_heads"],
+        d_k=cfg["head_dim"],
+        d_v=cfg["head_dim"],
+        rope_base=base,
+        rope_scaling=scaling,
+        sinks="sinks" in p,
+        **options,
+    )
+    for ours, theirs in (("W_q", "q"), ("W_k", "k"), ("W_v", "v")):
+        w = p[f"{theirs}_proj.weight"].T  # [d, out]
+        if bias:
+            w = np.vstack([w, p[f"{theirs}_proj.bias"][None]])
+        layer.params[ours][...] = w
+    w_o = p["o_proj.weight"].T  # [h*d_v, d]
+    # with biases the layer's output has a spare feature too: keep it 0
+    layer.params["W_o"] = np.hstack(
+        [w_o, np.zeros((w_o.shape[0], int(bias)))]
+    )
+    if "sinks" in p:
+        layer.params["sinks"][...] = p["sinks"]
+    layer.grads = {k: np.zeros_like(v) for k, v in layer.params.items()}
+    b_o = p["o_proj.bias"] if bias else 0.0
+    return layer, bias, b_o
+
+
+def run_fixture(name, i, **options):
+    f, cfg = load_fixture(name)
+    layer, bias, b_o = fixture_layer(f, cfg, i, **options)
+    x, d = f["x"], f["x"].shape[-1]
+
+    def pad(t):  # [..., d] -> [..., d + 1]: the constant feature
+        return np.concatenate([t, np.ones(t.shape[:-1] + (1,))], -1)
+
+    x1 = pad(x) if bias else x
+    y = layer.forward(x1, causal=True)[..., :d] + b_o
+    np.testing.assert_allclose(y, f[f"layer{i}.out"], rtol=1e-10, atol=1e-12)
+    dy = f["dy"]
+    if bias:  # no gradient flows into the spare output feature
+        dy = np.concatenate([dy, np.zeros(dy.shape[:-1] + (1,))], -1)
+    dx = layer.backward(dy)[..., :d]
+    np.testing.assert_allclose(
+        dx, f[f"layer{i}.grad.x"], rtol=1e-10, atol=1e-12
+    )
+    g = layer.grads["W_q"][:d].T
+    np.testing.assert_allclose(
+        g, f[f"layer{i}.grad.q_proj.weight"], rtol=1e-10, atol=1e-12
+    )
+    meta = json.loads(str(f["meta"]))
+    chunk = options.get("attention_chunk_size")
+    cache = (
+        ChunkedKVCache(chunk)
+        if chunk
+        else KVCache(window=options.get("window"))
+    )
+    outs, t = [], 0
+    for n in meta["chunks"]:
+        outs.append(layer.forward(x1[:, t : t + n], kv_cache=cache))
+        t += n
+    dec = np.concatenate(outs, axis=1)[..., :d] + b_o
+    np.testing.assert_allclose(
+        dec, f[f"layer{i}.decode.out"], rtol=1e-10, atol=1e-12
+    )
+
+
+def test_llama31_layer_matches_hf():
+    run_fixture("llama31", 0)
+
+
+def test_llama4_chunked_rope_qk_norm_layer_matches_hf():
+    _, cfg = load_fixture("llama4")
+    run_fixture(
+        "llama4",
+        0,
+        rope_layout="interleaved",
+        qk_norm=True,
+        qk_norm_eps=cfg["rms_norm_eps"],
+        attention_chunk_size=cfg["attention_chunk_size"],
+    )
+
+
+def test_llama4_nope_temperature_layer_matches_hf():
+    _, cfg = load_fixture("llama4")
+    assert cfg["no_rope_layers"][1] == 0  # HF: 0 means NoPE
+    run_fixture(
+        "llama4",
+        1,
+        use_rope=False,
+        temperature_tuning=True,
+        floor_scale=cfg["floor_scale"],
+        attn_scale=cfg["attn_scale"],
+    )
+
+
+@pytest.mark.parametrize("i", [0, 1])
+def test_gpt_oss_yarn_layer_matches_hf(i):
+    _, cfg = load_fixture("gpt_oss_yarn")
+    window = (
+        cfg["sliding_window"]
+        if cfg["layer_types"][i] == "sliding_attention"
+        else None
+    )
+    run_fixture("gpt_oss_yarn", i, window=window)
