@@ -288,12 +288,14 @@ def scaled_frequencies(
         new_base = base * factor ** (r / (r - 2))
         return rope_frequencies(r, base=new_base), 1.0
     if kind == "llama3":
-        return _llama3(theta, s), 1.0
-    return _yarn(theta, base, s)
+        return llama3_frequencies(theta, s), 1.0
+    return yarn_frequencies(theta, base, s)
 
 
-def _llama3(theta, s):
-    """Llama 3.1's rule (HF's ``_compute_llama3_parameters``)."""
+def llama3_frequencies(theta, s):
+    """Llama 3.1's rule on the plain ``theta [r/2]``, for ``s`` a dict
+    checked by :func:`read_rope_scaling` (HF's
+    ``_compute_llama3_parameters``, Meta's ``apply_scaling``)."""
     factor, L = s["factor"], s["original_max_position_embeddings"]
     lo, hi = s["low_freq_factor"], s["high_freq_factor"]
     wavelen = 2 * math.pi / theta  # [r/2] positions per turn
@@ -306,8 +308,10 @@ def _llama3(theta, s):
     return out
 
 
-def _yarn(theta, base, s):
-    """YaRN (HF's ``_compute_yarn_parameters``, transformers 5)."""
+def yarn_frequencies(theta, base, s):
+    """YaRN on the plain ``theta [r/2]``: ``(theta', attention_factor)``
+    for ``s`` a dict checked by :func:`read_rope_scaling` (HF's
+    ``_compute_yarn_parameters``, transformers 5)."""
     factor, L = s["factor"], s["original_max_position_embeddings"]
     r = 2 * len(theta)
     attention = s.get("attention_factor")
