@@ -31,6 +31,7 @@ from attn_np import (
 from attn_np.long_context import (
     ChunkedKVCache,
     LongContextAttention,
+    Passkey,
     chunked_mask,
     frequency_bands,
     qk_norm_backward,
@@ -794,3 +795,18 @@ def test_gpt_oss_yarn_layer_matches_hf(i):
         else None
     )
     run_fixture("gpt_oss_yarn", i, window=window)
+
+
+# ---------------------------------------------------------------- the task
+def test_passkey_task():
+    task = Passkey(12, n_values=5)
+    b = task.sample(50, seed=3)
+    marked = (b.inputs >= 5) & (b.inputs < 10)
+    assert (marked.sum(axis=1) == 1).all()  # one passkey per sequence
+    assert (b.inputs[:, -1] == 10).all() and not marked[:, -1].any()
+    np.testing.assert_array_equal(b.targets[:, -1], b.inputs[marked] - 5)
+    assert b.mask[:, -1].all() and b.mask.sum() == 50
+    np.testing.assert_array_equal(task.sample(50, seed=3).inputs, b.inputs)
+    assert task.vocab_size == 11
+    with pytest.raises(ValueError, match="length"):
+        Passkey(1)
