@@ -41,7 +41,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import (
+    as_bool_array,
     as_float_array,
+    check_flag,
     check_positive_int,
     check_positive_number,
     check_upstream,
@@ -51,6 +53,7 @@ from .kv_cache import KVCache
 from .multihead import GroupedQueryAttention
 from .rope import (
     RopeCache,
+    Rotary,
     rope_backward,
     rope_frequencies,
     rotate_pairs,
@@ -508,27 +511,38 @@ class ChunkedKVCache(KVCache):
     earlier chunk than the first new one is forgotten: ``floor(n/C) * C``
     on stay (``n = len(cache)``). Decoding one token at a time it holds at
     most ``C`` positions. ``len``, ``nbytes``, ``truncate`` and
-    ``check_chunk`` follow the :class:`~attn_np.KVCache` protocol;
+    ``check_chunk`` follow the :class:`~attn_np.KVCache` protocol (its
+    ``_evict`` and ``_lowest`` hooks are the chunked rule);
     :meth:`attention_mask` is the chunked rule on the held positions.
     """
 
-    def __init__(self, chunk: int, initial_capacity: int = 16):
+    def __init__(self, chunk: int, initial_capacity: int = 16, **kw):
         self.chunk = check_positive_int(chunk, "chunk")
-        super().__init__(min(initial_capacity, self.chunk))
+        super().__init__(min(initial_capacity, self.chunk), **kw)
 
     def __repr__(self) -> str:
-        return f"Chunked{super().__repr__()[:-1]}, chunk={self.chunk})"
+        return f"ChunkedKVCache(chunk={self.chunk}, {self._describe()})"
 
-    def append(self, k, v):
-        """Forget the positions before the current chunk, then append."""
-        first = (self._seen // self.chunk) * self.chunk  # chunk start
-        keep = self._seen - first
-        if self._kt is not None and keep < self._len:
+    def step(self, q, k, v, rotary=None):
+        """:meth:`KVCache.step`, and the absolute positions of the chunk's
+        queries and of the keys held (they no longer start at 0)."""
+        positions = len(self) + np.arange(k.shape[2])  # the chunk's: [L]
+        q, k, v, where = super().step(q, k, v, rotary)
+        where.update(q_positions=positions, k_positions=self.positions)
+        return q, k, v, where
+
+    def _evict(self) -> None:
+        """Keep the positions of the current chunk, ``floor(n/C) * C``
+        on, moved to the front of the buffer."""
+        keep = self._seen - (self._seen // self.chunk) * self.chunk
+        if keep < self._len:
             src = slice(self._len - keep, self._len)
-            self._kt[..., :keep] = self._kt[..., src]  # [B, n_kv, d_k, keep]
-            self._vt[..., :keep] = self._vt[..., src]
+            self._buf[..., :keep] = self._buf[..., src]  # [B, n_kv, d, keep]
             self._len = keep
-        return super().append(k, v)
+
+    def _lowest(self) -> int:
+        """It can go back to its oldest position held, no further."""
+        return self._seen - self._len
 
     def attention_mask(self, n_queries: int) -> np.ndarray:
         """``[n_queries, held]``: the chunked rule for the last
@@ -542,32 +556,79 @@ class ChunkedKVCache(KVCache):
         k_pos = self.positions  # [held]
         return chunked_mask(k_pos[-n_queries:], k_pos, self.chunk)
 
-    def truncate(self, length: int) -> None:
-        """Forget every position from ``length`` on; it cannot go back
-        before the oldest position held."""
-        oldest = self._seen - self._len
-        if (
-            isinstance(length, bool)
-            or not isinstance(length, (int, np.integer))
-            or not oldest <= length <= self._seen
-        ):
-            raise ValueError(
-                f"length must be an integer in [{oldest}, {self._seen}] "
-                f"(positions the cache can go back to), got {length!r}"
-            )
-        self._len -= self._seen - int(length)
-        self._seen = int(length)
-
 
 # ------------------------------------------------------------------ layer
+@dataclass(frozen=True)
+class ScaledRotary(Rotary):
+    """Chapter 6's :class:`~attn_np.rope.Rotary` with chapter 11's
+    position step: the rotation by :func:`scaled_frequencies` (and its
+    attention factor), then Llama 4's parameter-free QK-norm. The same
+    step turns the queries and the keys; ``use_rope=False`` with
+    ``qk_norm=True`` only normalises."""
+
+    rope_scaling: dict | None = None
+    max_position_embeddings: int | None = None
+    use_rope: bool = True
+    qk_norm: bool = False
+    qk_norm_eps: float = 1e-6
+
+    def forward(self, x, positions):
+        """``x [..., L, d]`` at ``positions [L]``: ``(y, saved)``."""
+        saved = []
+        if self.use_rope:
+            x, c = scaled_rope_forward(
+                x,
+                positions,
+                base=self.base,
+                rope_scaling=self.rope_scaling,
+                layout=self.layout,
+                rotary_dim=self.rotary_dim,
+                max_position_embeddings=self.max_position_embeddings,
+            )
+            saved.append(("rope", c))
+        if self.qk_norm:
+            x, c = qk_norm_forward(x, eps=self.qk_norm_eps)
+            saved.append(("norm", c))
+        return x, saved
+
+    def backward(self, dy, saved):
+        """Each step undone, the last first."""
+        for name, c in reversed(saved):
+            if name == "rope":
+                dy = rope_backward(dy, c)  # m R^T dy
+            else:
+                dy = qk_norm_backward(dy, c)
+        return dy
+
+
+@dataclass(frozen=True)
+class QueryTemperature:
+    """Llama 4's query temperature as a score mod: the scores are linear
+    in ``q``, so ``tau(p) q`` is ``tau(p)`` times row ``p`` of ``S``
+    (:func:`query_temperature_forward` on the rows of ``S``)."""
+
+    floor_scale: float = 8192.0
+    attn_scale: float = 0.1
+
+    def forward(self, s, ctx):
+        # [B, n_kv, G, L_q, L_k] * [L_q, 1]
+        return query_temperature_forward(
+            s,
+            ctx.q_positions,
+            floor_scale=self.floor_scale,
+            attn_scale=self.attn_scale,
+        )
+
+    def backward(self, ds2, saved):
+        return query_temperature_backward(ds2, saved)
+
+
 class LongContextAttention(GroupedQueryAttention):
     """Grouped-query attention with chapter 11's position step and mask.
 
-    The keywords of :class:`~attn_np.GroupedQueryAttention`, plus:
+    The keywords of :class:`~attn_np.GroupedQueryAttention` (including
+    its ``rope_scaling``), plus:
 
-    ``rope_scaling``
-        a Hugging Face ``rope_scaling`` dict: the rotation uses
-        :func:`scaled_frequencies` and its attention factor.
     ``use_rope=False``
         a NoPE layer: no rotation (``rope_base`` still names the base
         the model's other layers use).
@@ -576,13 +637,13 @@ class LongContextAttention(GroupedQueryAttention):
         after the rotation (``qk_norm_eps``).
     ``temperature_tuning=True``
         Llama 4's query temperature (:func:`query_temperature`, with
-        ``floor_scale`` and ``attn_scale``), applied after the rest.
+        ``floor_scale`` and ``attn_scale``), a score mod.
     ``attention_chunk_size=C``
         chunked attention (:func:`chunked_mask`); decode it with a
         :class:`ChunkedKVCache` of the same chunk.
 
-    Only the position step (``_rope_forward``/``_rope_backward``) and the
-    mask rule (``_group_mask``) are overridden.
+    Only the position step (``self.rotary``, a :class:`ScaledRotary`)
+    and the attend step's mask rule are changed.
     """
 
     def __init__(
@@ -596,7 +657,6 @@ class LongContextAttention(GroupedQueryAttention):
         dtype=np.float64,
         *,
         rope_base=10000.0,
-        rope_scaling=None,
         use_rope=True,
         qk_norm=False,
         qk_norm_eps=1e-6,
@@ -604,7 +664,6 @@ class LongContextAttention(GroupedQueryAttention):
         floor_scale=8192.0,
         attn_scale=0.1,
         attention_chunk_size=None,
-        max_position_embeddings=None,
         **options,
     ):
         if rope_base is None:
@@ -628,22 +687,12 @@ class LongContextAttention(GroupedQueryAttention):
             rope_base=rope_base,
             **options,
         )
-        self.rope_scaling = read_rope_scaling(
-            rope_scaling, max_position_embeddings=max_position_embeddings
-        )
-        self.max_position_embeddings = max_position_embeddings
-        for name, flag in (
-            ("use_rope", use_rope),
-            ("qk_norm", qk_norm),
-            ("temperature_tuning", temperature_tuning),
-        ):
-            if not isinstance(flag, (bool, np.bool_)):
-                raise TypeError(
-                    f"{name} must be True or False, got {flag!r}"
-                )
-        self.use_rope, self.qk_norm = bool(use_rope), bool(qk_norm)
+        self.use_rope = check_flag(use_rope, "use_rope")
+        self.qk_norm = check_flag(qk_norm, "qk_norm")
         self.qk_norm_eps = check_positive_number(qk_norm_eps, "qk_norm_eps")
-        self.temperature_tuning = bool(temperature_tuning)
+        self.temperature_tuning = check_flag(
+            temperature_tuning, "temperature_tuning"
+        )
         self.floor_scale = check_positive_number(floor_scale, "floor_scale")
         self.attn_scale = float(attn_scale)
         self.attention_chunk_size = (
@@ -659,6 +708,24 @@ class LongContextAttention(GroupedQueryAttention):
                 f"attention_chunk_size={attention_chunk_size} and "
                 f"window={self.window}"
             )
+        self.rotary = (  # the position step, or none at all
+            ScaledRotary(
+                self.rope_base,
+                self.rope_layout,
+                self.rope_dim,
+                rope_scaling=self.rope_scaling,
+                use_rope=self.use_rope,
+                qk_norm=self.qk_norm,
+                qk_norm_eps=self.qk_norm_eps,
+            )
+            if self.use_rope or self.qk_norm
+            else None
+        )
+        self.score_mods = (
+            (QueryTemperature(self.floor_scale, self.attn_scale),)
+            if self.temperature_tuning
+            else ()
+        )
 
     @classmethod
     def from_layer(cls, layer, **options):
@@ -669,96 +736,50 @@ class LongContextAttention(GroupedQueryAttention):
             raise ValueError(
                 "layer must rotate (rope_base set) to take a rope scaling"
             )
-        new = cls(
-            layer.d_model,
-            layer.n_heads,
-            layer.n_kv_heads,
-            layer.d_k,
-            layer.d_v,
-            dtype=layer.dtype,
-            rope_base=layer.rope_base,
-            rope_layout=layer.rope_layout,
-            rope_dim=layer.rope_dim,
-            window=layer.window,
-            sinks="sinks" in layer.params,
-            **options,
-        )
+        kw = dict(layer.options, **options)
+        new = cls(layer.d_model, layer.n_heads, layer.n_kv_heads, **kw)
         new.params, new.grads = layer.params, layer.grads
         return new
 
-    # ------------------------------------------------------ position step
-    def _rope_forward(self, q, k, start):
-        """Rotate (scaled), norm, temper: query heads ``[B, n_kv, G*L,
-        d_k]`` and key heads ``[B, n_kv, L, d_k]`` at positions ``start
-        ... start+L-1``."""
-        B, n_kv, GL, d_k = q.shape
-        L = k.shape[2]
-        positions = start + np.arange(L)  # [L]
-        q = q.reshape(B, n_kv, self.group_size, L, d_k)  # one head a row
-        steps = []  # (name, q cache, k cache), undone in reverse
-        if self.use_rope:
-            kw = dict(
-                base=self.rope_base,
-                rope_scaling=self.rope_scaling,
-                layout=self.rope_layout,
-                rotary_dim=self.rope_dim,
-                max_position_embeddings=self.max_position_embeddings,
-            )
-            q, qc = scaled_rope_forward(q, positions, **kw)
-            k, kc = scaled_rope_forward(k, positions, **kw)
-            steps.append(("rope", qc, kc))
-        if self.qk_norm:
-            q, qc = qk_norm_forward(q, eps=self.qk_norm_eps)
-            k, kc = qk_norm_forward(k, eps=self.qk_norm_eps)
-            steps.append(("norm", qc, kc))
-        if self.temperature_tuning:
-            q, qc = query_temperature_forward(
-                q,
-                positions,
-                floor_scale=self.floor_scale,
-                attn_scale=self.attn_scale,
-            )
-            steps.append(("temperature", qc, None))
-        return q.reshape(B, n_kv, GL, d_k), k, steps
-
-    def _rope_backward(self, dq, dk, steps):
-        """Each step of :meth:`_rope_forward` undone, last first."""
-        shape = dq.shape
-        B, n_kv, GL, d_k = shape
-        dq = dq.reshape(B, n_kv, self.group_size, GL // self.group_size, d_k)
-        for name, qc, kc in reversed(steps):
-            if name == "rope":
-                dq, dk = rope_backward(dq, qc), rope_backward(dk, kc)
-            elif name == "norm":
-                dq, dk = qk_norm_backward(dq, qc), qk_norm_backward(dk, kc)
-            else:
-                dq = query_temperature_backward(dq, qc)
-        return dq.reshape(shape), dk
-
-    # --------------------------------------------------------- mask rule
-    def _group_mask(self, mask, causal, B, L_q, L_k, kv_cache=None):
-        """The caller's mask and, in a chunked layer, the chunked rule."""
+    def attend(self, q, k, v, *, mask=None, **where):
+        """The parent's step with the chunked rule (chunked_mask) ANDed
+        into the mask and the temperature as a score mod."""
         C = self.attention_chunk_size
-        if C is None:
-            return super()._group_mask(mask, causal, B, L_q, L_k, kv_cache)
-        if not causal:
-            raise ValueError(
-                f"a chunked layer (attention_chunk_size={C}) is causal: "
-                "call forward(x, causal=True)"
-            )
-        if kv_cache is not None:
-            if getattr(kv_cache, "chunk", None) != C:
+        if C is not None:
+            if not where.get("causal"):
                 raise ValueError(
-                    f"a chunked layer (attention_chunk_size={C}) decodes "
-                    "with ChunkedKVCache(chunk=attention_chunk_size), got "
-                    f"{kv_cache!r}"
+                    f"a chunked layer (attention_chunk_size={C}) is "
+                    "causal: call forward(x, causal=True)"
                 )
-            c = kv_cache.attention_mask(L_q)  # [L_q, held]
-        else:  # the last query aligns with the last key
-            c = chunked_mask(np.arange(L_q) + L_k - L_q, np.arange(L_k), C)
-        c = np.tile(c, (self.group_size, 1))  # [G*L_q, L_k]
-        user = super()._group_mask(mask, False, B, L_q, L_k)
-        return c if user is None else user & c
+            L_q, L_k = q.shape[3], k.shape[2]
+            kp = where.get("k_positions")
+            kp = np.arange(L_k) if kp is None else kp
+            qp = where.get("q_positions")
+            qp = kp[-1] + 1 - L_q + np.arange(L_q) if qp is None else qp
+            c = chunked_mask(qp, kp, C)  # [L_q, L_k]
+            mask = c if mask is None else as_bool_array(mask, "mask") & c
+        return super().attend(
+            q, k, v, mask=mask, score_mods=self.score_mods, **where
+        )
+
+    def check_cache(self, kv_cache, x3):
+        """The parent's checks, and a chunked layer's cache is a
+        :class:`ChunkedKVCache` of its chunk."""
+        super().check_cache(kv_cache, x3)
+        C = self.attention_chunk_size
+        if kv_cache is None:
+            return
+        if getattr(kv_cache, "chunk", None) != C:
+            raise ValueError(
+                f"a layer with attention_chunk_size={C} decodes with "
+                "ChunkedKVCache(chunk=attention_chunk_size) (a plain "
+                f"KVCache when None), got {kv_cache!r}"
+            )
+        if kv_cache.sink_tokens:
+            raise ValueError(
+                "LongContextAttention does not decode with a StreamingLLM "
+                "cache (sink_tokens > 0)"
+            )
 
 
 def with_rope_scaling(model, rope_scaling, **options):

@@ -810,3 +810,38 @@ def test_passkey_task():
     assert task.vocab_size == 11
     with pytest.raises(ValueError, match="length"):
         Passkey(1)
+
+
+# ------------------------------------- chapter 3's layer takes the scaling
+def test_grouped_query_attention_takes_rope_scaling():
+    from attn_np import MultiHeadAttention, mha_to_gqa
+
+    s = SCALINGS[3]  # YaRN, attention factor 1.21
+    x = np.random.default_rng(14).standard_normal((2, 9, 16))
+    plain = GroupedQueryAttention(
+        16, 4, 2, seed=1, rope_base=100.0, rope_scaling=s
+    )
+    ours = LongContextAttention(
+        16, 4, 2, seed=1, rope_base=100.0, rope_scaling=s
+    )
+    np.testing.assert_allclose(
+        plain.forward(x, causal=True),
+        ours.forward(x, causal=True),
+        rtol=1e-13,
+        atol=1e-14,
+    )
+    unscaled = GroupedQueryAttention(16, 4, 2, seed=1, rope_base=100.0)
+    assert not np.allclose(
+        unscaled.forward(x, causal=True), plain.forward(x, causal=True)
+    )
+    assert plain.options["rope_scaling"] == read_rope_scaling(s)
+    errs = check_layer_gradients(plain, x, causal=True)
+    assert all(np.isfinite(e) and e < TOLERANCE for e in errs.values())
+    mha = MultiHeadAttention(16, 4, seed=2, rope_base=100.0, rope_scaling=s)
+    assert mha_to_gqa(mha, 2).rope_scaling == mha.rope_scaling
+    with pytest.raises(ValueError, match="rope_base"):
+        GroupedQueryAttention(16, 4, 2, rope_scaling=s)
+    with pytest.raises(ValueError, match="rope_type"):
+        GroupedQueryAttention(
+            16, 4, 2, rope_base=100.0, rope_scaling={"factor": 2.0}
+        )
