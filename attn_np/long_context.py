@@ -642,8 +642,8 @@ class LongContextAttention(GroupedQueryAttention):
         chunked attention (:func:`chunked_mask`); decode it with a
         :class:`ChunkedKVCache` of the same chunk.
 
-    Only the position step (``self.rotary``, a :class:`ScaledRotary`)
-    and the attend step's mask rule are changed.
+    Only the position step (the ``rotary`` property, a
+    :class:`ScaledRotary`) and the attend step are changed.
     """
 
     def __init__(
@@ -708,23 +708,26 @@ class LongContextAttention(GroupedQueryAttention):
                 f"attention_chunk_size={attention_chunk_size} and "
                 f"window={self.window}"
             )
-        self.rotary = (  # the position step, or none at all
-            ScaledRotary(
-                self.rope_base,
-                self.rope_layout,
-                self.rope_dim,
-                rope_scaling=self.rope_scaling,
-                use_rope=self.use_rope,
-                qk_norm=self.qk_norm,
-                qk_norm_eps=self.qk_norm_eps,
-            )
-            if self.use_rope or self.qk_norm
-            else None
-        )
         self.score_mods = (
             (QueryTemperature(self.floor_scale, self.attn_scale),)
             if self.temperature_tuning
             else ()
+        )
+
+    @property
+    def rotary(self):
+        """The position step: a :class:`ScaledRotary` with this layer's
+        settings (None for a NoPE layer without QK-norm)."""
+        if not (self.use_rope or self.qk_norm):
+            return None
+        return ScaledRotary(
+            self.rope_base,
+            self.rope_layout,
+            self.rope_dim,
+            rope_scaling=self.rope_scaling,
+            use_rope=self.use_rope,
+            qk_norm=self.qk_norm,
+            qk_norm_eps=self.qk_norm_eps,
         )
 
     @classmethod
