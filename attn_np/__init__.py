@@ -29,6 +29,8 @@ ch  chapter                              modules
     attention sinks                      :mod:`.kv_cache`, :mod:`.streaming`
 9   FlashAttention                       :mod:`.flash` (called by
                                          :mod:`.grouped`)
+11  long context: RoPE scaling, NoPE     :mod:`.long_context`
+    layers, chunked attention
 12  linear attention, DeltaNet, Gated    :mod:`.linear_attention`
     DeltaNet, Kimi Delta Attention
 A1  the KV cache of any model config     :mod:`.costs.catalogue`,
@@ -93,6 +95,13 @@ from .linear_attention import (
     linear_attention_backward,
     linear_attention_forward,
 )
+from .long_context import (
+    ChunkedKVCache,
+    LongContextAttention,
+    chunked_mask,
+    scaled_frequencies,
+    softmax_scale,
+)
 from .multihead import (
     GroupedQueryAttention,
     MultiHeadAttention,
@@ -127,12 +136,14 @@ __all__ = [
     "Adam",
     "AssociativeRecall",
     "AttentionCache",
+    "ChunkedKVCache",
     "FlashCache",
     "GatedDeltaNet",
     "GroupedQueryAttention",
     "KVCache",
     "KimiDeltaAttention",
     "LatentKVCache",
+    "LongContextAttention",
     "MarkedCopy",
     "MODELS",
     "ModelConfig",
@@ -147,6 +158,7 @@ __all__ = [
     "attention_backward",
     "attention_forward",
     "causal_mask",
+    "chunked_mask",
     "check_gradients",
     "check_layer_gradients",
     "costs",
@@ -177,10 +189,12 @@ __all__ = [
     "rope_frequencies",
     "rope_permutation",
     "rotate_pairs",
+    "scaled_frequencies",
     "sink_softmax",
     "softmax",
     "softmax_backward",
     "softmax_forward",
+    "softmax_scale",
     "stream_logits",
     "training",
     "unbroadcast",

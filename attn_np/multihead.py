@@ -56,6 +56,8 @@ class GroupedQueryAttention:
     ``rope_base`` (None: no rotation) turns on rotary position embeddings
     with that base, in ``rope_layout`` (``"half"`` or ``"interleaved"``),
     over the first ``rope_dim`` features of each head (default ``d_k``).
+    ``rope_scaling`` (chapter 11), a Hugging Face ``rope_scaling`` dict,
+    scales its frequencies (:class:`~attn_np.long_context.ScaledRotary`).
 
     ``window=W`` makes it a sliding-window layer (always causal);
     ``sinks=True`` adds ``sinks [n_heads]``, one sink logit per query head,
@@ -86,6 +88,7 @@ class GroupedQueryAttention:
         window=None,
         sinks=False,
         flash=False,
+        rope_scaling=None,
     ):
         d_model, n_heads, n_kv_heads, d_k, d_v = check_head_dims(
             d_model, n_heads, n_kv_heads, d_k, d_v
@@ -93,6 +96,10 @@ class GroupedQueryAttention:
         self.rope_base, self.rope_layout, self.rope_dim = (
             check_rope_settings(rope_base, rope_layout, rope_dim, d_k)
         )
+        # chapter 11: a Hugging Face rope_scaling dict scales the rotation
+        self.rope_scaling = None
+        if rope_scaling is not None:
+            self._check_rope_scaling(rope_scaling)
         self.d_model, self.n_heads = d_model, n_heads
         self.n_kv_heads, self.d_k, self.d_v = n_kv_heads, d_k, d_v
         self.group_size = n_heads // n_kv_heads
@@ -144,6 +151,19 @@ class GroupedQueryAttention:
             f"d_v={self.d_v}, dtype={self.dtype}{rope}{extra})"
         )
 
+    def _check_rope_scaling(self, rope_scaling):
+        """Chapter 11: keep ``rope_scaling`` (Hugging Face's dict, read by
+        :func:`~attn_np.long_context.read_rope_scaling`) for the position
+        step."""
+        from .long_context import read_rope_scaling
+
+        if self.rope_base is None:
+            raise ValueError(
+                "rope_scaling needs rope_base (a layer without RoPE has "
+                "nothing to scale)"
+            )
+        self.rope_scaling = read_rope_scaling(rope_scaling)
+
     @property
     def options(self) -> dict:
         """The constructor keywords that rebuild this layer's kind (not
@@ -158,6 +178,7 @@ class GroupedQueryAttention:
             "window": self.window,
             "sinks": "sinks" in self.params,
             "flash": self.flash,
+            "rope_scaling": self.rope_scaling,
         }
 
     @property
@@ -167,6 +188,15 @@ class GroupedQueryAttention:
         effect), or None without RoPE."""
         if self.rope_base is None:
             return None
+        if self.rope_scaling is not None:  # chapter 11
+            from .long_context import ScaledRotary
+
+            return ScaledRotary(
+                self.rope_base,
+                self.rope_layout,
+                self.rope_dim,
+                rope_scaling=self.rope_scaling,
+            )
         return Rotary(self.rope_base, self.rope_layout, self.rope_dim)
 
     @property
