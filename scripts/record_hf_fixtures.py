@@ -195,7 +195,7 @@ def record(name, config, layers, notes, chunks=CHUNKS, seed=0, states=None):
     torch.manual_seed(seed)
     with float64_everywhere():
         model = transformers.AutoModel.from_config(
-            config, attn_implementation="eager"
+            config, attn_implementation="eager", experts_implementation="eager"
         )
         model = model.to(torch.float64).eval()
         hidden = config.hidden_size
