@@ -189,8 +189,24 @@ def run(model, x_in, emb, cache=None, use_cache=False, layer=0):
     return got["out"], new_cache
 
 
-def record(name, config, layers, notes, chunks=CHUNKS, seed=0, states=None):
-    """Record one family's fixture to tests/fixtures/NAME.npz."""
+def record(
+    name,
+    config,
+    layers,
+    notes,
+    chunks=CHUNKS,
+    seed=0,
+    states=None,
+    no_grad=(),
+    capture=(),
+):
+    """Record one family's fixture to tests/fixtures/NAME.npz.
+
+    ``no_grad``: parameter-name prefixes that get no gradient by design
+    (DeepSeek-V3.2's indexer, whose output enters only through top-k);
+    ``capture``: names of submodules of the attention module whose forward
+    output is recorded too (``layer{i}.capture.{name}``).
+    """
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     with float64_everywhere():
@@ -212,14 +228,27 @@ def record(name, config, layers, notes, chunks=CHUNKS, seed=0, states=None):
             params = dict(mod.named_parameters())
             for pname, p in params.items():
                 arrays[f"layer{i}.param.{pname}"] = p.detach().numpy().copy()
+            seen = {}
+            hooks = [
+                mod.get_submodule(c).register_forward_hook(
+                    lambda m, a, o, __c=c: seen.setdefault(__c, o)
+                )
+                for c in capture
+            ]
             xin = x.clone().requires_grad_(True)
             out, _ = run(model, xin, emb, layer=i)
+            for h in hooks:
+                h.remove()
+            for c, o in seen.items():
+                arrays[f"layer{i}.capture.{c}"] = o.detach().numpy().copy()
             grads = torch.autograd.grad(
                 out, [xin, *params.values()], dy, allow_unused=True
             )
             arrays[f"layer{i}.out"] = out.detach().numpy().copy()
             arrays[f"layer{i}.grad.x"] = grads[0].numpy().copy()
             for pname, g in zip(params, grads[1:]):
+                if g is None and pname.startswith(tuple(no_grad)):
+                    continue
                 if g is None:
                     raise RuntimeError(f"{name}: {pname} gets no gradient")
                 arrays[f"layer{i}.grad.{pname}"] = g.numpy().copy()
@@ -508,6 +537,7 @@ def families():
                 "original_max_position_embeddings": 32,
                 "rope_theta": 150000.0,
             },
+            max_position_embeddings=1024,
             **moe,
         ),
         [0, 1],
@@ -527,6 +557,7 @@ def families():
                 "original_max_position_embeddings": 16,
                 "rope_theta": 10000.0,
             },
+            max_position_embeddings=640,
         ),
         [0],
         "DeepSeek-V3 with YaRN (factor 40, mscale 1, mscale_all_dim 1, "
@@ -561,7 +592,14 @@ def families():
                 index_n_heads=2,
             ),
             [0],
-            "DeepSeek-V3.2: MLA with the lightning indexer, top-k 4 < L",
+            "DeepSeek-V3.2: MLA with the lightning indexer, top-k 4 < L. "
+            "The indexer runs under no_grad in HF, so its parameters have "
+            "no layer0.grad entries. layer0.capture.indexer: HF's top-k "
+            "indices [B, L, 4] of the forward; for queries with fewer than 4 "
+            "visible keys the extra indices point at masked (future) keys "
+            "and are arbitrary.",
+            no_grad=("indexer.",),
+            capture=("indexer",),
         )
 
 
