@@ -239,7 +239,9 @@ def record(
             seen = {}
             hooks = [
                 mod.get_submodule(c).register_forward_hook(
-                    lambda m, a, o, __c=c: seen.setdefault(__c, o)
+                    lambda m, a, o, __c=c, __seen=seen: __seen.setdefault(
+                        __c, o
+                    )
                 )
                 for c in capture
             ]
