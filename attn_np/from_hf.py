@@ -143,7 +143,9 @@ _ALIASES = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 _ROPE_KEYS = {"rope_theta", "rope_type", "type", "partial_rotary_factor"}
 
 
-def attention_from_hf(config, layer_idx=0, state_dict=None, dtype=np.float64):
+def attention_from_hf(
+    config, layer_idx=0, state_dict=None, dtype=np.float64
+):
     """Layer ``layer_idx``'s attention of a Hugging Face model.
 
     Families: Llama (2, 3.0), Mistral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3,
@@ -188,7 +190,9 @@ def _count(cfg, key, default=None):
     if value is None:
         raise ValueError(f"config needs {key}")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"config key {key} must be a positive int, got {value!r}")
+        raise ValueError(
+            f"config key {key} must be a positive int, got {value!r}"
+        )
     return value
 
 
@@ -218,8 +222,14 @@ def rope_settings(cfg, layer_type=None):
     its keys are layer types)."""
     params = cfg.get("rope_parameters")
     if params is not None and not isinstance(params, dict):
-        raise ValueError(f"rope_parameters must be an object, got {params!r}")
-    if params and layer_type in params and isinstance(params[layer_type], dict):
+        raise ValueError(
+            f"rope_parameters must be an object, got {params!r}"
+        )
+    if (
+        params
+        and layer_type in params
+        and isinstance(params[layer_type], dict)
+    ):
         params = params[layer_type]
     if params is None:
         params = {"rope_theta": cfg.get("rope_theta", 10000.0)}
@@ -228,7 +238,9 @@ def rope_settings(cfg, layer_type=None):
             params.update(scaling)
     params = dict(params)
     if "partial_rotary_factor" in cfg:
-        params.setdefault("partial_rotary_factor", cfg["partial_rotary_factor"])
+        params.setdefault(
+            "partial_rotary_factor", cfg["partial_rotary_factor"]
+        )
     rope_type = params.get("rope_type", params.get("type", "default"))
     factor = 1.0
     if rope_type == "linear":
@@ -315,7 +327,9 @@ def _decoder(cfg, model_type, layer_idx, dtype):
         kw["rope_layout"] = "interleaved"
         if cfg.get("use_qk_norm") and use_rope:
             kw.update(
-                qk_norm="head", qk_norm_learned=False, qk_norm_after_rope=True
+                qk_norm="head",
+                qk_norm_learned=False,
+                qk_norm_after_rope=True,
             )
         if layer_type == "chunked_attention":
             kw["chunk"] = _count(cfg, "attention_chunk_size")
@@ -411,9 +425,7 @@ def _falcon_fuse(layer, fused, q, k, v):
     elif fused == "mqa":
         t = np.concatenate([q, k, v], axis=0)
     else:
-        t = np.stack(
-            [a.reshape(H, d, *rest) for a in (q, k, v)], axis=1
-        )
+        t = np.stack([a.reshape(H, d, *rest) for a in (q, k, v)], axis=1)
     return t.reshape(-1, *rest)
 
 
@@ -427,7 +439,8 @@ def _gate_split(layer, w):
 def _load_state(layer, layout, state_dict, dtype):
     if not isinstance(state_dict, dict):
         raise TypeError(
-            f"state_dict must be a dict of arrays, got {type(state_dict).__name__}"
+            "state_dict must be a dict of arrays, got "
+            f"{type(state_dict).__name__}"
         )
     names = _hf_names(layout, layer)
     if layout.get("gate_rows"):
@@ -462,9 +475,11 @@ def _load_state(layer, layout, state_dict, dtype):
         new["W_q"], new["W_g"] = q.T, g.T
     for key, a in new.items():
         if a.shape != p[key].shape:
+            hf_shape = a.T.shape if a.ndim == 2 else a.shape
+            want = p[key].T.shape if a.ndim == 2 else p[key].shape
             raise ValueError(
-                f"state_dict entry for {key} has shape {a.T.shape if a.ndim == 2 else a.shape}, "
-                f"the config says {p[key].T.shape if a.ndim == 2 else p[key].shape}"
+                f"state_dict entry for {key} has shape {hf_shape}, the "
+                f"config says {want}"
             )
         p[key] = np.ascontiguousarray(a)
 

@@ -1,20 +1,21 @@
 """What real attention layers add (chapter 10), each as a forward/backward
 pair, and a layer that composes them.
 
-=======================  ====================================  ==============
-detail                   models                                function
-=======================  ====================================  ==============
-projection biases        Qwen2 (q, k, v), gpt-oss (q, k, v, o)  ``linear_*``
-QK-norm per head         Qwen3, Qwen3-Next, Gemma 3 (1 + w)     ``qk_norm_*``
-QK-norm over the whole   OLMo 2                                 ``qk_norm_*``
+==================  =================================  =============
+detail              models                             here
+==================  =================================  =============
+projection biases   Qwen2 (q, k, v), gpt-oss (all 4)   ``linear_*``
+QK-norm, per head   Qwen3, Qwen3-Next, Gemma 3 (1+w)   ``qk_norm_*``
+QK-norm, whole      OLMo 2                             ``qk_norm_*``
 projection
-logit soft-capping       Gemma 2                                :class:`SoftCap`
-a scale override         Gemma 2/3 (``query_pre_attn_scalar``)  ``scale=``
-output gate              Qwen3-Next (elementwise), headwise     ``gate_*``
-                         (Qiu et al. 2025)
-ALiBi                    Falcon-RW, BLOOM, MPT                  :class:`ALiBi`
-rope base per layer      Gemma 3 (local 1e4, global 1e6)        ``rope_base=``
-=======================  ====================================  ==============
+logit soft-cap      Gemma 2                            ``SoftCap``
+scale override      Gemma 2/3 query_pre_attn_scalar    ``scale=``
+output gate         Qwen3-Next (elementwise);          ``gate_*``
+                    headwise (Qiu et al. 2025)
+ALiBi               Falcon-RW, BLOOM, MPT              ``ALiBi``
+rope base per       Gemma 3 (local 1e4, global 1e6)    ``rope_base=``
+layer type
+==================  =================================  =============
 
 The score modifications are *score mods*: objects with
 ``forward(s, ctx) -> (s2, saved)`` and ``backward(ds2, saved) -> ds``,
@@ -84,7 +85,7 @@ def qk_norm_forward(t, w=None, *, eps=1e-6, offset=0.0):
     ``[..., n_heads * d_head]`` before the head split (OLMo 2).
     """
     r = 1.0 / np.sqrt(np.mean(t * t, axis=-1, keepdims=True) + eps)
-    g = offset + (0.0 if w is None else w)  # scalar or [d]
+    g = 1.0 if w is None else offset + w  # 1 or [d]
     return t * r * g, (t, r, g, w is not None)
 
 
@@ -93,7 +94,11 @@ def qk_norm_backward(dy, cache):
     t, r, g, learned = cache
     u = dy * g
     dt = r * (u - t * (r * r) * np.mean(u * t, axis=-1, keepdims=True))
-    dw = (dy * t * r).reshape(-1, t.shape[-1]).sum(axis=0) if learned else None
+    dw = (
+        (dy * t * r).reshape(-1, t.shape[-1]).sum(axis=0)
+        if learned
+        else None
+    )
     return dt, dw
 
 
@@ -136,7 +141,9 @@ def alibi_slopes(n_heads):
     ``n`` is a power of two; otherwise those of the next lower power ``p``
     and every other slope of ``2p`` (BLOOM's and Falcon's
     ``build_alibi_tensor``). ``[n_heads]``."""
-    if isinstance(n_heads, bool) or not isinstance(n_heads, (int, np.integer)):
+    if isinstance(n_heads, bool) or not isinstance(
+        n_heads, (int, np.integer)
+    ):
         raise TypeError(f"n_heads must be an int, got {n_heads!r}")
     if n_heads < 1:
         raise ValueError(f"n_heads must be positive, got {n_heads}")
@@ -383,7 +390,9 @@ class RefinedAttention:
         P = self.params
         out, caches = {}, {}
         for n in ("q", "k", "v"):
-            out[n], caches[n] = linear_forward(x, P[f"W_{n}"], P.get(f"b_{n}"))
+            out[n], caches[n] = linear_forward(
+                x, P[f"W_{n}"], P.get(f"b_{n}")
+            )
         if self.gate:
             out["g"], caches["g"] = linear_forward(x, P["W_g"])
         return out, caches
@@ -434,9 +443,9 @@ class RefinedAttention:
             return None
         floor_scale, attn_scale = self.query_temperature
         i = np.asarray(positions, dtype=np.float64)
-        return (np.log1p(np.floor((i + 1.0) / floor_scale)) * attn_scale + 1.0)[
-            :, None
-        ]
+        return (
+            np.log1p(np.floor((i + 1.0) / floor_scale)) * attn_scale + 1.0
+        )[:, None]
 
     def mask(self, q_pos, k_pos):
         if self.chunk is not None:
@@ -493,7 +502,9 @@ class RefinedAttention:
             allowed=self.mask(pos, k_pos),
             scale=self.scale,
             score_mods=self.score_mods,
-            sinks=None if sinks is None else sinks.reshape(self.n_kv, self.G),
+            sinks=None
+            if sinks is None
+            else sinks.reshape(self.n_kv, self.G),
             ctx=ctx,
         )
         o = o.reshape(B, self.n_heads, L, self.d).transpose(0, 2, 1, 3)
@@ -501,7 +512,9 @@ class RefinedAttention:
             g = proj["g"].reshape(B, L, self.n_heads, -1)
             o, c["gate"] = gate_forward(o, g)
         o = o.reshape(B, L, self.n_heads * self.d)
-        y, c["out"] = linear_forward(o, self.params["W_o"], self.params.get("b_o"))
+        y, c["out"] = linear_forward(
+            o, self.params["W_o"], self.params.get("b_o")
+        )
         self._cache = None if kv_cache is not None else c
         return y
 
@@ -521,7 +534,9 @@ class RefinedAttention:
         if self.gate:
             do, dg = gate_backward(do, c["gate"])
             dgate = dg.reshape(B, L, -1)
-        do = do.transpose(0, 2, 1, 3).reshape(B, self.n_kv, self.G, L, self.d)
+        do = do.transpose(0, 2, 1, 3).reshape(
+            B, self.n_kv, self.G, L, self.d
+        )
         dq, dk, dv, dsinks = attend_backward(do, c["att"])
         if dsinks is not None:
             g["sinks"] = dsinks.reshape(-1)

@@ -205,20 +205,22 @@ def record(
     states=None,
     no_grad=(),
     capture=(),
+    attn="eager",
 ):
     """Record one family's fixture to tests/fixtures/NAME.npz.
 
     ``no_grad``: parameter-name prefixes that get no gradient by design
     (DeepSeek-V3.2's indexer, whose output enters only through top-k);
     ``capture``: names of submodules of the attention module whose forward
-    output is recorded too (``layer{i}.capture.{name}``).
+    output is recorded too (``layer{i}.capture.{name}``); ``attn``: HF's
+    attention implementation (eager unless a family's eager path is wrong).
     """
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     with float64_everywhere():
         model = transformers.AutoModel.from_config(
             config,
-            attn_implementation="eager",
+            attn_implementation=attn,
             experts_implementation="eager",
         )
         model = model.to(torch.float64).eval()
@@ -289,6 +291,7 @@ def record(
             torch=torch.__version__,
             layers=list(layers),
             chunks=list(chunks),
+            attn_implementation=attn,
             module={str(i): m for i, m in modules.items()},
             layer_types=getattr(config, "layer_types", None),
             notes=notes,
@@ -496,8 +499,13 @@ def families():
                 **falcon, alibi=True, multi_query=False, parallel_attn=False
             ),
             [0],
-            "Falcon-RW style: ALiBi, MHA; HF adds the bias before the "
-            "1/sqrt(d) scale; its bfloat16 rounding removed",
+            "Falcon-RW style: ALiBi, MHA; HF adds m*j before the 1/sqrt(d) "
+            "scale; its bfloat16 rounding removed. Recorded with SDPA: in "
+            "transformers 5.24.0 Falcon's eager path adds the ALiBi bias twice "
+            "(FalconModel folds alibi/sqrt(d) into the causal mask, and "
+            "FalconAttention adds alibi again before scaling), so eager and "
+            "SDPA disagree; SDPA (and the original Falcon code) add it once.",
+            attn="sdpa",
         ),
     )
 
