@@ -26,6 +26,9 @@ ch  chapter                              modules
 8   sliding windows, rolling caches,     :mod:`.attention`, :mod:`.kv_cache`,
     attention sinks                      :mod:`.streaming`
 9   FlashAttention                       :mod:`.flash`
+10  real attention layers: biases,       :mod:`.refinements`,
+    QK-norm, soft-caps, scales, gates,   :mod:`.from_hf`
+    ALiBi; any HF model's layer
 A1  the KV cache of any model config     :mod:`.costs.catalogue`,
                                          :mod:`.memory`
 ==  ===================================  ===================================
@@ -37,7 +40,11 @@ Three supporting subpackages: :mod:`.training` (the chapter-5 kit),
 ``python -m attn_np.bench NAME`` runs the benchmarks;
 ``python -m attn_np.memory CONFIG --seq-len N`` sizes the key/value cache
 of any Hugging Face ``config.json`` (:func:`.costs.from_hf_config`,
-appendix A1).
+appendix A1). :func:`.from_hf.attention_from_hf` builds the attention
+layer of a Hugging Face model (Llama, Mistral, Qwen2/3, Gemma 2/3, OLMo 2,
+gpt-oss, DeepSeek-V2/V3, Falcon, Qwen3-Next's full layers, Llama 4) from its
+``config.json`` and state dict, checked against ``transformers`` (chapter
+10).
 """
 
 from . import costs, instruments, training
@@ -57,6 +64,7 @@ from .costs import (
     kv_bytes_per_token,
     kv_cache_bytes,
 )
+from .from_hf import attention_from_hf
 from .flash import (
     FlashCache,
     flash_attention_backward,
@@ -120,6 +128,7 @@ __all__ = [
     "TOLERANCE",
     "Transformer",
     "attention_backward",
+    "attention_from_hf",
     "attention_forward",
     "causal_mask",
     "check_gradients",

@@ -17,11 +17,13 @@ a ``ValueError`` naming it: never a guess. Checked against HF
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 
 from .costs.catalogue import _language_model, _load
+from .latent import LatentKVCache, MultiHeadLatentAttention
 from .refinements import ALiBi, RefinedAttention, SoftCap, alibi_slopes
 
 # Keys that describe the rest of the model (embeddings, MLP, MoE, training,
@@ -93,6 +95,20 @@ _ELSEWHERE = {
     "sliding_window_pattern",
     "use_bidirectional_attention",
     "no_rope_layer_interval",
+    # DeepSeek's MoE and multi-token prediction
+    "n_shared_experts",
+    "n_routed_experts",
+    "routed_scaling_factor",
+    "n_group",
+    "topk_group",
+    "topk_method",
+    "first_k_dense_replace",
+    "num_nextn_predict_layers",
+    "ep_size",
+    "scoring_func",
+    "aux_loss_alpha",
+    "seq_aux",
+    "moe_layer_freq",
 }
 
 _ATTENTION = {
@@ -124,6 +140,14 @@ _ATTENTION = {
     "floor_scale",
     "attn_scale",
     "text_config",
+    # MLA (DeepSeek-V2/V3)
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "qk_head_dim",
+    "v_head_dim",
+    "rope_interleave",
 }
 
 FAMILIES = (
@@ -138,6 +162,8 @@ FAMILIES = (
     "falcon",
     "qwen3_next",
     "llama4_text",
+    "deepseek_v2",
+    "deepseek_v3",
 )
 _ALIASES = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 _ROPE_KEYS = {"rope_theta", "rope_type", "type", "partial_rotary_factor"}
@@ -175,6 +201,9 @@ def attention_from_hf(
         )
     if model_type == "falcon":
         layer, layout = _falcon(cfg, dtype)
+    elif model_type in ("deepseek_v2", "deepseek_v3"):
+        _layer_type(cfg, layer_idx)
+        layer, layout = _latent(cfg, model_type, dtype)
     else:
         layer, layout = _decoder(cfg, model_type, layer_idx, dtype)
     layer.hf_layout = layout
@@ -372,10 +401,73 @@ def _falcon(cfg, dtype):
     return layer, {"kind": "falcon", "fused": fused}
 
 
+class HFLatentAttention(MultiHeadLatentAttention):
+    """Chapter 7's MLA as a Hugging Face decoder layer: causal, and
+    continuing from its cache (the absorbed path) like HF's."""
+
+    def forward(self, x, causal=True, kv_cache=None):
+        if not causal:
+            raise ValueError("an HF decoder layer is causal")
+        return super().forward(x, causal=True, kv_cache=kv_cache)
+
+    def new_cache(self):
+        return LatentKVCache()
+
+
+def _latent(cfg, model_type, dtype):
+    """DeepSeek-V2/V3 multi-head latent attention."""
+    d_model = _count(cfg, "hidden_size")
+    n_heads = _count(cfg, "num_attention_heads")
+    q_lora = cfg.get("q_lora_rank")
+    if cfg.get("attention_bias"):
+        raise ValueError(
+            "config key attention_bias=True for MLA is not implemented"
+        )
+    base, partial, factor = rope_settings(cfg)
+    if partial != 1.0 or factor != 1.0:
+        raise ValueError(
+            "MLA with partial_rotary_factor or linear RoPE scaling is not "
+            "implemented"
+        )
+    interleave = cfg.get("rope_interleave", True)
+    layer = HFLatentAttention(
+        d_model,
+        n_heads,
+        _count(cfg, "qk_nope_head_dim"),
+        _count(cfg, "kv_lora_rank"),
+        _count(cfg, "qk_rope_head_dim"),
+        d_latent_q=None if q_lora is None else _count(cfg, "q_lora_rank"),
+        d_head_v=_count(cfg, "v_head_dim"),
+        rope_base=base,
+        rope_layout="interleaved" if interleave else "half",
+        dtype=dtype,
+        latent_norm=True,
+    )
+    return layer, {"kind": "mla"}
+
+
 # ---------------------------------------------------------------- weights
 def _hf_names(layout, layer):
     """HF name -> how it is made from the layer's keys."""
     p = layer.params
+    if layout["kind"] == "mla":
+        names = {
+            "kv_a_proj_with_mqa.weight": None,
+            "kv_a_layernorm.weight": "g_kv",
+            "kv_b_proj.weight": None,
+            "o_proj.weight": "W_o",
+        }
+        if "W_q" in p:
+            names["q_proj.weight"] = None
+        else:
+            names.update(
+                {
+                    "q_a_proj.weight": "W_dq",
+                    "q_a_layernorm.weight": "g_q",
+                    "q_b_proj.weight": None,
+                }
+            )
+        return names
     if layout["kind"] == "falcon":
         names = {"query_key_value.weight": None, "dense.weight": "W_o"}
         if "b_q" in p:
@@ -470,6 +562,8 @@ def _load_state(layer, layout, state_dict, dtype):
                 pre = "W" if part == "weight" else "b"
                 for n, a in zip("qkv", (q, k, v)):
                     new[f"{pre}_{n}"] = a.T if a.ndim == 2 else a
+    if layout["kind"] == "mla":
+        new.update(_mla_split(layer, got))
     if layout.get("gate_rows"):
         q, g = _gate_split(layer, got["q_proj.weight"])
         new["W_q"], new["W_g"] = q.T, g.T
@@ -501,6 +595,8 @@ def _to_hf(layout, layer, d):
             out["query_key_value.bias"] = _falcon_fuse(
                 layer, layout["fused"], d["b_q"], d["b_k"], d["b_v"]
             )
+    if layout["kind"] == "mla":
+        out.update(_mla_fuse(layer, d))
     if layout.get("gate_rows"):
         H, dd = layer.n_heads, layer.d
         q = d["W_q"].T.reshape(H, 1, dd, -1)
@@ -509,3 +605,91 @@ def _to_hf(layout, layer, d):
             2 * H * dd, -1
         )
     return out
+
+
+def _head_split(w, n_heads, sizes):
+    """Rows ``[n_heads * sum(sizes), in]`` -> one ``[n_heads * size, in]``
+    block per size (each head's rows are the parts in order)."""
+    t = w.reshape(n_heads, sum(sizes), -1)
+    edges = np.cumsum([0, *sizes])
+    return [
+        t[:, a:b].reshape(n_heads * (b - a), -1)
+        for a, b in zip(edges[:-1], edges[1:])
+    ]
+
+
+def _head_fuse(parts, n_heads):
+    t = [a.reshape(n_heads, -1, a.shape[-1]) for a in parts]
+    return np.concatenate(t, axis=1).reshape(-1, parts[0].shape[-1])
+
+
+def _mla_split(layer, got):
+    """HF's MLA weights -> chapter 7's (``W [in, out]``)."""
+    h, d_c = layer.n_heads, layer.d_latent_kv
+    dims = [layer.d_head, layer.d_rope]
+    q_name = "q_proj.weight" if "q_proj.weight" in got else "q_b_proj.weight"
+    q_c, q_r = _head_split(got[q_name], h, dims)
+    kv_a = got["kv_a_proj_with_mqa.weight"]  # [d_c + d_R, d_model]
+    k_c, v = _head_split(
+        got["kv_b_proj.weight"], h, [dims[0], layer.d_head_v]
+    )
+    new = {"W_qr": q_r.T, "W_dkv": kv_a[:d_c].T, "W_kr": kv_a[d_c:].T}
+    new.update({"W_uk": k_c.T, "W_uv": v.T})
+    new["W_q" if q_name == "q_proj.weight" else "W_uq"] = q_c.T
+    return new
+
+
+def _mla_fuse(layer, d):
+    h = layer.n_heads
+    q = d["W_q"] if "W_q" in d else d["W_uq"]
+    out = {
+        "kv_a_proj_with_mqa.weight": np.concatenate(
+            [d["W_dkv"].T, d["W_kr"].T], axis=0
+        ),
+        "kv_b_proj.weight": _head_fuse([d["W_uk"].T, d["W_uv"].T], h),
+    }
+    q_name = "q_proj.weight" if "W_q" in d else "q_b_proj.weight"
+    out[q_name] = _head_fuse([q.T, d["W_qr"].T], h)
+    return out
+
+
+# ---------------------------------------------------------------- checks
+def fixture_errors(path, layer_idx=0):
+    """Compare ``attention_from_hf`` with a reference fixture.
+
+    ``path`` is one of ``tests/fixtures/*.npz`` (written by
+    ``scripts/record_hf_fixtures.py``: HF's config, the layer's state
+    dict, an input ``x``, HF's output, the gradients of ``sum(out * dy)``
+    and a chunked decode). Returns ``{"forward": e, "grad x": e,
+    "grad NAME": e, ..., "decode": e}``, each the largest absolute error
+    divided by the reference's largest entry.
+    """
+    f = np.load(path)
+    config = json.loads(str(f["config"]))
+    meta = json.loads(str(f["meta"]))
+    i = layer_idx
+    pre = f"layer{i}.param."
+    state = {k[len(pre) :]: f[k] for k in f.files if k.startswith(pre)}
+    layer = attention_from_hf(config, layer_idx=i, state_dict=state)
+
+    def err(a, b):
+        return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+    x = f["x"]
+    errors = {"forward": err(layer.forward(x), f[f"layer{i}.out"])}
+    errors["grad x"] = err(layer.backward(f["dy"]), f[f"layer{i}.grad.x"])
+    grads = layer.to_hf(layer.grads)
+    if set(grads) != set(state):
+        raise ValueError(
+            f"gradients {sorted(grads)} do not match the state dict "
+            f"{sorted(state)}"
+        )
+    for name, g in grads.items():
+        errors[f"grad {name}"] = err(g, f[f"layer{i}.grad.{name}"])
+    cache, outs, start = layer.new_cache(), [], 0
+    for c in meta["chunks"]:
+        outs.append(layer.forward(x[:, start : start + c], kv_cache=cache))
+        start += c
+    y = np.concatenate(outs, axis=1)
+    errors["decode"] = err(y, f[f"layer{i}.decode.out"])
+    return errors

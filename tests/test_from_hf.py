@@ -7,6 +7,7 @@ and a chunked decode. Here NumPy alone rebuilds the layer from the config
 and the state dict and compares.
 """
 
+import copy
 import json
 from pathlib import Path
 
@@ -14,10 +15,10 @@ import numpy as np
 import pytest
 
 import attn_np
-from attn_np.from_hf import attention_from_hf
+from attn_np.from_hf import attention_from_hf, fixture_errors
 
 FIXTURES = Path(__file__).parent / "fixtures"
-# float64 rounding: outputs are O(1); the worst seen is ~1e-14
+# float64 rounding: the worst error seen is ~1e-14 of the largest entry
 TOL = 1e-12
 
 # family -> the layers whose fixtures attention_from_hf must match
@@ -31,62 +32,122 @@ BUILT = {
     "gemma3_linear": [0, 1],
     "olmo2": [0],
     "gpt_oss": [0, 1],
+    "deepseek_v3": [0],
+    "deepseek_v2": [0],
     "falcon_mqa": [0],
     "falcon_new": [0],
     "falcon_alibi": [0],
     "qwen3_next": [1],
     "llama4": [0, 1],
 }
-
-
-def load(name):
-    f = np.load(FIXTURES / f"{name}.npz")
-    return f, json.loads(str(f["config"])), json.loads(str(f["meta"]))
-
-
-def state(f, i):
-    pre = f"layer{i}.param."
-    return {k[len(pre) :]: f[k] for k in f.files if k.startswith(pre)}
-
-
-def worst(a, b):
-    """Largest error relative to the reference's largest entry."""
-    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
-
-
 CASES = [(name, i) for name, layers in BUILT.items() for i in layers]
+
+
+def config_of(name):
+    return json.loads(str(np.load(FIXTURES / f"{name}.npz")["config"]))
 
 
 @pytest.mark.parametrize("name,i", CASES)
 def test_forward_gradients_and_decode_match_hf(name, i):
-    f, config, meta = load(name)
-    assert meta["transformers"] == "5.24.0"
-    layer = attention_from_hf(config, layer_idx=i, state_dict=state(f, i))
-    x, dy = f["x"], f["dy"]
-    y = layer.forward(x)
-    errors = {"forward": worst(y, f[f"layer{i}.out"])}
-    dx = layer.backward(dy)
-    errors["grad x"] = worst(dx, f[f"layer{i}.grad.x"])
-    grads = layer.to_hf(layer.grads)
-    assert set(grads) == set(state(f, i))
-    for hf_name, g in grads.items():
-        errors[f"grad {hf_name}"] = worst(g, f[f"layer{i}.grad.{hf_name}"])
-    cache, outs, start = layer.new_cache(), [], 0
-    for c in meta["chunks"]:
-        outs.append(layer.forward(x[:, start : start + c], kv_cache=cache))
-        start += c
-    errors["decode"] = worst(
-        np.concatenate(outs, axis=1), f[f"layer{i}.decode.out"]
-    )
+    errors = fixture_errors(FIXTURES / f"{name}.npz", layer_idx=i)
+    assert len(errors) >= 5  # forward, dx, >= 2 weights, decode
     bad = {k: v for k, v in errors.items() if not v < TOL}
     assert not bad, bad
 
 
+def test_the_details_matter():
+    """Without its detail a family's layer misses HF by far more than
+    rounding: the fixtures can fail."""
+    f = np.load(FIXTURES / "gemma2.npz")
+    state = {
+        k.split("param.")[1]: f[k] for k in f.files if "layer1.param" in k
+    }
+    layer = attention_from_hf(config_of("gemma2"), 1, state)
+    layer.score_mods = ()  # drop the soft-cap
+    y = layer.forward(f["x"])
+    assert np.max(np.abs(y - f["layer1.out"])) > 1e-3
+
+
 def test_every_fixture_names_its_transformers_version():
-    for path in sorted(FIXTURES.glob("*.npz")):
+    paths = sorted(FIXTURES.glob("*.npz"))
+    assert len(paths) >= 20
+    for path in paths:
         meta = json.loads(str(np.load(path)["meta"]))
         assert meta["transformers"] == "5.24.0", path.name
         assert meta["torch"].startswith("2.13.0"), path.name
+
+
+def test_both_rope_spellings_give_the_same_layer():
+    new = config_of("qwen3_next")
+    old = copy.deepcopy(new)
+    rope = old.pop("rope_parameters")
+    old["rope_theta"] = rope["rope_theta"]
+    old["partial_rotary_factor"] = rope["partial_rotary_factor"]
+    a, b = attention_from_hf(new, 1), attention_from_hf(old, 1)
+    assert (a.rope_base, a.rotary_dim) == (b.rope_base, b.rotary_dim)
+    assert (a.rope_base, a.rotary_dim) == (10000.0, 4)
+
+
+def test_text_config_and_a_folder(tmp_path):
+    cfg = config_of("gemma3")
+    wrapped = {"model_type": "gemma3", "text_config": cfg}
+    layer = attention_from_hf(wrapped, 1)
+    assert layer.rope_base == 1e6 and layer.window is None
+    assert attention_from_hf(cfg, 0).window == 4
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    assert attention_from_hf(tmp_path, 0).rope_base == 1e4
+    assert attention_from_hf(tmp_path / "config.json", 0).window == 4
+
+
+def test_random_weights_without_a_state_dict():
+    layer = attention_from_hf(config_of("gpt_oss"), 0)
+    x = np.random.default_rng(0).standard_normal((1, 5, 64))
+    assert layer.forward(x).shape == (1, 5, 64)
+    assert set(layer.params) >= {"W_q", "b_q", "sinks", "b_o"}
+
+
+@pytest.mark.parametrize(
+    "name,match",
+    [
+        ("llama31", "rope_type 'llama3'"),
+        ("gpt_oss_yarn", "rope_type 'yarn'"),
+        ("deepseek_v3_yarn", "rope_type 'yarn'"),
+        ("deepseek_v32", "model_type='deepseek_v32'"),
+    ],
+)
+def test_unimplemented_rope_and_models_are_refused_by_name(name, match):
+    with pytest.raises(ValueError, match=match):
+        attention_from_hf(config_of(name), 0)
+
+
+def test_linear_attention_layer_is_refused_by_name():
+    with pytest.raises(ValueError, match="linear_attention"):
+        attention_from_hf(config_of("qwen3_next"), 0)
+
+
+def test_unknown_keys_and_bad_state_dicts_are_refused():
+    cfg = dict(config_of("llama"), attention_temperature=2.0)
+    with pytest.raises(ValueError, match="attention_temperature"):
+        attention_from_hf(cfg, 0)
+    cfg = config_of("llama")
+    cfg["rope_parameters"] = dict(cfg["rope_parameters"], warp=3)
+    with pytest.raises(ValueError, match="warp"):
+        attention_from_hf(cfg, 0)
+    with pytest.raises(ValueError, match="layer_idx"):
+        attention_from_hf(config_of("llama"), 2)
+    f = np.load(FIXTURES / "llama.npz")
+    state = {
+        k.split("param.")[1]: f[k] for k in f.files if "layer0.param" in k
+    }
+    with pytest.raises(ValueError, match="q_proj.bias"):
+        attention_from_hf(
+            config_of("llama"), 0, dict(state, **{"q_proj.bias": 0})
+        )
+    del state["o_proj.weight"]
+    with pytest.raises(ValueError, match="o_proj.weight"):
+        attention_from_hf(config_of("llama"), 0, state)
+    with pytest.raises(ValueError, match="model_type"):
+        attention_from_hf({"model_type": "bert"}, 0)
 
 
 def test_the_export():
