@@ -64,12 +64,12 @@ from .costs import (
     kv_bytes_per_token,
     kv_cache_bytes,
 )
-from .from_hf import attention_from_hf
 from .flash import (
     FlashCache,
     flash_attention_backward,
     flash_attention_forward,
 )
+from .from_hf import attention_from_hf
 from .instruments import (
     TOLERANCE,
     check_gradients,
