@@ -216,6 +216,7 @@ class AttendCache:
     mods: tuple = ()
     p_sink: np.ndarray | None = None
     sinks_shape: tuple | None = None
+    max_logit: float = 0.0  # the largest |score| a query may attend
 
 
 def attend_forward(
@@ -234,6 +235,7 @@ def attend_forward(
     for mod in score_mods:
         s, keep = mod.forward(s, ctx)
         saved.append(keep)
+    big = np.abs(np.where(allowed, s, 0.0)).max()
     p_sink = None
     if sinks is None:
         p = masked_softmax(s, allowed, -1)
@@ -252,6 +254,7 @@ def attend_forward(
         tuple(score_mods),
         p_sink,
         None if sinks is None else np.shape(sinks),
+        float(big),
     )
 
 
@@ -568,6 +571,19 @@ class RefinedAttention:
             dxi, g["W_g"], _ = linear_backward(dgate, c["proj"]["g"])
             dx = dx + dxi
         return dx
+
+    @property
+    def attention_weights(self):
+        """The last forward's weights ``[B, n_heads, L_q, L_k]``."""
+        if self._cache is None:
+            return None
+        p = self._cache["att"].p
+        return p.reshape(p.shape[0], self.n_heads, *p.shape[3:])
+
+    @property
+    def max_logit(self):
+        """The largest ``|score|`` (after score mods) of the last forward."""
+        return None if self._cache is None else self._cache["att"].max_logit
 
     def new_cache(self):
         """An empty cache for this layer (keys after RoPE, and values)."""
