@@ -13,6 +13,11 @@ to HF's names and layout, so gradients compare name by name.
 A key it does not understand, or a RoPE scaling it does not implement, is
 a ``ValueError`` naming it: never a guess. Checked against HF
 ``transformers`` 5.24.0 in ``tests/test_from_hf.py``.
+
+A checkpoint on disk loads without PyTorch: ``safetensors.numpy.load_file``
+reads a shard as NumPy arrays (``safetensors`` is not a requirement of this
+library); keep the keys that start with ``model.layers.{i}.self_attn.``,
+strip that prefix, and pass them as ``state_dict``.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import math
 
 import numpy as np
 
-from .costs.catalogue import _language_model, _load
+from .costs.catalogue import _language_model, _load, _windows
 from .latent import LatentKVCache, MultiHeadLatentAttention
 from .refinements import ALiBi, RefinedAttention, SoftCap, alibi_slopes
 
@@ -310,9 +315,14 @@ def _decoder(cfg, model_type, layer_idx, dtype):
     base, partial, factor = rope_settings(cfg, layer_type)
     eps = float(cfg.get("rms_norm_eps", 1e-6))
     window = None
-    if layer_type == "sliding_attention" or (
-        model_type == "mistral" and layer_type is None
-    ):
+    if cfg.get("layer_types") is None and cfg.get("sliding_window"):
+        # an older config: the window rule of chapter 8's calculator
+        # (sliding_window_pattern, use_sliding_window with
+        # max_window_layers, or the model_type's rule)
+        window, types = _windows(cfg, _count(cfg, "num_hidden_layers"))
+        if types is not None and types[layer_idx] != "sliding_attention":
+            window = None
+    elif layer_type == "sliding_attention":
         window = cfg.get("sliding_window")
     elif layer_type not in (None, "full_attention", "chunked_attention"):
         raise ValueError(

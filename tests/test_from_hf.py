@@ -152,3 +152,18 @@ def test_unknown_keys_and_bad_state_dicts_are_refused():
 
 def test_the_export():
     assert attn_np.attention_from_hf is attention_from_hf
+
+
+def test_older_configs_without_layer_types_follow_the_window_rules():
+    qwen2 = config_of("qwen2")
+    del qwen2["layer_types"]  # use_sliding_window, max_window_layers 1
+    assert attention_from_hf(qwen2, 0).window is None
+    assert attention_from_hf(qwen2, 1).window == 4
+    gemma2 = config_of("gemma2")
+    del gemma2["layer_types"]  # Gemma 2: every other layer, from 0
+    assert attention_from_hf(gemma2, 0).window == 4
+    assert attention_from_hf(gemma2, 1).window is None
+    mistral = config_of("mistral")  # no layer_types: every layer
+    assert attention_from_hf(mistral, 1).window == 4
+    qwen2["use_sliding_window"] = False
+    assert attention_from_hf(qwen2, 1).window is None
