@@ -114,6 +114,13 @@ _ELSEWHERE = {
     "aux_loss_alpha",
     "seq_aux",
     "moe_layer_freq",
+    # keys of released config.json files that do not shape attention
+    "apply_residual_connection_post_layernorm",
+    "cache_implementation",
+    "experts_per_token",
+    "initial_context_length",
+    "quantization_config",
+    "max_sequence_length",
 }
 
 _ATTENTION = {
@@ -153,6 +160,8 @@ _ATTENTION = {
     "qk_head_dim",
     "v_head_dim",
     "rope_interleave",
+    "rope_local_base_freq",  # Gemma 3 before transformers 5
+    "use_mrope",  # Qwen2.5: refused when true
 }
 
 FAMILIES = (
@@ -180,14 +189,30 @@ def attention_from_hf(
     """Layer ``layer_idx``'s attention of a Hugging Face model.
 
     Families: Llama (2, 3.0), Mistral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3,
-    OLMo 2, gpt-oss, Falcon (MQA, ``new_decoder_architecture``, ALiBi),
-    the full-attention layers of Qwen3-Next and Llama 4's attention. RoPE
+    OLMo 2, gpt-oss, DeepSeek-V2/V3 (MLA, on chapter 7's layer), Falcon
+    (MQA, ``new_decoder_architecture``, ALiBi), the full-attention layers
+    of Qwen3-Next and Llama 4's attention (chunked and NoPE layers). RoPE
     as ``rope_theta``/``rope_scaling``/``partial_rotary_factor`` at the
     top level or under ``rope_parameters`` (transformers 5; per layer type
     for Gemma 3); ``rope_type`` ``default`` and ``linear``. The layer's
     ``forward(x, kv_cache=layer.new_cache())`` continues positions from the
     cache.
     """
+    cls, args, kw, layout = layer_settings(config, layer_idx)
+    layer = cls(*args, dtype=dtype, **kw)
+    layer.hf_layout = layout
+    layer.to_hf = lambda d: _to_hf(layout, layer, d)
+    if state_dict is not None:
+        _load_state(layer, layout, state_dict, dtype)
+    return layer
+
+
+def layer_settings(config, layer_idx=0):
+    """What :func:`attention_from_hf` builds, without building it:
+    ``(cls, args, kwargs, layout)``, the layer class, its positional and
+    keyword arguments, and how HF's state dict maps onto its ``params``.
+    Reads and checks the config as :func:`attention_from_hf` does; costs
+    nothing for a large model (no weights are drawn)."""
     data, _, _ = _load(config)
     cfg = _language_model(data)
     model_type = cfg.get("model_type")
@@ -197,6 +222,11 @@ def attention_from_hf(
             f"config model_type={model_type!r} is not one attention_from_hf "
             f"builds; it builds {', '.join(FAMILIES)}"
         )
+    if cfg.get("use_mrope"):
+        raise ValueError(
+            "config key use_mrope=True (multimodal RoPE sections) is not "
+            "implemented by attention_from_hf"
+        )
     unknown = sorted(set(cfg) - _ELSEWHERE - _ATTENTION)
     if unknown:
         raise ValueError(
@@ -205,17 +235,11 @@ def attention_from_hf(
             "change"
         )
     if model_type == "falcon":
-        layer, layout = _falcon(cfg, dtype)
-    elif model_type in ("deepseek_v2", "deepseek_v3"):
+        return _falcon(cfg)
+    if model_type in ("deepseek_v2", "deepseek_v3"):
         _layer_type(cfg, layer_idx)
-        layer, layout = _latent(cfg, model_type, dtype)
-    else:
-        layer, layout = _decoder(cfg, model_type, layer_idx, dtype)
-    layer.hf_layout = layout
-    layer.to_hf = lambda d: _to_hf(layout, layer, d)
-    if state_dict is not None:
-        _load_state(layer, layout, state_dict, dtype)
-    return layer
+        return _latent(cfg, model_type)
+    return _decoder(cfg, model_type, layer_idx)
 
 
 # ---------------------------------------------------------------- configs
@@ -308,20 +332,49 @@ def _heads(cfg):
     return d_model, n_heads, n_kv, head_dim
 
 
-def _decoder(cfg, model_type, layer_idx, dtype):
+def _gemma3_rope(cfg):
+    """An older Gemma 3 file's top-level RoPE keys in transformers 5's
+    per-layer-type form, as ``Gemma3TextConfig`` converts them: the global
+    layers take ``rope_theta`` (default 1e6) and ``rope_scaling``, the
+    local ones plain RoPE with ``rope_local_base_freq`` (default 1e4)."""
+    if cfg.get("rope_parameters") is not None:
+        if "rope_local_base_freq" in cfg:
+            raise ValueError(
+                "config is contradictory: rope_local_base_freq and "
+                "rope_parameters both set the sliding layers' RoPE"
+            )
+        return cfg
+    full = {"rope_type": "default", **(cfg.get("rope_scaling") or {})}
+    full.setdefault("rope_theta", cfg.get("rope_theta", 1e6))
+    local = cfg.get("rope_local_base_freq", 1e4)
+    cfg = {
+        k: v
+        for k, v in cfg.items()
+        if k not in ("rope_theta", "rope_scaling", "rope_local_base_freq")
+    }
+    cfg["rope_parameters"] = {
+        "full_attention": full,
+        "sliding_attention": {"rope_type": "default", "rope_theta": local},
+    }
+    return cfg
+
+
+def _decoder(cfg, model_type, layer_idx):
     """Every family with q_proj/k_proj/v_proj/o_proj."""
+    if model_type == "gemma3_text":
+        cfg = _gemma3_rope(cfg)
     d_model, n_heads, n_kv, head_dim = _heads(cfg)
     layer_type = _layer_type(cfg, layer_idx)
-    base, partial, factor = rope_settings(cfg, layer_type)
-    eps = float(cfg.get("rms_norm_eps", 1e-6))
     window = None
     if cfg.get("layer_types") is None and cfg.get("sliding_window"):
         # an older config: the window rule of chapter 8's calculator
         # (sliding_window_pattern, use_sliding_window with
         # max_window_layers, or the model_type's rule)
         window, types = _windows(cfg, _count(cfg, "num_hidden_layers"))
-        if types is not None and types[layer_idx] != "sliding_attention":
-            window = None
+        if types is not None:
+            layer_type = types[layer_idx]
+            if layer_type != "sliding_attention":
+                window = None
     elif layer_type == "sliding_attention":
         window = cfg.get("sliding_window")
     elif layer_type not in (None, "full_attention", "chunked_attention"):
@@ -329,6 +382,8 @@ def _decoder(cfg, model_type, layer_idx, dtype):
             f"layer {layer_idx} has layer type {layer_type!r}, which "
             "attention_from_hf does not build"
         )
+    base, partial, factor = rope_settings(cfg, layer_type)
+    eps = float(cfg.get("rms_norm_eps", 1e-6))
     bias = bool(cfg.get("attention_bias", False))
     kw = dict(
         biases=("q", "k", "v", "o") if bias else (),
@@ -377,14 +432,11 @@ def _decoder(cfg, model_type, layer_idx, dtype):
                 float(cfg["floor_scale"]),
                 float(cfg["attn_scale"]),
             )
-    layer = RefinedAttention(
-        d_model, n_heads, n_kv, head_dim, dtype=dtype, **kw
-    )
     layout = {"kind": "proj", "gate_rows": gate_rows}
-    return layer, layout
+    return RefinedAttention, (d_model, n_heads, n_kv, head_dim), kw, layout
 
 
-def _falcon(cfg, dtype):
+def _falcon(cfg):
     d_model = _count(cfg, "hidden_size")
     n_heads = _count(cfg, "num_attention_heads")
     head_dim = d_model // n_heads
@@ -405,10 +457,8 @@ def _falcon(cfg, dtype):
         # HF's Falcon adds m_h * j before the 1/sqrt(d) scale
         slopes = alibi_slopes(n_heads) / math.sqrt(head_dim)
         kw.update(use_rope=False, score_mods=(ALiBi(slopes),))
-    layer = RefinedAttention(
-        d_model, n_heads, n_kv, head_dim, dtype=dtype, **kw
-    )
-    return layer, {"kind": "falcon", "fused": fused}
+    args = (d_model, n_heads, n_kv, head_dim)
+    return RefinedAttention, args, kw, {"kind": "falcon", "fused": fused}
 
 
 class HFLatentAttention(MultiHeadLatentAttention):
@@ -424,7 +474,7 @@ class HFLatentAttention(MultiHeadLatentAttention):
         return LatentKVCache()
 
 
-def _latent(cfg, model_type, dtype):
+def _latent(cfg, model_type):
     """DeepSeek-V2/V3 multi-head latent attention."""
     d_model = _count(cfg, "hidden_size")
     n_heads = _count(cfg, "num_attention_heads")
@@ -440,20 +490,21 @@ def _latent(cfg, model_type, dtype):
             "implemented"
         )
     interleave = cfg.get("rope_interleave", True)
-    layer = HFLatentAttention(
+    args = (
         d_model,
         n_heads,
         _count(cfg, "qk_nope_head_dim"),
         _count(cfg, "kv_lora_rank"),
         _count(cfg, "qk_rope_head_dim"),
+    )
+    kw = dict(
         d_latent_q=None if q_lora is None else _count(cfg, "q_lora_rank"),
         d_head_v=_count(cfg, "v_head_dim"),
         rope_base=base,
         rope_layout="interleaved" if interleave else "half",
-        dtype=dtype,
         latent_norm=True,
     )
-    return layer, {"kind": "mla"}
+    return HFLatentAttention, args, kw, {"kind": "mla"}
 
 
 # ---------------------------------------------------------------- weights
