@@ -19,9 +19,11 @@ layer type
 
 The score modifications are *score mods*: objects with
 ``forward(s, ctx) -> (s2, saved)`` and ``backward(ds2, saved) -> ds``,
-applied to the scaled scores ``s = q k^T * scale`` before the mask and the
-softmax. ``ctx`` holds ``q_positions [L_q]``, ``k_positions [L_k]`` and the
-head layout ``heads = (n_kv, G)`` (query head ``h = kv * G + g``).
+applied by the grouped core (:func:`~attn_np.grouped_attention_forward`)
+to the scaled scores ``s = q k^T * scale`` before the mask and the
+softmax. ``ctx`` is the core's :class:`~attn_np.grouped.ScoreContext`:
+``q_positions [L_q]``, ``k_positions [L_k]``, ``n_kv_heads`` and
+``group_size`` (query head ``h = kv * G + g``).
 
 Backward formulas (``dy`` the upstream gradient):
 
@@ -39,12 +41,12 @@ Backward formulas (``dy`` the upstream gradient):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from .attention import position_mask
+from .grouped import grouped_attention_backward, grouped_attention_forward
 from .kv_cache import KVCache
+from .masks import position_mask
 from .rope import (
     RopeCache,
     rope_backward,
@@ -52,7 +54,6 @@ from .rope import (
     rope_frequencies,
     rotate_pairs,
 )
-from .softmax import masked_softmax, sink_softmax
 
 
 # ------------------------------------------------------------ projections
@@ -167,14 +168,14 @@ class ALiBi:
         self.slopes = np.asarray(slopes, dtype=np.float64).reshape(-1)
 
     def forward(self, s, ctx):
-        n_kv, G = ctx["heads"]
+        n_kv, G = ctx.n_kv_heads, ctx.group_size
         if self.slopes.size != n_kv * G:
             raise ValueError(
                 f"ALiBi has {self.slopes.size} slopes, the layer "
                 f"{n_kv * G} query heads"
             )
-        i = np.asarray(ctx["q_positions"])[:, None]  # [L_q, 1]
-        j = np.asarray(ctx["k_positions"])[None, :]  # [1, L_k]
+        i = np.asarray(ctx.q_positions)[:, None]  # [L_q, 1]
+        j = np.asarray(ctx.k_positions)[None, :]  # [1, L_k]
         m = self.slopes.reshape(n_kv, G, 1, 1)  # [n_kv, G, 1, 1]
         return s + m * (j - i), None  # [..., n_kv, G, L_q, L_k]
 
@@ -204,75 +205,19 @@ def gate_backward(dy, cache):
 
 
 # ------------------------------------------------------------ attention
-@dataclass
-class AttendCache:
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    p: np.ndarray
-    out: np.ndarray
-    scale: float
-    saved: list = field(default_factory=list)
-    mods: tuple = ()
-    p_sink: np.ndarray | None = None
-    sinks_shape: tuple | None = None
-    max_logit: float = 0.0  # the largest |score| a query may attend
+class MaxLogit:
+    """A score mod that changes nothing and keeps the largest ``|s|``
+    over the entries ``allowed`` (``[L_q, L_k]``): what QK-norm bounds."""
 
+    def __init__(self, allowed):
+        self.allowed, self.value = allowed, None
 
-def attend_forward(
-    q, k, v, *, allowed, scale, score_mods=(), sinks=None, ctx=None
-):
-    """Grouped attention with score mods and sinks; ``(o, cache)``.
+    def forward(self, s, ctx):
+        self.value = float(np.abs(np.where(self.allowed, s, 0.0)).max())
+        return s, None
 
-    ``q [B, n_kv, G, L_q, d_k]``, ``k [B, n_kv, L_k, d_k]``,
-    ``v [B, n_kv, L_k, d_v]``; ``allowed`` bool broadcastable to
-    ``[B, n_kv, G, L_q, L_k]``; ``sinks`` one logit per query head,
-    ``[n_kv, G]``.
-    """
-    kk, vv = k[:, :, None], v[:, :, None]  # [B, n_kv, 1, L_k, d]
-    s = (q * scale) @ kk.swapaxes(-1, -2)  # [B, n_kv, G, L_q, L_k]
-    saved = []
-    for mod in score_mods:
-        s, keep = mod.forward(s, ctx)
-        saved.append(keep)
-    big = np.abs(np.where(allowed, s, 0.0)).max()
-    p_sink = None
-    if sinks is None:
-        p = masked_softmax(s, allowed, -1)
-    else:
-        a = np.broadcast_to(sinks[..., None, None], (*s.shape[:-1], 1))
-        p, p_sink = sink_softmax(s, a, allowed)
-    out = p @ vv  # [B, n_kv, G, L_q, d_v]
-    return out, AttendCache(
-        q,
-        k,
-        v,
-        p,
-        out,
-        scale,
-        saved,
-        tuple(score_mods),
-        p_sink,
-        None if sinks is None else np.shape(sinks),
-        float(big),
-    )
-
-
-def attend_backward(do, c: AttendCache):
-    """``(dq, dk, dv, dsinks)``; ``dsinks`` is None without sinks."""
-    vv = c.v[:, :, None]
-    dv = (c.p.swapaxes(-1, -2) @ do).sum(axis=2)  # [B, n_kv, L_k, d_v]
-    inner = np.sum(do * c.out, axis=-1, keepdims=True)  # [..., L_q, 1]
-    ds = c.p * (do @ vv.swapaxes(-1, -2) - inner)  # [..., L_q, L_k]
-    for mod, keep in zip(reversed(c.mods), reversed(c.saved)):
-        ds = mod.backward(ds, keep)
-    dq = (ds @ c.k[:, :, None]) * c.scale  # [B, n_kv, G, L_q, d_k]
-    dk = ((ds.swapaxes(-1, -2) @ c.q) * c.scale).sum(axis=2)
-    dsinks = None
-    if c.p_sink is not None:
-        # [B, n_kv, G, L_q, 1] -> [n_kv, G]
-        dsinks = (-c.p_sink * inner).sum(axis=(0, 3, 4))
-    return dq, dk, dv, dsinks
+    def backward(self, ds2, saved):
+        return ds2
 
 
 def chunk_mask(q_positions, k_positions, chunk):
@@ -495,20 +440,23 @@ class RefinedAttention:
         else:
             k_all, v_all, k_pos = k, v, pos
         qg = q.reshape(B, self.n_kv, self.G, L, self.d)
-        ctx = {"q_positions": pos, "k_positions": k_pos}
-        ctx["heads"] = (self.n_kv, self.G)
+        allowed = self.mask(pos, k_pos)  # [L, L_k]
+        c["watch"] = watch = MaxLogit(allowed)
         sinks = self.params.get("sinks")
-        o, c["att"] = attend_forward(
+        # the grouped core (chapter 2's), with this layer's mods
+        o, c["att"] = grouped_attention_forward(
             qg,
             np.ascontiguousarray(k_all),
             np.ascontiguousarray(v_all),
-            allowed=self.mask(pos, k_pos),
+            allowed=allowed,
+            q_positions=pos,
+            k_positions=k_pos,
             scale=self.scale,
-            score_mods=self.score_mods,
             sinks=None
             if sinks is None
-            else sinks.reshape(self.n_kv, self.G),
-            ctx=ctx,
+            else sinks.reshape(self.n_kv, self.G, 1, 1),
+            score_mods=(*self.score_mods, watch),
+            check_finite=False,
         )
         o = o.reshape(B, self.n_heads, L, self.d).transpose(0, 2, 1, 3)
         if self.gate:
@@ -540,9 +488,10 @@ class RefinedAttention:
         do = do.transpose(0, 2, 1, 3).reshape(
             B, self.n_kv, self.G, L, self.d
         )
-        dq, dk, dv, dsinks = attend_backward(do, c["att"])
-        if dsinks is not None:
-            g["sinks"] = dsinks.reshape(-1)
+        core = grouped_attention_backward(do, c["att"])
+        dq, dk, dv = core["q"], core["k"], core["v"]
+        if "sinks" in core:
+            g["sinks"] = core["sinks"].reshape(-1)
         dq = dq.reshape(B, self.n_heads, L, self.d)
         if c["temp"] is not None:
             dq = dq * c["temp"]
@@ -577,13 +526,13 @@ class RefinedAttention:
         """The last forward's weights ``[B, n_heads, L_q, L_k]``."""
         if self._cache is None:
             return None
-        p = self._cache["att"].p
+        p = self._cache["att"].weights  # [B, n_kv, G, L_q, L_k]
         return p.reshape(p.shape[0], self.n_heads, *p.shape[3:])
 
     @property
     def max_logit(self):
         """The largest ``|score|`` (after score mods) of the last forward."""
-        return None if self._cache is None else self._cache["att"].max_logit
+        return None if self._cache is None else self._cache["watch"].value
 
     def new_cache(self):
         """An empty cache for this layer (keys after RoPE, and values)."""

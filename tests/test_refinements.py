@@ -12,13 +12,16 @@ from attn_np import (
     check_gradients,
     check_layer_gradients,
 )
+from attn_np.grouped import (
+    grouped_attention_backward,
+    grouped_attention_forward,
+)
 from attn_np.refinements import (
     ALiBi,
+    MaxLogit,
     RefinedAttention,
     SoftCap,
     alibi_slopes,
-    attend_backward,
-    attend_forward,
     chunk_mask,
     gate_backward,
     gate_forward,
@@ -139,31 +142,33 @@ def attend_inputs(n_kv=2, G=2, L=5, d=4):
     "mods", [(), (SoftCap(1.5),), (ALiBi(alibi_slopes(4)),)]
 )
 @pytest.mark.parametrize("sinks", [False, True])
-def test_attend_with_score_mods_and_sinks(mods, sinks):
+def test_score_mods_in_the_grouped_core(mods, sinks):
+    """The mods through chapter 2's core: every input's gradient."""
     pos = np.arange(5)
-    ctx = {"q_positions": pos, "k_positions": pos, "heads": (2, 2)}
     allowed = pos[None, :] <= pos[:, None]
+    watch = MaxLogit(allowed)
     inputs = attend_inputs()
     if sinks:
-        inputs["sinks"] = rng.standard_normal((2, 2))
+        inputs["sinks"] = rng.standard_normal((2, 2, 1, 1))
 
     def fwd(q, k, v, sinks=None):
-        return attend_forward(
+        return grouped_attention_forward(
             q,
             k,
             v,
             allowed=allowed,
             scale=0.7,
-            score_mods=mods,
+            score_mods=(*mods, watch),
             sinks=sinks,
-            ctx=ctx,
         )
 
     def bwd(d, c):
-        dq, dk, dv, ds = attend_backward(d, c)
-        return (dq, dk, dv) if ds is None else (dq, dk, dv, ds)
+        g = grouped_attention_backward(d, c)
+        names = ("q", "k", "v", "sinks") if sinks else ("q", "k", "v")
+        return tuple(g[n] for n in names)
 
     ok(check_gradients(fwd, bwd, inputs))
+    assert watch.value > 0
 
 
 def test_chunk_mask_against_brute_force():
