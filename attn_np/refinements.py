@@ -44,9 +44,11 @@ import math
 
 import numpy as np
 
-from .grouped import grouped_attention_backward, grouped_attention_forward
+from .grouped import grouped_attention_forward
+from .heads import merge_groups, merge_heads, split_groups, split_heads
 from .kv_cache import KVCache
 from .masks import position_mask
+from .multihead import GroupedQueryAttention
 from .rope import (
     RopeCache,
     rope_backward,
@@ -229,19 +231,73 @@ def chunk_mask(q_positions, k_positions, chunk):
 
 
 # ------------------------------------------------------------ the layer
-class RefinedAttention:
-    """Grouped-query attention with the details of released layers.
+class Position:
+    """The position step of a refined layer, in the protocol of chapter
+    6's :class:`~attn_np.rope.Rotary` (``forward(t, positions) -> (y,
+    saved)``, ``backward(dy, saved)``), so that the layer's ``position``
+    step and a cached decode (:meth:`~attn_np.KVCache.step`) run the same
+    code: RoPE with its base, rotary dimension, layout and linear factor
+    (or none: a NoPE layer), then Llama 4's parameter-free QK-norm, then
+    its query temperature (queries are the 5-D ``[B, n_kv, G, L, d]``)."""
 
-    Steps, each with a backward twin: project (``x W + b`` for q, k, v and
-    the gate), QK-norm (per head or over the projection, before RoPE or,
-    Llama 4, after), position (RoPE with its own base, rotary dimension
-    and layout, or none: a NoPE layer, with Llama 4's query temperature),
-    attend (scale, score mods, window or chunk, sinks), gate, output
-    (``W_o``, ``b_o``).
+    def __init__(self, layer):
+        self.layer = layer
 
-    ``params`` keys: ``W_q [d_model, H d]``, ``W_k``, ``W_v [d_model,
-    n_kv d]``, ``W_o [H d, d_model]``, and where enabled ``b_q``, ``b_k``,
-    ``b_v``, ``b_o``, ``q_norm``, ``k_norm``, ``W_g``, ``sinks [H]``.
+    def forward(self, t, positions):
+        ly, saved = self.layer, {}
+        if ly.use_rope:
+            if ly.rope_factor == 1.0:
+                t, saved["rope"] = rope_forward(
+                    t,
+                    positions,
+                    base=ly.rope_base,
+                    layout=ly.rope_layout,
+                    rotary_dim=ly.rope_dim,
+                )
+            else:  # linear scaling: every angle divided by the factor
+                r = ly.rope_dim
+                theta = (
+                    rope_frequencies(r, base=ly.rope_base) / ly.rope_factor
+                )
+                angles = positions[:, None] * theta[None, :]  # [L, r/2]
+                cos, sin = np.cos(angles), np.sin(angles)
+                saved["rope"] = RopeCache(
+                    cos, sin, ly.rope_layout, r, t.shape
+                )
+                t = rotate_pairs(t, cos, sin, layout=ly.rope_layout)
+        if ly.qk_norm and ly.qk_norm_after_rope:
+            t, saved["norm"] = qk_norm_forward(t, None, eps=ly.norm_eps)
+        temp = ly.temperature(positions)  # [L, 1] or None
+        if temp is not None and t.ndim == 5:  # the queries only
+            t, saved["temp"] = t * temp, temp
+        return t, saved
+
+    def backward(self, dy, saved):
+        if "temp" in saved:
+            dy = dy * saved["temp"]
+        if "norm" in saved:
+            dy, _ = qk_norm_backward(dy, saved["norm"])
+        if "rope" in saved:
+            dy = rope_backward(dy, saved["rope"])
+        return dy
+
+
+class RefinedAttention(GroupedQueryAttention):
+    """Chapter 3's layer with the details of released layers, added by
+    overriding its steps (never by branches in its forward):
+
+    * ``project``: ``x W + b`` for q, k and v, then QK-norm (per head or
+      over the whole projection) before RoPE;
+    * ``rotary``/``position``: :class:`Position` (RoPE with the layer's
+      base, dimension, layout and linear factor, or NoPE; Llama 4's
+      post-RoPE norm and query temperature);
+    * ``attend``: the grouped core with the layer's scale, score mods
+      (:class:`SoftCap`, :class:`ALiBi`), window or chunk, and sinks;
+    * ``output``: the output gate, ``W_o`` and ``b_o``.
+
+    Extra ``params`` where enabled: ``b_q``, ``b_k``, ``b_v``, ``b_o``,
+    ``q_norm``, ``k_norm``, ``W_g [d_model, H d]`` (elementwise) or
+    ``[d_model, H]`` (headwise). Always causal: a decoder layer.
     """
 
     def __init__(
@@ -274,11 +330,6 @@ class RefinedAttention:
     ):
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         head_dim = d_model // n_heads if head_dim is None else head_dim
-        if n_heads % n_kv_heads:
-            raise ValueError(
-                f"n_heads ({n_heads}) must be a multiple of n_kv_heads "
-                f"({n_kv_heads})"
-            )
         bad = set(biases) - {"q", "k", "v", "o"}
         if bad:
             raise ValueError(f"biases must be among q, k, v, o; got {bad}")
@@ -291,30 +342,39 @@ class RefinedAttention:
                 "gate must be None, 'elementwise' or 'headwise', got "
                 f"{gate!r}"
             )
-        self.d_model, self.n_heads, self.n_kv = d_model, n_heads, n_kv_heads
-        self.G, self.d = n_heads // n_kv_heads, head_dim
+        if n_kv_heads < 1 or n_heads % n_kv_heads:
+            raise ValueError(
+                f"n_heads ({n_heads}) must be a multiple of n_kv_heads "
+                f"({n_kv_heads})"
+            )
+        super().__init__(
+            d_model,
+            n_heads,
+            n_kv_heads,
+            d_k=head_dim,
+            d_v=head_dim,
+            seed=seed,
+            dtype=dtype,
+            rope_base=rope_base,
+            rope_layout=rope_layout,
+            rope_dim=rotary_dim,
+            window=window,
+            sinks=sinks,
+        )
+        self.n_kv, self.G, self.d = n_kv_heads, self.group_size, head_dim
         self.biases = tuple(sorted(biases))
         self.qk_norm, self.qk_norm_offset = qk_norm, float(qk_norm_offset)
         self.qk_norm_learned = qk_norm_learned
         self.qk_norm_after_rope, self.norm_eps = qk_norm_after_rope, norm_eps
         self.scale = head_dim**-0.5 if scale is None else float(scale)
         self.score_mods = tuple(score_mods)
-        self.gate, self.window, self.chunk = gate, window, chunk
-        self.rope_base, self.rotary_dim = rope_base, rotary_dim or head_dim
-        self.rope_layout, self.rope_factor = rope_layout, float(rope_factor)
+        self.gate, self.chunk = gate, chunk
+        self.rope_factor = float(rope_factor)
         self.use_rope, self.query_temperature = use_rope, query_temperature
-        rng = np.random.default_rng(seed)
+        self._watch = None
+        rng = np.random.default_rng([seed, 10])
         Hd, kd = n_heads * head_dim, n_kv_heads * head_dim
-
-        def w(i, o):
-            return (rng.standard_normal((i, o)) / math.sqrt(i)).astype(dtype)
-
-        p = {
-            "W_q": w(d_model, Hd),
-            "W_k": w(d_model, kd),
-            "W_v": w(d_model, kd),
-            "W_o": w(Hd, d_model),
-        }
+        p = self.params
         sizes = {"q": Hd, "k": kd, "v": kd, "o": d_model}
         for name in self.biases:
             p[f"b_{name}"] = np.zeros(sizes[name], dtype)
@@ -325,218 +385,161 @@ class RefinedAttention:
             p["q_norm"] = np.full(nq, init, dtype)
             p["k_norm"] = np.full(nk, init, dtype)
         if gate:
-            p["W_g"] = w(d_model, Hd if gate == "elementwise" else n_heads)
-        if sinks:
-            p["sinks"] = np.zeros(n_heads, dtype)
-        self.params = p
+            n_g = Hd if gate == "elementwise" else n_heads
+            p["W_g"] = (
+                rng.standard_normal((d_model, n_g)) / math.sqrt(d_model)
+            ).astype(dtype)
         self.grads = {k: np.zeros_like(v) for k, v in p.items()}
-        self._cache = None
 
-    # ---------------------------------------------------------- steps
-    def project(self, x):
-        """x -> q, k, v (flat), gate logits; with the backward cache."""
-        P = self.params
-        out, caches = {}, {}
-        for n in ("q", "k", "v"):
-            out[n], caches[n] = linear_forward(
-                x, P[f"W_{n}"], P.get(f"b_{n}")
-            )
-        if self.gate:
-            out["g"], caches["g"] = linear_forward(x, P["W_g"])
-        return out, caches
+    @property
+    def rotary_dim(self):
+        return self.rope_dim
 
-    def norm(self, t, name, heads):
-        """QK-norm of a flat ``[B, L, heads * d]`` projection."""
-        w = self.params.get(f"{name}_norm")
-        if self.qk_norm == "head":
-            B, L, _ = t.shape
-            y, c = qk_norm_forward(
-                t.reshape(B, L, heads, self.d),
-                w,
-                eps=self.norm_eps,
-                offset=self.qk_norm_offset,
-            )
-            return y.reshape(B, L, -1), c
-        return qk_norm_forward(
-            t, w, eps=self.norm_eps, offset=self.qk_norm_offset
-        )
-
-    def norm_backward(self, dy, c):
-        dt, dw = qk_norm_backward(dy.reshape(c[0].shape), c)
-        return dt.reshape(dy.shape), dw
-
-    def position(self, t, positions):
-        """RoPE on ``[B, h, L, d]`` with the layer's base, rotary
-        dimension, layout and linear factor."""
-        if self.rope_factor == 1.0:
-            return rope_forward(
-                t,
-                positions,
-                base=self.rope_base,
-                layout=self.rope_layout,
-                rotary_dim=self.rotary_dim,
-            )
-        # linear scaling (position interpolation): every angle / factor
-        r = self.rotary_dim
-        theta = rope_frequencies(r, base=self.rope_base) / self.rope_factor
-        angles = positions[:, None] * theta[None, :]  # [L, r/2]
-        cos, sin = np.cos(angles), np.sin(angles)
-        y = rotate_pairs(t, cos, sin, layout=self.rope_layout)
-        return y, RopeCache(cos, sin, self.rope_layout, r, t.shape)
+    @property
+    def rotary(self):
+        """:class:`Position`, or None when the step does nothing."""
+        moves = self.use_rope or self.query_temperature is not None
+        moves = moves or (self.qk_norm and self.qk_norm_after_rope)
+        return Position(self) if moves and self.rope_base else None
 
     def temperature(self, positions):
-        """Llama 4's NoPE query scale ``1 + a log(1 + floor((i + 1) / f))``
-        ``[L, 1]``, or None."""
+        """Llama 4's NoPE query scale ``1 + a log(1 + floor((i + 1) /
+        f))``, ``[L, 1]``, or None."""
         if self.query_temperature is None:
             return None
         floor_scale, attn_scale = self.query_temperature
         i = np.asarray(positions, dtype=np.float64)
-        return (
-            np.log1p(np.floor((i + 1.0) / floor_scale)) * attn_scale + 1.0
-        )[:, None]
+        scale = np.log1p(np.floor((i + 1.0) / floor_scale)) * attn_scale
+        return (scale + 1.0)[:, None]
 
     def mask(self, q_pos, k_pos):
+        """``[L_q, L_k]`` from positions: the chunk rule or chapter 8's."""
         if self.chunk is not None:
             return chunk_mask(q_pos, k_pos, self.chunk)
         return position_mask(q_pos, k_pos, window=self.window)
 
-    # ---------------------------------------------------------- forward
-    def forward(self, x, causal=True, kv_cache=None):
-        """``x [B, L, d_model]`` at positions ``start ... start + L - 1``
-        (``start = len(kv_cache)``); returns ``[B, L, d_model]``."""
-        if not causal:
-            raise ValueError("RefinedAttention is a decoder layer: causal")
-        x = np.asarray(x)
-        if x.ndim != 3 or x.shape[-1] != self.d_model:
+    @property
+    def max_logit(self):
+        """The largest ``|score|`` (after score mods) of the last forward."""
+        return None if self._watch is None else self._watch.value
+
+    def new_cache(self):
+        """An empty cache for this layer (keys after RoPE, and values):
+        rolling, holding only the window, for a window layer."""
+        return KVCache(window=self.window)
+
+    # ---------------------------------------------------------- steps
+    def forward(self, x, *, causal=True, mask=None, kv_cache=None):
+        """``x [B, L, d_model]`` at positions ``len(kv_cache) ...``."""
+        if not causal or mask is not None:
             raise ValueError(
-                f"x must be [B, L, {self.d_model}], got shape {x.shape}"
+                "RefinedAttention is a decoder layer: causal=True and no "
+                "mask (its masks come from positions)"
             )
-        B, L, _ = x.shape
-        start = 0 if kv_cache is None else len(kv_cache)
-        pos = np.arange(start, start + L)
-        c = {"pos": pos, "shape": x.shape}
-        proj, c["proj"] = self.project(x)
-        q, k, v = proj["q"], proj["k"], proj["v"]
-        pre = self.qk_norm and not self.qk_norm_after_rope
-        if pre:
-            q, c["qn"] = self.norm(q, "q", self.n_heads)
-            k, c["kn"] = self.norm(k, "k", self.n_kv)
-        q = q.reshape(B, L, self.n_heads, self.d).transpose(0, 2, 1, 3)
-        k = k.reshape(B, L, self.n_kv, self.d).transpose(0, 2, 1, 3)
-        v = v.reshape(B, L, self.n_kv, self.d).transpose(0, 2, 1, 3)
-        if self.use_rope:
-            q, c["rq"] = self.position(q, pos)
-            k, c["rk"] = self.position(k, pos)
-        if self.qk_norm and not pre:
-            q, c["qn"] = qk_norm_forward(q, None, eps=self.norm_eps)
-            k, c["kn"] = qk_norm_forward(k, None, eps=self.norm_eps)
-        temp = self.temperature(pos)
-        if temp is not None:
-            q = q * temp
-        c["temp"] = temp
-        if kv_cache is not None:
-            k_all, v_all = kv_cache.append(k, v)
-            k_pos = kv_cache.positions
-        else:
-            k_all, v_all, k_pos = k, v, pos
-        qg = q.reshape(B, self.n_kv, self.G, L, self.d)
-        allowed = self.mask(pos, k_pos)  # [L, L_k]
-        c["watch"] = watch = MaxLogit(allowed)
+        return super().forward(x, causal=True, kv_cache=kv_cache)
+
+    def project(self, x3):
+        P, B, L = self.params, *x3.shape[:2]
+        saved = {}
+        t = {}
+        for n in ("q", "k", "v"):
+            t[n], saved[n] = linear_forward(x3, P[f"W_{n}"], P.get(f"b_{n}"))
+        if self.qk_norm and not self.qk_norm_after_rope:
+            for n, heads in (("q", self.n_heads), ("k", self.n_kv)):
+                shape = (
+                    (B, L, heads, self.d) if self.qk_norm == "head" else None
+                )
+                y, saved[f"{n}n"] = qk_norm_forward(
+                    t[n] if shape is None else t[n].reshape(shape),
+                    P.get(f"{n}_norm"),
+                    eps=self.norm_eps,
+                    offset=self.qk_norm_offset,
+                )
+                t[n] = y.reshape(B, L, -1)
+        self._project_saved = saved
+        q = split_groups(t["q"], self.n_kv, self.G, self.d)
+        return (
+            q,
+            split_heads(t["k"], self.n_kv, self.d),
+            split_heads(t["v"], self.n_kv, self.d),
+        )
+
+    def project_backward(self, x3, g):
+        saved, grads = self._project_saved, self.grads
+        d = {
+            "q": merge_groups(g.pop("q")),
+            "k": merge_heads(g.pop("k")),
+            "v": merge_heads(g.pop("v")),
+        }
+        for n in ("q", "k"):
+            if f"{n}n" in saved:
+                c = saved[f"{n}n"]
+                dt, dw = qk_norm_backward(d[n].reshape(c[0].shape), c)
+                d[n] = dt.reshape(d[n].shape)
+                if dw is not None:
+                    grads[f"{n}_norm"] = dw
+        dx = 0.0
+        for n in ("q", "k", "v"):
+            dxi, grads[f"W_{n}"], db = linear_backward(d[n], saved[n])
+            if db is not None:
+                grads[f"b_{n}"] = db
+            dx = dx + dxi
+        return dx
+
+    def attend(self, q, k, v, *, mask=None, **where):
+        L_q, L_k = q.shape[3], k.shape[2]
+        q_pos = where.get("q_positions", np.arange(L_k - L_q, L_k))
+        k_pos = where.get("k_positions", np.arange(L_k))
+        allowed = self.mask(q_pos, k_pos)  # [L_q, L_k]
+        self._watch = MaxLogit(allowed)
         sinks = self.params.get("sinks")
-        # the grouped core (chapter 2's), with this layer's mods
-        o, c["att"] = grouped_attention_forward(
-            qg,
-            np.ascontiguousarray(k_all),
-            np.ascontiguousarray(v_all),
+        return grouped_attention_forward(
+            q,
+            np.ascontiguousarray(k),
+            np.ascontiguousarray(v),
             allowed=allowed,
-            q_positions=pos,
+            q_positions=q_pos,
             k_positions=k_pos,
             scale=self.scale,
             sinks=None
             if sinks is None
             else sinks.reshape(self.n_kv, self.G, 1, 1),
-            score_mods=(*self.score_mods, watch),
+            score_mods=(*self.score_mods, self._watch),
             check_finite=False,
         )
-        o = o.reshape(B, self.n_heads, L, self.d).transpose(0, 2, 1, 3)
-        if self.gate:
-            g = proj["g"].reshape(B, L, self.n_heads, -1)
-            o, c["gate"] = gate_forward(o, g)
-        o = o.reshape(B, L, self.n_heads * self.d)
-        y, c["out"] = linear_forward(
-            o, self.params["W_o"], self.params.get("b_o")
-        )
-        self._cache = None if kv_cache is not None else c
-        return y
 
-    def backward(self, dy):
-        """Gradients into ``self.grads``; returns ``dx``."""
-        c = self._cache
-        if c is None:
-            raise RuntimeError(
-                "backward needs a forward without kv_cache before it"
+    def output(self, o, x3):
+        P = self.params
+        B, L = x3.shape[:2]
+        gate = None
+        if self.gate:
+            g, lin = linear_forward(x3, P["W_g"])
+            o4 = merge_groups(o).reshape(B, L, self.n_heads, self.d)
+            o4, gc = gate_forward(o4, g.reshape(B, L, self.n_heads, -1))
+            gate = (lin, gc)
+            o = o4.reshape(B, L, -1)
+        else:
+            o = merge_groups(o)
+        y, out = linear_forward(o, P["W_o"], P.get("b_o"))
+        return y, (out, gate)
+
+    def output_backward(self, dy3, saved):
+        out, gate = saved
+        do, self.grads["W_o"], db = linear_backward(dy3, out)
+        if db is not None:
+            self.grads["b_o"] = db
+        dx = None
+        if gate is not None:
+            lin, gc = gate
+            B, L = dy3.shape[:2]
+            do, dg = gate_backward(
+                do.reshape(B, L, self.n_heads, self.d), gc
             )
-        B, L, _ = c["shape"]
-        g = self.grads
-        do, g["W_o"], db = linear_backward(dy, c["out"])
-        if "b_o" in g:
-            g["b_o"] = db
-        do = do.reshape(B, L, self.n_heads, self.d)
-        if self.gate:
-            do, dg = gate_backward(do, c["gate"])
-            dgate = dg.reshape(B, L, -1)
-        do = do.transpose(0, 2, 1, 3).reshape(
-            B, self.n_kv, self.G, L, self.d
-        )
-        core = grouped_attention_backward(do, c["att"])
-        dq, dk, dv = core["q"], core["k"], core["v"]
-        if "sinks" in core:
-            g["sinks"] = core["sinks"].reshape(-1)
-        dq = dq.reshape(B, self.n_heads, L, self.d)
-        if c["temp"] is not None:
-            dq = dq * c["temp"]
-        pre = self.qk_norm and not self.qk_norm_after_rope
-        if self.qk_norm and not pre:
-            dq, _ = qk_norm_backward(dq, c["qn"])
-            dk, _ = qk_norm_backward(dk, c["kn"])
-        if self.use_rope:
-            dq = rope_backward(dq, c["rq"])
-            dk = rope_backward(dk, c["rk"])
-        dq = dq.transpose(0, 2, 1, 3).reshape(B, L, -1)
-        dk = dk.transpose(0, 2, 1, 3).reshape(B, L, -1)
-        dv = dv.transpose(0, 2, 1, 3).reshape(B, L, -1)
-        if pre:
-            dq, dwq = self.norm_backward(dq, c["qn"])
-            dk, dwk = self.norm_backward(dk, c["kn"])
-            if self.qk_norm_learned:
-                g["q_norm"], g["k_norm"] = dwq, dwk
-        dx = 0.0
-        for n, dt in (("q", dq), ("k", dk), ("v", dv)):
-            dxi, g[f"W_{n}"], db = linear_backward(dt, c["proj"][n])
-            if f"b_{n}" in g:
-                g[f"b_{n}"] = db
-            dx = dx + dxi
-        if self.gate:
-            dxi, g["W_g"], _ = linear_backward(dgate, c["proj"]["g"])
-            dx = dx + dxi
-        return dx
-
-    @property
-    def attention_weights(self):
-        """The last forward's weights ``[B, n_heads, L_q, L_k]``."""
-        if self._cache is None:
-            return None
-        p = self._cache["att"].weights  # [B, n_kv, G, L_q, L_k]
-        return p.reshape(p.shape[0], self.n_heads, *p.shape[3:])
-
-    @property
-    def max_logit(self):
-        """The largest ``|score|`` (after score mods) of the last forward."""
-        return None if self._cache is None else self._cache["watch"].value
-
-    def new_cache(self):
-        """An empty cache for this layer (keys after RoPE, and values)."""
-        return KVCache()
+            dx, self.grads["W_g"], _ = linear_backward(
+                dg.reshape(B, L, -1), lin
+            )
+            do = do.reshape(B, L, -1)
+        return split_groups(do, self.n_kv, self.G, self.d), dx
 
     def __repr__(self):
         extras = [
@@ -553,7 +556,7 @@ class RefinedAttention:
         ]
         return (
             f"RefinedAttention(d_model={self.d_model}, n_heads="
-            f"{self.n_heads}, n_kv_heads={self.n_kv}, head_dim={self.d}, "
-            + ", ".join(extras)
+            f"{self.n_heads}, n_kv_heads={self.n_kv}, head_dim={self.d}"
+            + "".join(", " + e for e in extras)
             + ")"
         )

@@ -271,7 +271,7 @@ def test_bad_settings_are_refused():
         RefinedAttention(16, 4, 3)
     with pytest.raises(ValueError, match="cap"):
         SoftCap(0.0)
-    with pytest.raises(ValueError, match="x must be"):
+    with pytest.raises(ValueError, match="x must have shape"):
         RefinedAttention(16, 4).forward(np.zeros((2, 3, 8)))
     with pytest.raises(ValueError, match="slopes"):
         random_layer(dict(score_mods=(ALiBi([1.0, 2.0]),))).forward(
