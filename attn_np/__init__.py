@@ -29,6 +29,9 @@ ch  chapter                              modules
     attention sinks                      :mod:`.kv_cache`, :mod:`.streaming`
 9   FlashAttention                       :mod:`.flash` (called by
                                          :mod:`.grouped`)
+10  real attention layers: biases,       :mod:`.refinements`,
+    QK-norm, soft-caps, scales, gates,   :mod:`.from_hf`
+    ALiBi; any HF model's layer
 11  long context: RoPE scaling, NoPE     :mod:`.long_context`
     layers, chunked attention
 12  linear attention, DeltaNet, Gated    :mod:`.linear_attention`
@@ -48,7 +51,11 @@ RoPE's settings, a model config's fields).
 ``python -m attn_np.bench NAME`` runs the benchmarks;
 ``python -m attn_np.memory CONFIG --seq-len N`` sizes the key/value cache
 of any Hugging Face ``config.json`` (:func:`.costs.from_hf_config`,
-appendix A1).
+appendix A1). :func:`.from_hf.attention_from_hf` builds the attention
+layer of a Hugging Face model (Llama, Mistral, Qwen2/3, Gemma 2/3, OLMo 2,
+gpt-oss, DeepSeek-V2/V3, Falcon, Qwen3-Next's full layers, Llama 4) from its
+``config.json`` and state dict, checked against ``transformers`` (chapter
+10).
 """
 
 from . import costs, instruments, training
@@ -73,6 +80,7 @@ from .flash import (
     flash_attention_backward,
     flash_attention_forward,
 )
+from .from_hf import attention_from_hf
 from .grouped import grouped_attention_backward, grouped_attention_forward
 from .instruments import (
     TOLERANCE,
@@ -156,6 +164,7 @@ __all__ = [
     "TOLERANCE",
     "Transformer",
     "attention_backward",
+    "attention_from_hf",
     "attention_forward",
     "causal_mask",
     "chunked_mask",
