@@ -62,6 +62,7 @@ async (timeoutMs) => {
     })();
     await Promise.race([done, new Promise(r => setTimeout(r, timeoutMs))]);
   }
+  if (window.bookFitMath) window.bookFitMath();  // book.js: what the page does once MathJax is done
   await document.fonts.ready;
   for (const img of document.images) img.loading = "eager";
   await Promise.race([
@@ -85,7 +86,7 @@ async (timeoutMs) => {
     if (excess > 1) {
       const host = c.closest("div.math, .math");
       const eqno = host ? (host.querySelector(".eqno") || {}).textContent || "" : "";
-      cut.push({excess: Math.round(excess), eqno: eqno.replace(/\s+/g, " ").trim(),
+      cut.push({excess: Math.round(excess), eqno: eqno.replace(/[\s#]+/g, " ").trim(),
                 id: host ? host.id : "", tex: (texOf.get(c) || "").replace(/\s+/g, " ").trim().slice(0, 90)});
     }
   }
@@ -113,7 +114,10 @@ async (timeoutMs) => {
   if (pageWidth > vw + 1) {
     for (const e of document.body.querySelectorAll("*")) {
       const r = e.getBoundingClientRect();
-      if (r.right > vw + 1 && r.width > 0 && ![...e.children].some(ch => ch.getBoundingClientRect().right > vw + 1)) {
+      const clipped = (el) => { for (let a = el.parentElement; a && a !== document.body; a = a.parentElement) {
+        if (getComputedStyle(a).overflowX !== "visible") return true; } return false; };
+      if (r.right > vw + 1 && r.width > 0 && !clipped(e) &&
+          ![...e.children].some(ch => ch.getBoundingClientRect().right > vw + 1)) {
         sticking.push({tag: e.tagName.toLowerCase(), right: Math.round(r.right), text: (e.textContent || "").trim().slice(0, 60)});
         if (sticking.length >= 5) break;
       }
@@ -153,7 +157,9 @@ def serve(directory: Path):
 def html_pages(root: Path) -> list[str]:
     pages = [p.relative_to(root).as_posix() for p in root.rglob("*.html")]
     return sorted(
-        p for p in pages if not p.startswith(("_static/", "_sources/", "_images/"))
+        p
+        for p in pages
+        if not p.startswith(("_static/", "_sources/", "_images/"))
     )
 
 
@@ -163,7 +169,7 @@ def local_file(url: str, html: Path) -> Path | None:
     return target if target.is_file() else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def png_record(path: str) -> tuple[float, float, str, bool]:
     """(smallest text in pt, dpi, which text, recorded?) of a PNG the book shows."""
     from PIL import Image
@@ -172,7 +178,12 @@ def png_record(path: str) -> tuple[float, float, str, bool]:
         info = dict(im.info)
         text = getattr(im, "text", {}) or {}
     if TEXT_KEY in text:
-        return float(text[TEXT_KEY]), float(text.get(DPI_KEY, DEFAULT_DPI)), text.get(WHAT_KEY, ""), True
+        return (
+            float(text[TEXT_KEY]),
+            float(text.get(DPI_KEY, DEFAULT_DPI)),
+            text.get(WHAT_KEY, ""),
+            True,
+        )
     dpi = info.get("dpi", (DEFAULT_DPI, DEFAULT_DPI))[0] or DEFAULT_DPI
     return DEFAULT_TEXT_PT, float(round(dpi)), "", False
 
@@ -182,18 +193,36 @@ def figure_text(images: list[dict], html: Path) -> list[dict]:
     out = []
     for img in images:
         path = local_file(img["src"], html)
-        if path is None or path.suffix.lower() != ".png" or not img["visible"] or not img["natural"]:
+        if (
+            path is None
+            or path.suffix.lower() != ".png"
+            or not img["visible"]
+            or not img["natural"]
+        ):
             continue
         pt, dpi, what, recorded = png_record(str(path))
         scale = img["shown"] / img["natural"]
         out.append(
-            dict(img, file=path.name, pt=pt, dpi=dpi, scale=scale, px=pt * dpi / 72 * scale,
-                 what=what, recorded=recorded)
+            dict(
+                img,
+                file=path.name,
+                pt=pt,
+                dpi=dpi,
+                scale=scale,
+                px=pt * dpi / 72 * scale,
+                what=what,
+                recorded=recorded,
+            )
         )
     return out
 
 
-def measure(html: Path, pages: list[str] | None = None, viewports=VIEWPORTS, timeout_ms=30_000):
+def measure(
+    html: Path,
+    pages: list[str] | None = None,
+    viewports=VIEWPORTS,
+    timeout_ms=30_000,
+):
     """{(page, viewport name): probe result with figure text} for every page at every window size."""
     from playwright.sync_api import sync_playwright
 
@@ -201,20 +230,30 @@ def measure(html: Path, pages: list[str] | None = None, viewports=VIEWPORTS, tim
     server, base = serve(html)
     results = {}
     try:
-        with sync_playwright() as pw, tempfile.TemporaryDirectory() as profile:
+        with (
+            sync_playwright() as pw,
+            tempfile.TemporaryDirectory() as profile,
+        ):
             for name, (w, h) in viewports.items():
                 context = pw.chromium.launch_persistent_context(
-                    profile + "-" + name, executable_path=CHROMIUM, headless=True,
-                    args=CHROMIUM_FLAGS, viewport={"width": w, "height": h},
+                    profile + "-" + name,
+                    executable_path=CHROMIUM,
+                    headless=True,
+                    args=CHROMIUM_FLAGS,
+                    viewport={"width": w, "height": h},
                     service_workers="block",
                 )
                 context.route(
                     "**/*",
-                    lambda route: route.continue_()
-                    if urlsplit(route.request.url).hostname in ("127.0.0.1", "localhost")
-                    else route.abort(),
+                    lambda route: (
+                        route.continue_()
+                        if urlsplit(route.request.url).hostname
+                        in ("127.0.0.1", "localhost")
+                        else route.abort()
+                    ),
                 )
                 page = context.new_page()
+                page.set_default_timeout(120_000)  # a busy machine is slow, not wrong
                 for rel in pages:
                     page.goto(base + rel, wait_until="load")
                     page.wait_for_load_state("networkidle")
@@ -267,7 +306,9 @@ def details(results) -> str:
     for (rel, name), p in sorted(results.items()):
         items = []
         for c in p["cut"]:
-            items.append(f"  cut {c['eqno'] or c['id'] or '(unnumbered)'} by {c['excess']} px: {c['tex']}")
+            items.append(
+                f"  cut {c['eqno'] or c['id'] or '(unnumbered)'} by {c['excess']} px: {c['tex']}"
+            )
         for f in sorted(p["figures"], key=lambda f: f["px"]):
             if f["px"] < 9:
                 items.append(
@@ -276,9 +317,13 @@ def details(results) -> str:
                     + (f" {f['what']!r}" if f["what"] else "")
                 )
         for s in p["side"]:
-            items.append(f"  scrolls sideways <{s['tag']}> by {s['excess']} px: {s['text']!r}")
+            items.append(
+                f"  scrolls sideways <{s['tag']}> by {s['excess']} px: {s['text']!r}"
+            )
         for s in p["sticking"]:
-            items.append(f"  sticks out <{s['tag']}> to {s['right']} px: {s['text']!r}")
+            items.append(
+                f"  sticks out <{s['tag']}> to {s['right']} px: {s['text']!r}"
+            )
         if items:
             lines.append(f"{rel} at {name}:")
             lines.extend(items)
@@ -290,11 +335,18 @@ def main(argv=None) -> int:
     ap.add_argument("--html", default=str(ROOT / "_build" / "html"))
     ap.add_argument("--out", help="also write the report to this file")
     ap.add_argument("--no-details", action="store_true")
-    ap.add_argument("pages", nargs="*", help="pages relative to the HTML root (default: all)")
+    ap.add_argument(
+        "pages",
+        nargs="*",
+        help="pages relative to the HTML root (default: all)",
+    )
     args = ap.parse_args(argv)
     html = Path(args.html).resolve()
     if not (html / "index.html").is_file():
-        print(f"no built book at {html}: run `make book` first", file=sys.stderr)
+        print(
+            f"no built book at {html}: run `make book` first",
+            file=sys.stderr,
+        )
         return 2
     results = measure(html, args.pages or None)
     text = table(results)

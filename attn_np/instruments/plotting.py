@@ -193,8 +193,10 @@ def plot_attention(
             f"weights must be a [L_q, L_k] array, got shape {w.shape}"
         )
     if ax is None:
+        # 0.45 in a cell, fewer when that would be wider than the column.
+        cell = min(0.45, (COLUMN_INCHES - 2.0) / w.shape[1])
         _, ax = plt.subplots(
-            figsize=(0.45 * w.shape[1] + 2.0, 0.45 * w.shape[0] + 1.2)
+            figsize=(cell * w.shape[1] + 2.0, cell * w.shape[0] + 1.2)
         )
     cmap = plt.get_cmap("viridis").copy()
     cmap.set_bad("#e8e8e8")
@@ -246,8 +248,12 @@ def plot_head_grid(
     n = w.shape[0]
     ncols = min(ncols, n)
     nrows = -(-n // ncols)
+    panel = min(2.6, COLUMN_INCHES / ncols)  # the grid fits the column
     fig, axes = plt.subplots(
-        nrows, ncols, figsize=(2.6 * ncols, 2.6 * nrows + 0.4), squeeze=False
+        nrows,
+        ncols,
+        figsize=(panel * ncols, panel * nrows + 0.4),
+        squeeze=False,
     )
     vmax = float(w.max())
     for i, ax in enumerate(axes.flat):

@@ -1,0 +1,52 @@
+/* The book's own script (html_js_files in _config.yml).
+ *
+ * Display equations fit their column. MathJax 3 does not break lines, and
+ * gives a display that is wider than its box a scroll bar that overlay
+ * scroll bars hide: the reader sees a formula cut at the right edge. Once
+ * MathJax has typeset the page (and whenever the window is resized), every
+ * display whose typeset math is wider than its box is scaled down to fit,
+ * to no less than MIN_SCALE of its size; a display still too wide after
+ * that keeps its scroll bar, and the browser test reports it (split it into
+ * aligned lines). window.bookFitMath() runs the same pass. */
+(function () {
+  "use strict";
+  const MIN_SCALE = 0.7;
+
+  function fitMath() {
+    for (const box of document.querySelectorAll('mjx-container[display="true"]')) {
+      const math = box.querySelector("mjx-math");
+      if (!math) continue;
+      if (box.dataset.bookFontSize === undefined) {
+        box.dataset.bookFontSize = box.style.fontSize || "";
+      }
+      box.style.fontSize = box.dataset.bookFontSize;
+      const room = box.clientWidth;
+      const need = math.getBoundingClientRect().width;
+      if (room > 0 && need > room + 1) {
+        const scale = Math.max(MIN_SCALE, (room - 2) / need);
+        const base = parseFloat(box.dataset.bookFontSize) || 100;
+        box.style.fontSize = (base * scale).toFixed(2) + "%";
+      }
+    }
+    document.documentElement.dataset.bookMathFitted = "1";
+  }
+  window.bookFitMath = fitMath;
+
+  function whenTypeset() {
+    if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+      MathJax.startup.promise.then(fitMath);
+    } else {
+      setTimeout(whenTypeset, 50);
+    }
+  }
+  let timer = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(timer);
+    timer = setTimeout(fitMath, 150);
+  });
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", whenTypeset);
+  } else {
+    whenTypeset();
+  }
+})();
