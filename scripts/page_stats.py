@@ -253,10 +253,17 @@ def measure(
                     ),
                 )
                 page = context.new_page()
-                page.set_default_timeout(120_000)  # a busy machine is slow, not wrong
+                page.set_default_timeout(
+                    120_000
+                )  # a busy machine is slow, not wrong
                 for rel in pages:
                     page.goto(base + rel, wait_until="load")
-                    page.wait_for_load_state("networkidle")
+                    try:  # never hang on a request that does not finish: the probe waits
+                        page.wait_for_load_state(
+                            "networkidle", timeout=15_000
+                        )
+                    except Exception:
+                        pass
                     probe = page.evaluate(PROBE, timeout_ms)
                     probe["figures"] = figure_text(probe["images"], html)
                     results[rel, name] = probe

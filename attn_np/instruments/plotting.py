@@ -198,8 +198,7 @@ def plot_attention(
         _, ax = plt.subplots(
             figsize=(cell * w.shape[1] + 2.0, cell * w.shape[0] + 1.2)
         )
-    cmap = plt.get_cmap("viridis").copy()
-    cmap.set_bad("#e8e8e8")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#e8e8e8")
     shown = np.ma.masked_where(w == 0, w)
     im = ax.imshow(
         shown,

@@ -50,3 +50,33 @@
     whenTypeset();
   }
 })();
+
+/* Search summaries read as prose. Sphinx's search shows, under each hit,
+ * the text of the page around the word; on a chapter that text is mostly
+ * code cells, printed outputs and raw TeX (MathJax has not run on the
+ * fetched page). Leave those out of the summary; inline math keeps its
+ * TeX without the delimiters. */
+(function () {
+  "use strict";
+  function patch() {
+    if (typeof Search === "undefined" || !Search.htmlToText || Search.bookPatched) return;
+    Search.htmlToText = (htmlString, anchor) => {
+      const doc = new DOMParser().parseFromString(htmlString, "text/html");
+      const drop = [".headerlink", "script", "style", "div.cell_input", "div.cell_output",
+                    "div.highlight", "pre", "div.math", "table", "figure", ".eqno"];
+      for (const q of drop) doc.querySelectorAll(q).forEach((el) => el.remove());
+      doc.querySelectorAll("span.math").forEach((el) => {
+        el.textContent = el.textContent.replace(/^\\\(|\\\)$/g, "");
+      });
+      const main = doc.querySelector('[role="main"]');
+      const scope = (anchor && main && main.querySelector(anchor)) || main;
+      return scope ? scope.textContent.replace(/\s+/g, " ") : "";
+    };
+    Search.bookPatched = true;
+  }
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", patch);
+  } else {
+    patch();
+  }
+})();
