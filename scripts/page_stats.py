@@ -90,6 +90,13 @@ async (timeoutMs) => {
                 id: host ? host.id : "", tex: (texOf.get(c) || "").replace(/\s+/g, " ").trim().slice(0, 90)});
     }
   }
+  // Displays book.js scaled down to fit (a scale below 0.8 is worth splitting into aligned lines).
+  const shrunk = [...document.querySelectorAll('mjx-container[data-book-scale]')].map(c => {
+    const host = c.closest("div.math, .math");
+    const eqno = host ? (host.querySelector(".eqno") || {}).textContent || "" : "";
+    return {scale: parseFloat(c.dataset.bookScale), eqno: eqno.replace(/[\s#]+/g, " ").trim(),
+            tex: (texOf.get(c) || "").replace(/\s+/g, " ").trim().slice(0, 90)};
+  });
   const images = [...article.querySelectorAll("img")].map(img => {
     const r = img.getBoundingClientRect();
     const fig = img.closest("figure");
@@ -133,7 +140,7 @@ async (timeoutMs) => {
     url: location.href, viewport: vw,
     height: document.documentElement.scrollHeight,
     displays: document.querySelectorAll('mjx-container[display="true"]').length,
-    cut, images, side, pageWidth, sticking,
+    cut, shrunk, images, side, pageWidth, sticking,
     codeShare: articleHeight ? (inputs + source) / articleHeight : 0,
     inputShare: articleHeight ? inputs / articleHeight : 0,
   };
@@ -316,6 +323,11 @@ def details(results) -> str:
             items.append(
                 f"  cut {c['eqno'] or c['id'] or '(unnumbered)'} by {c['excess']} px: {c['tex']}"
             )
+        for c in p.get("shrunk", []):
+            if c["scale"] < 0.8:
+                items.append(
+                    f"  shrunk to {c['scale']:.2f} {c['eqno'] or '(unnumbered)'}: {c['tex']}"
+                )
         for f in sorted(p["figures"], key=lambda f: f["px"]):
             if f["px"] < 9:
                 items.append(
