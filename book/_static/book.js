@@ -68,7 +68,9 @@
     Search.htmlToText = (htmlString, anchor) => {
       const doc = new DOMParser().parseFromString(htmlString, "text/html");
       const drop = [".headerlink", "script", "style", "div.cell_input", "div.cell_output",
-                    "div.highlight", "pre", "div.math", "table", "figure", ".eqno"];
+                    "div.highlight", "pre", "div.math", "table", "figure", ".eqno",
+                    ".bd-header-article", ".bd-sidebar-secondary", "nav", ".prev-next-area",
+                    ".bd-footer-article", ".bd-footer-content"];
       for (const q of drop) doc.querySelectorAll(q).forEach((el) => el.remove());
       doc.querySelectorAll("span.math").forEach((el) => {
         el.textContent = el.textContent.replace(/^\\\(|\\\)$/g, "");
