@@ -26,6 +26,9 @@ ch  chapter                              modules
 8   sliding windows, rolling caches,     :mod:`.attention`, :mod:`.kv_cache`,
     attention sinks                      :mod:`.streaming`
 9   FlashAttention                       :mod:`.flash`
+13  sparse attention on the latent      :mod:`.sparse`
+    cache (DSA's lightning indexer,
+    top-k, block selection)
 A1  the KV cache of any model config     :mod:`.costs.catalogue`,
                                          :mod:`.memory`
 ==  ===================================  ===================================
@@ -92,6 +95,19 @@ from .softmax import (
     softmax_backward,
     softmax_forward,
 )
+from .sparse import (
+    IndexedLatentCache,
+    LightningIndexer,
+    SparseLatentAttention,
+    block_top_n_mask,
+    index_scores_backward,
+    index_scores_forward,
+    indexer_kl_backward,
+    indexer_kl_forward,
+    sparse_mqa_backward,
+    sparse_mqa_forward,
+    top_k_mask,
+)
 from .streaming import MarkedCopy, stream_logits
 from .training import (
     Adam,
@@ -107,8 +123,10 @@ __all__ = [
     "AttentionCache",
     "FlashCache",
     "GroupedQueryAttention",
+    "IndexedLatentCache",
     "KVCache",
     "LatentKVCache",
+    "LightningIndexer",
     "MarkedCopy",
     "MODELS",
     "ModelConfig",
@@ -117,10 +135,12 @@ __all__ = [
     "MultiQueryAttention",
     "RopeCache",
     "SoftmaxCache",
+    "SparseLatentAttention",
     "TOLERANCE",
     "Transformer",
     "attention_backward",
     "attention_forward",
+    "block_top_n_mask",
     "causal_mask",
     "check_gradients",
     "check_layer_gradients",
@@ -130,6 +150,10 @@ __all__ = [
     "flash_attention_backward",
     "flash_attention_forward",
     "from_hf_config",
+    "index_scores_backward",
+    "index_scores_forward",
+    "indexer_kl_backward",
+    "indexer_kl_forward",
     "instruments",
     "kv_bytes_per_token",
     "kv_cache_bytes",
@@ -147,7 +171,10 @@ __all__ = [
     "softmax",
     "softmax_backward",
     "softmax_forward",
+    "sparse_mqa_backward",
+    "sparse_mqa_forward",
     "stream_logits",
+    "top_k_mask",
     "training",
     "unbroadcast",
 ]
