@@ -129,11 +129,13 @@ def index_scores_forward(q, k, w):
             f"k must be [B={B}, L_k, d_I={d}] and w [B, L_q, H_I] = "
             f"{(B, L_q, H)} for q {q.shape}, got k {k.shape}, w {w.shape}"
         )
-    # one key for all heads: [B, H, L_q, d] @ [B, 1, d, L_k]
-    dots = q @ k[:, None].swapaxes(-1, -2)  # -> [B, H, L_q, L_k]
-    relu = np.maximum(dots, 0.0)  # [B, H, L_q, L_k]
-    wt = w.transpose(0, 2, 1)[..., None]  # [B, L_q, H] -> [B, H, L_q, 1]
-    scores = (wt * relu).sum(axis=1)  # sum over heads: [B, L_q, L_k]
+    # one key for all heads: stack the heads as rows of one product
+    kT = k.swapaxes(-1, -2)  # [B, d, L_k]
+    dots = q.reshape(B, H * L_q, d) @ kT  # [B, H*L_q, d] @ [B, d, L_k]
+    dots = dots.reshape(B, H, L_q, -1)  # -> [B, H, L_q, L_k]
+    relu = np.maximum(dots, 0.0).transpose(0, 2, 1, 3)  # [B, L_q, H, L_k]
+    # the weighted sum over heads, one [1, H] @ [H, L_k] per query
+    scores = (w[:, :, None, :] @ relu)[:, :, 0]  # -> [B, L_q, L_k]
     return scores, IndexScoreCache(q, k, w, dots)
 
 
