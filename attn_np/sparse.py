@@ -652,23 +652,8 @@ class SparseLatentAttention(MultiHeadLatentAttention):
         absorb = (kv_cache is not None) if absorb is None else absorb
         if not isinstance(absorb, (bool, np.bool_)):
             raise TypeError(f"absorb must be True or False, got {absorb!r}")
-        start = 0
-        if kv_cache is not None:
-            if not isinstance(kv_cache, IndexedLatentCache):
-                raise TypeError(
-                    "kv_cache must be an attn_np.IndexedLatentCache (the "
-                    "indexer keys live beside the latents), got "
-                    f"{type(kv_cache).__name__}"
-                )
-            kv_cache.check_chunk(
-                x3.shape,
-                batch=B,
-                d_latent_kv=self.d_latent_kv,
-                d_rope=self.d_rope,
-                dtype=np.result_type(x3.dtype, self.params["W_dkv"].dtype),
-                index_head_dim=self.indexer.head_dim,
-            )
-            start = len(kv_cache)
+        self.check_cache(kv_cache, x3)
+        start = 0 if kv_cache is None else len(kv_cache)
         pos = np.arange(start, start + L)  # absolute positions: [L]
 
         # project: MLA's queries and latents, the indexer's key
@@ -704,6 +689,26 @@ class SparseLatentAttention(MultiHeadLatentAttention):
         if not absorb and kv_cache is None:  # chapter 7's backward
             self._cache = (x3, q_keep, kv_keep, c_kv, o, att, unbatched)
         return y[0] if unbatched else y
+
+    def check_cache(self, kv_cache, x3):
+        """Raise unless ``kv_cache`` (None, or an
+        :class:`IndexedLatentCache`) can take ``x3``'s chunk."""
+        if kv_cache is None:
+            return
+        if not isinstance(kv_cache, IndexedLatentCache):
+            raise TypeError(
+                "kv_cache must be an attn_np.IndexedLatentCache (the "
+                "indexer keys live beside the latents), got "
+                f"{type(kv_cache).__name__}"
+            )
+        kv_cache.check_chunk(
+            x3.shape,
+            batch=x3.shape[0],
+            d_latent_kv=self.d_latent_kv,
+            d_rope=self.d_rope,
+            dtype=np.result_type(x3.dtype, self.params["W_dkv"].dtype),
+            index_head_dim=self.indexer.head_dim,
+        )
 
     def _attend_selected(self, q_c, q_r, rows, chosen):
         """The absorbed (MQA) path, reading only the chosen rows."""
