@@ -43,14 +43,20 @@ from ._checks import (
     as_float_array,
     check_count,
     check_finite,
+    check_flag,
     check_float_dtype,
+    check_layer_input,
     check_upstream,
 )
-from .attention import position_mask
+from .grouped import (
+    group_mask,
+    grouped_attention_backward,
+    grouped_attention_forward,
+)
+from .heads import flat, merge_heads, split_heads
 from .latent import LatentKVCache, MultiHeadLatentAttention
-from .multihead import merge_kv, split_kv
-from .rope import check_rope_settings, rope_backward, rope_forward
-from .softmax import softmax_forward
+from .masks import position_mask
+from .rope import Rotary, check_rope_settings
 
 # ------------------------------------------------------------ LayerNorm
 
@@ -217,6 +223,8 @@ class LightningIndexer:
         self.grads = {k: np.zeros_like(p) for k, p in self.params.items()}
         # the two scales of the release, folded into the weights
         self.weight_scale = 1.0 / math.sqrt(H) / math.sqrt(d)
+        # chapter 6's turn, on the first d_rope features only
+        self.rotary = Rotary(self.rope_base, self.rope_layout, self.d_rope)
         self._cache = None
 
     def __repr__(self) -> str:
@@ -226,29 +234,20 @@ class LightningIndexer:
             f"rope_layout={self.rope_layout!r})"
         )
 
-    def _rope(self, t, pos):
-        return rope_forward(
-            t,
-            pos,
-            base=self.rope_base,
-            layout=self.rope_layout,
-            rotary_dim=self.d_rope,
-        )
-
     def keys(self, x3, pos):
         """``k_I = RoPE(LayerNorm(x W_ki))``: ``[B, L, d_I]`` (cached)."""
         P = self.params
         k = x3 @ P["W_ki"]  # [B, L, d] @ [d, d_I] -> [B, L, d_I]
         k, norm = layernorm_forward(k, P["g_k"], P["b_k"])  # [B, L, d_I]
-        k, rope = self._rope(k, pos)  # first d_R features turn
+        k, rope = self.rotary.forward(k, pos)  # first d_R turn
         return k, (norm, rope)
 
     def queries(self, x3, c_q, pos):
         """``q_I [B, H_I, L, d_I]`` from ``c_Q``; ``w [B, L, H_I]``."""
         P = self.params
         q = c_q @ P["W_qi"]  # [B, L, d_q_in] @ [., H_I*d_I]
-        q = split_kv(q, self.n_heads, self.head_dim)  # [B, H_I, L, d_I]
-        q, rope = self._rope(q, pos)  # [B, H_I, L, d_I]
+        q = split_heads(q, self.n_heads, self.head_dim)  # [B, H_I, L, d_I]
+        q, rope = self.rotary.forward(q, pos)  # [B, H_I, L, d_I]
         w = x3 @ P["W_w"] * self.weight_scale  # [B, L, d] @ [d, H_I]
         return q, w, rope
 
@@ -303,19 +302,19 @@ class LightningIndexer:
         x, c_q, q_rope, (norm, k_rope), sc = self._cache
         P, G = self.params, self.grads
         dq, dk, dw = index_scores_backward(dI, sc)
-        xf, cf = _flat(x), _flat(c_q)  # [B*L, d], [B*L, d_q_in]
+        xf, cf = flat(x), flat(c_q)  # [B*L, d], [B*L, d_q_in]
         # weights: w = x W_w * scale
         dw = dw * self.weight_scale  # [B, L, H_I]
-        G["W_w"] = xf.T @ _flat(dw)  # [d, B*L] @ [B*L, H_I]
+        G["W_w"] = xf.T @ flat(dw)  # [d, B*L] @ [B*L, H_I]
         dx = dw @ P["W_w"].T  # [B, L, H_I] @ [H_I, d] -> [B, L, d]
         # queries: q = RoPE(split(c_q W_qi))
-        dq = merge_kv(rope_backward(dq, q_rope))  # -> [B, L, H_I*d_I]
-        G["W_qi"] = cf.T @ _flat(dq)  # [d_q_in, H_I*d_I]
+        dq = merge_heads(self.rotary.backward(dq, q_rope))  # [B, L, H_I*d_I]
+        G["W_qi"] = cf.T @ flat(dq)  # [d_q_in, H_I*d_I]
         dc_q = dq @ P["W_qi"].T  # [B, L, H_I*d_I] @ [., d_q_in]
         # key: k = RoPE(LayerNorm(x W_ki))
-        dk = rope_backward(dk, k_rope)  # [B, L, d_I]
+        dk = self.rotary.backward(dk, k_rope)  # [B, L, d_I]
         dk, G["g_k"], G["b_k"] = layernorm_backward(dk, norm)
-        G["W_ki"] = xf.T @ _flat(dk)  # [d, B*L] @ [B*L, d_I]
+        G["W_ki"] = xf.T @ flat(dk)  # [d, B*L] @ [B*L, d_I]
         dx = dx + dk @ P["W_ki"].T  # [B, L, d_I] @ [d_I, d]
         return dx, dc_q
 
@@ -366,14 +365,10 @@ def selected_indices(chosen):
 
 @dataclass
 class SparseMQACache:
-    q: np.ndarray  # [B, L_q, h, D]
-    kv: np.ndarray  # [B, L_q, n, D]: the gathered rows
+    att: object  # the grouped core's cache
     idx: np.ndarray  # [B, L_q, n]
-    p: np.ndarray  # [B, L_q, h, n]
-    o: np.ndarray  # [B, L_q, h, d_v]
     L_k: int
     d_v: int
-    scale: float
 
 
 def sparse_mqa_forward(q, rows, idx, valid, *, d_v, scale):
@@ -383,7 +378,9 @@ def sparse_mqa_forward(q, rows, idx, valid, *, d_v, scale):
     cached row ``[c_KV ; k_R]`` and whose value is its first ``d_v``
     (``= d_c``) columns. ``q [B, L_q, h, D]``, ``rows [B, L_k, D]``,
     ``idx, valid [B, L_q, n]`` (:func:`selected_indices`); returns
-    ``(o [B, L_q, h, d_v], cache)``. Only ``n`` rows per token are read.
+    ``(o [B, L_q, h, d_v], cache)``. Only ``n`` rows per token are read:
+    each token's gathered rows are one key/value head of the grouped core
+    (``n_kv = L_q``), its ``h`` query heads the group.
     """
     B, L_q, h, D = q.shape
     if rows.ndim != 3 or rows.shape[0] != B or rows.shape[2] != D:
@@ -398,34 +395,36 @@ def sparse_mqa_forward(q, rows, idx, valid, *, d_v, scale):
         )
     b = np.arange(B)[:, None, None]  # [B, 1, 1]
     kv = rows[b, idx]  # gather: [B, L_q, n, D]
-    s = q @ kv.swapaxes(-1, -2)  # [B, L_q, h, D] @ [B, L_q, D, n]
-    s *= scale  # -> [B, L_q, h, n]
-    p, _ = softmax_forward(s, mask=valid[:, :, None, :])  # [B, L_q, h, n]
-    o = p @ kv[..., :d_v]  # [B, L_q, h, n] @ [B, L_q, n, d_v]
-    return o, SparseMQACache(q, kv, idx, p, o, rows.shape[1], d_v, scale)
+    o, att = grouped_attention_forward(
+        q[:, :, :, None],  # [B, n_kv=L_q, G=h, 1, D]
+        kv,  # [B, n_kv=L_q, n, D]: token t's own rows
+        kv[..., :d_v],  # the values: the latents themselves
+        allowed=valid[:, :, None, None, :],  # padding: [B, L_q, 1, 1, n]
+        scale=scale,
+        check_finite=False,
+    )  # o: [B, L_q, h, 1, d_v]
+    return o[:, :, :, 0], SparseMQACache(att, idx, rows.shape[1], d_v)
 
 
 def sparse_mqa_backward(do, cache: SparseMQACache):
     """``(dq [B, L_q, h, D], drows [B, L_k, D])``.
 
-    Chapter 1's backward on the gathered rows, then a scatter-add: a row
-    chosen by several tokens gets the sum of their gradients, a row
-    nobody chose gets zero.
+    The grouped core's backward on the gathered rows (key and value
+    gradients add up in the first ``d_v`` columns, which are both), then
+    a scatter-add: a row chosen by several tokens gets the sum of their
+    gradients, a row nobody chose gets zero.
     """
-    q, kv, p, o = cache.q, cache.kv, cache.p, cache.o
-    d_v, scale = cache.d_v, cache.scale
-    do = check_upstream(do, "do", o.shape, "the sparse attention output")
-    v = kv[..., :d_v]  # [B, L_q, n, d_v]
-    dp = do @ v.swapaxes(-1, -2)  # [B, L_q, h, d_v] @ [., d_v, n]
-    ds = p * (dp - (do * o).sum(axis=-1, keepdims=True))  # [B, L_q, h, n]
-    dq = ds @ kv * scale  # [B, L_q, h, n] @ [B, L_q, n, D] -> [., h, D]
-    dkv = ds.swapaxes(-1, -2) @ q * scale  # [B, L_q, n, h] @ [., h, D]
-    dkv[..., :d_v] += p.swapaxes(-1, -2) @ do  # the values: [., n, d_v]
-    B = q.shape[0]
-    drows = np.zeros((B, cache.L_k, q.shape[-1]), dtype=dkv.dtype)
-    b = np.broadcast_to(np.arange(B)[:, None, None], cache.idx.shape)
-    np.add.at(drows, (b, cache.idx), dkv)  # scatter-add: [B, L_k, D]
-    return dq, drows
+    att, idx, d_v = cache.att, cache.idx, cache.d_v
+    want = att.out.shape[:3] + (d_v,)
+    do = check_upstream(do, "do", want, "the sparse attention output")
+    g = grouped_attention_backward(do[:, :, :, None], att)
+    dkv = g["k"]  # [B, L_q, n, D]
+    dkv[..., :d_v] += g["v"]  # the value is the key's first d_v columns
+    B, _, _, D = dkv.shape
+    drows = np.zeros((B, cache.L_k, D), dtype=dkv.dtype)
+    b = np.broadcast_to(np.arange(B)[:, None, None], idx.shape)
+    np.add.at(drows, (b, idx), dkv)  # scatter-add: [B, L_k, D]
+    return g["q"][:, :, :, 0], drows
 
 
 # ------------------------------------------------------ the indexer loss
@@ -489,90 +488,51 @@ def indexer_kl_backward(dloss, cache: IndexerLossCache):
 class IndexedLatentCache(LatentKVCache):
     """Chapter 7's latent cache plus one indexer key per position.
 
-    The rows ``[c_KV ; k_R]`` are stored as :class:`LatentKVCache` stores
-    them; beside them, ``[B, d_I, capacity]`` (transposed, for the same
-    reason) holds ``k_I``. ``len``, ``truncate`` and ``check_chunk``
-    cover both; ``nbytes`` counts both.
+    One transposed buffer ``[B, d_c + d_R + d_I, capacity]`` (a
+    :class:`~attn_np.kv_cache.CacheBuffer`) holds ``c_KV``, ``k_R`` and
+    ``k_I`` of every position: :attr:`rows` shows the first two as
+    chapter 7's rows, :attr:`index_keys` the third. ``len``,
+    ``truncate`` and ``check_chunk`` cover all three; ``nbytes`` counts
+    them all, :attr:`index_nbytes` the indexer's part.
     """
 
-    def __init__(self, initial_capacity: int = 16):
-        super().__init__(initial_capacity)
-        self._ibuf = None  # [B, d_I, capacity]
+    names = ("batch", "d_latent_kv", "d_rope", "index_head_dim")
 
     def __repr__(self) -> str:
-        d_i = None if self._ibuf is None else self._ibuf.shape[1]
-        return f"Indexed{super().__repr__()[:-1]}, index_head_dim={d_i})"
+        return f"IndexedLatentCache({self._describe()})"
+
+    @property
+    def rows(self) -> np.ndarray:
+        """View of the rows ``[c_KV ; k_R]``: ``[B, len, d_c + d_R]``."""
+        if self._buf is None:
+            raise ValueError("the cache is empty: it holds no latents yet")
+        width = self._widths[0] + self._widths[1]
+        return self._buf[..., :width, : self._len].swapaxes(-1, -2)
 
     @property
     def index_keys(self) -> np.ndarray:
-        """View of the cached indexer keys: ``[B, len, d_I]``."""
-        if self._ibuf is None:
-            raise ValueError("the cache is empty: it holds no keys yet")
-        return self._ibuf[:, :, : len(self)].swapaxes(1, 2)
+        """View of the cached indexer keys ``k_I``: ``[B, len, d_I]``."""
+        return self._part(2)
 
     @property
     def index_nbytes(self) -> int:
-        """``B * len * d_I * itemsize``: the indexer's part."""
-        if self._ibuf is None:
+        """``B * len * d_I * itemsize``: the indexer's part of nbytes."""
+        if self._buf is None:
             return 0
-        B, d_i, _ = self._ibuf.shape
-        return B * len(self) * d_i * self._ibuf.itemsize
-
-    @property
-    def nbytes(self) -> int:
-        """The latent rows and the indexer keys held."""
-        return super().nbytes + self.index_nbytes
-
-    def check_chunk(
-        self, x_shape, *, batch, d_latent_kv, d_rope, dtype, index_head_dim
-    ):
-        super().check_chunk(
-            x_shape,
-            batch=batch,
-            d_latent_kv=d_latent_kv,
-            d_rope=d_rope,
-            dtype=dtype,
-        )
-        if self._ibuf is not None and self._ibuf.shape[1] != index_head_dim:
-            raise ValueError(
-                f"x_chunk (shape {tuple(x_shape)}) gives index keys of "
-                f"{index_head_dim} but kv_cache holds "
-                f"{self._ibuf.shape[1]}: a cache belongs to one layer"
-            )
+        d_i = self._widths[2]
+        return self._buf.shape[0] * self._len * d_i * self._buf.itemsize
 
     def append(self, c_kv, k_r, k_index=None):
-        """Add a chunk's latents, rotary keys and indexer keys
-        ``k_index [B, L, d_I]``; returns ``(rows, index_keys)`` views."""
-        if not isinstance(k_index, np.ndarray) or k_index.ndim != 3:
+        """Add a chunk's ``c_KV [B, L, d_c]``, ``k_R [B, L, d_R]`` and
+        indexer keys ``k_I [B, L, d_I]``; returns the views
+        ``(rows, index_keys)``."""
+        if k_index is None:
             raise ValueError(
-                "k_index must be a NumPy array [B, L, d_I] (an "
-                "IndexedLatentCache keeps one indexer key per position), "
-                f"got {getattr(k_index, 'shape', type(k_index).__name__)}"
+                "k_index must be a NumPy array [B, L, d_I]: an "
+                "IndexedLatentCache keeps one indexer key per position"
             )
-        if k_index.shape[:2] != c_kv.shape[:2]:
-            raise ValueError(
-                f"k_index must share B and L with c_kv {c_kv.shape}, got "
-                f"{k_index.shape}"
-            )
-        start = len(self)
-        rows = super().append(c_kv, k_r)
-        B, L, d_i = k_index.shape
-        need = start + L
-        if self._ibuf is None:
-            cap = max(self.capacity, need)
-            self._ibuf = np.empty((B, d_i, cap), dtype=c_kv.dtype)
-        elif self._ibuf.shape[1] != d_i:
-            super().truncate(start)
-            raise ValueError(
-                f"k_index has {d_i} features, the cache holds "
-                f"{self._ibuf.shape[1]}"
-            )
-        if need > self._ibuf.shape[2]:
-            grown = np.empty((B, d_i, self.capacity), dtype=self._ibuf.dtype)
-            grown[:, :, :start] = self._ibuf[:, :, :start]
-            self._ibuf = grown
-        self._ibuf[:, :, start:need] = k_index.swapaxes(1, 2)
-        return rows, self.index_keys
+        self.append_parts({"c_kv": c_kv, "k_r": k_r, "k_index": k_index})
+        return self.rows, self.index_keys
 
 
 # ------------------------------------------------------------ the layer
@@ -647,11 +607,10 @@ class SparseLatentAttention(MultiHeadLatentAttention):
         appended. ``absorb`` defaults to True with a cache.
         """
         name = "x" if kv_cache is None else "x_chunk"
-        x3, unbatched = self._check_x(x, name)
+        x3, unbatched = check_layer_input(x, self.d_model, name)
         B, L, _ = x3.shape
         absorb = (kv_cache is not None) if absorb is None else absorb
-        if not isinstance(absorb, (bool, np.bool_)):
-            raise TypeError(f"absorb must be True or False, got {absorb!r}")
+        absorb = check_flag(absorb, "absorb")
         self.check_cache(kv_cache, x3)
         start = 0 if kv_cache is None else len(kv_cache)
         pos = np.arange(start, start + L)  # absolute positions: [L]
@@ -675,19 +634,26 @@ class SparseLatentAttention(MultiHeadLatentAttention):
         self.index_scores, self.selected = scores, chosen
 
         # attend: over the chosen rows only
-        self._cache = None
-        if absorb:
+        self._cache = self._att = None
+        if absorb:  # gather the chosen rows (inference)
             o = self._attend_selected(q_c, q_r, rows, chosen)
-        else:
-            d_c = self.d_latent_kv
-            o, att = self._attend_expanded(
-                q_c, q_r, rows[..., :d_c], rows[..., d_c:], chosen[:, None]
+        else:  # chapter 7's expanded path, the selection as its mask
+            where = dict(
+                allowed=group_mask(
+                    chosen[:, None], B, self.n_heads, 1, L, L_k
+                ),
+                scale=self.scale,
+                check_finite=False,  # x was checked once
             )
-            self.attention_weights = att.weights  # [B, h, L, L_k]
-        o = merge_kv(o)  # [B, h, L, d_v] -> [B, L, h*d_v]
+            d_c = self.d_latent_kv
+            o, self._att = self._attend_expanded(
+                q_c, q_r, rows[..., :d_c], rows[..., d_c:], where
+            )
+        o = merge_heads(o)  # [B, h, L, d_v] -> [B, L, h*d_v]
         y = o @ self.params["W_o"]  # [B, L, h*d_v] @ [h*d_v, d]
         if not absorb and kv_cache is None:  # chapter 7's backward
-            self._cache = (x3, q_keep, kv_keep, c_kv, o, att, unbatched)
+            keep = (x3, q_keep, kv_keep, c_kv, o, self._att, unbatched)
+            self._cache = keep
         return y[0] if unbatched else y
 
     def check_cache(self, kv_cache, x3):
@@ -701,29 +667,23 @@ class SparseLatentAttention(MultiHeadLatentAttention):
                 "indexer keys live beside the latents), got "
                 f"{type(kv_cache).__name__}"
             )
+        dtype = np.result_type(x3.dtype, self.params["W_dkv"].dtype)
+        layout = (x3.shape[0], self.d_latent_kv, self.d_rope)
         kv_cache.check_chunk(
-            x3.shape,
-            batch=x3.shape[0],
-            d_latent_kv=self.d_latent_kv,
-            d_rope=self.d_rope,
-            dtype=np.result_type(x3.dtype, self.params["W_dkv"].dtype),
-            index_head_dim=self.indexer.head_dim,
+            x3.shape, layout + (self.indexer.head_dim,), dtype
         )
 
     def _attend_selected(self, q_c, q_r, rows, chosen):
         """The absorbed (MQA) path, reading only the chosen rows."""
-        W, h, d_c = self.params, self.n_heads, self.d_latent_kv
-        w_uk = W["W_uk"].reshape(d_c, h, self.d_head).transpose(1, 2, 0)
-        w_uv = W["W_uv"].reshape(d_c, h, self.d_head_v).transpose(1, 0, 2)
+        w_uk, w_uv = self._absorbed_weights()  # per head, chapter 7
         q_lat = q_c @ w_uk  # [B, h, L, d_h] @ [h, d_h, d_c] -> [., d_c]
         q = np.concatenate([q_lat, q_r], axis=-1)  # [B, h, L, d_c + d_R]
         q = q.transpose(0, 2, 1, 3)  # a token's heads as rows: [B, L, h, D]
         idx, valid = selected_indices(chosen)  # [B, L, n]
         o_lat, _ = sparse_mqa_forward(
-            q, rows, idx, valid, d_v=d_c, scale=self.scale
+            q, rows, idx, valid, d_v=self.d_latent_kv, scale=self.scale
         )  # [B, L, h, d_c]: a weighted sum of the chosen latents
         o_lat = o_lat.transpose(0, 2, 1, 3)  # [B, h, L, d_c]
-        self.attention_weights = None
         return o_lat @ w_uv  # [B, h, L, d_c] @ [h, d_c, d_v]
 
     def indexer_loss(self, *, sparse=True):
@@ -860,7 +820,3 @@ def sparse_decode_step_flops(
         "indexer": 2 * L_k * index_n_heads * index_head_dim,
         "attention": k * per_row,
     }
-
-
-def _flat(t):
-    return t.reshape(-1, t.shape[-1])  # [B, L, n] -> [B*L, n]

@@ -450,14 +450,16 @@ def test_indexed_cache_protocol_and_bytes():
     assert cache.index_nbytes == 2 * 6 * d_i * 8
     cache.truncate(4)
     assert len(cache) == 4 and cache.nbytes == 2 * 4 * (d_c + d_r + d_i) * 8
-    with pytest.raises(ValueError, match="batch size"):
+    with pytest.raises(ValueError, match="kv_cache holds batch 2"):
         layer.forward(_x((3, 1, 8)), kv_cache=cache)
     with pytest.raises(ValueError, match="k_index must be"):
         cache.append(np.zeros((2, 1, d_c)), np.zeros((2, 1, d_r)))
     other = SparseLatentAttention(
         **MLA, index_n_heads=2, index_head_dim=8, index_topk=3
     )
-    with pytest.raises(ValueError, match="index keys of 8"):
+    with pytest.raises(
+        ValueError, match="index_head_dim 8, but kv_cache holds"
+    ):
         other.forward(_x((2, 1, 8)), kv_cache=cache)
 
 
