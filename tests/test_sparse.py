@@ -564,3 +564,25 @@ def test_block_selection_errors():
         block_top_n_mask(_x((2, 4)), _x((2, 4)), block_size=0, n_blocks=1)
     with pytest.raises(ValueError, match="share the feature axis"):
         block_top_n_mask(_x((2, 4)), _x((2, 3)), block_size=2, n_blocks=1)
+
+
+def test_a_decode_step_reads_only_the_chosen_rows():
+    """Change a cached latent row no query chose: the step's output stays
+    the same, bit for bit. Change a chosen one: it moves."""
+    layer = _sparse(3)
+    x = _x((1, 9, 8), 6)
+    cache = IndexedLatentCache()
+    layer.forward(x[:, :8], kv_cache=cache)
+    y = layer.forward(x[:, 8:], kv_cache=cache)
+    chosen = layer.selected[0, 0]  # [9]: the last step's choice
+    assert chosen.sum() == 3
+    cache.truncate(8)
+    # the rows live in the cache's buffer: [B, d_c + d_R + d_I, capacity]
+    d_rows = layer.d_latent_kv + layer.d_rope
+    skipped = int(np.flatnonzero(~chosen[:8])[0])
+    cache.storage[0, :d_rows, skipped] += 5.0
+    assert (layer.forward(x[:, 8:], kv_cache=cache) == y).all()
+    cache.truncate(8)
+    picked = int(np.flatnonzero(chosen[:8])[0])
+    cache.storage[0, :d_rows, picked] += 5.0
+    assert np.abs(layer.forward(x[:, 8:], kv_cache=cache) - y).max() > 1e-3
