@@ -29,6 +29,8 @@ ch  chapter                              modules
     attention sinks                      :mod:`.kv_cache`, :mod:`.streaming`
 9   FlashAttention                       :mod:`.flash` (called by
                                          :mod:`.grouped`)
+12  linear attention, DeltaNet, Gated    :mod:`.linear_attention`
+    DeltaNet, Kimi Delta Attention
 13  sparse attention on the latent      :mod:`.sparse`
     cache (DSA's lightning indexer,
     top-k, block selection)
@@ -82,6 +84,18 @@ from .instruments import (
 )
 from .kv_cache import KVCache
 from .latent import LatentKVCache, MultiHeadLatentAttention
+from .linear_attention import (
+    GatedDeltaNet,
+    KimiDeltaAttention,
+    StateCache,
+    gated_delta_chunked_backward,
+    gated_delta_chunked_forward,
+    gated_delta_recurrent_backward,
+    gated_delta_recurrent_forward,
+    gated_deltanet_from_hf,
+    linear_attention_backward,
+    linear_attention_forward,
+)
 from .multihead import (
     GroupedQueryAttention,
     MultiHeadAttention,
@@ -130,9 +144,11 @@ __all__ = [
     "AssociativeRecall",
     "AttentionCache",
     "FlashCache",
+    "GatedDeltaNet",
     "GroupedQueryAttention",
     "IndexedLatentCache",
     "KVCache",
+    "KimiDeltaAttention",
     "LatentKVCache",
     "LightningIndexer",
     "MarkedCopy",
@@ -144,6 +160,7 @@ __all__ = [
     "RopeCache",
     "SoftmaxCache",
     "SparseLatentAttention",
+    "StateCache",
     "TOLERANCE",
     "Transformer",
     "attention_backward",
@@ -158,6 +175,11 @@ __all__ = [
     "flash_attention_backward",
     "flash_attention_forward",
     "from_hf_config",
+    "gated_delta_chunked_backward",
+    "gated_delta_chunked_forward",
+    "gated_delta_recurrent_backward",
+    "gated_delta_recurrent_forward",
+    "gated_deltanet_from_hf",
     "grouped_attention_backward",
     "grouped_attention_forward",
     "index_scores_backward",
@@ -167,6 +189,8 @@ __all__ = [
     "instruments",
     "kv_bytes_per_token",
     "kv_cache_bytes",
+    "linear_attention_backward",
+    "linear_attention_forward",
     "mha_to_gqa",
     "numerical_gradient",
     "position_mask",

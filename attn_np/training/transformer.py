@@ -31,6 +31,7 @@ from .layers import (
 )
 
 POSITIONS = ("sinusoidal", "rope", "none")
+LAYER_TYPES = ("full", "linear")
 
 
 class Block(Composite):
@@ -83,6 +84,14 @@ class Transformer(Composite):
     ``window`` and ``sinks`` go to every attention layer (chapter 8): a
     sliding window of ``window`` positions, and a learned sink logit per
     query head.
+
+    ``layer_pattern`` (chapter 12) builds a hybrid stack: a sequence of
+    ``"full"`` and ``"linear"``, repeated over the layers (Qwen3-Next's
+    ``("linear", "linear", "linear", "full")`` is three Gated DeltaNet
+    layers per attention layer). A linear layer is a
+    :class:`~attn_np.GatedDeltaNet` with ``n_heads`` value heads and
+    ``n_kv_heads`` key heads of ``d_k`` and ``d_v``; ``linear_options``
+    (a dict) goes to it (``chunk_size``, ``conv_size``, ...).
     """
 
     def __init__(
@@ -104,7 +113,15 @@ class Transformer(Composite):
         rope_layout="half",
         window=None,
         sinks=False,
+        layer_pattern=("full",),
+        linear_options=None,
     ):
+        pattern = tuple(layer_pattern)
+        if not pattern or any(t not in LAYER_TYPES for t in pattern):
+            raise ValueError(
+                "layer_pattern must be a non-empty sequence of "
+                f"{LAYER_TYPES}, got {layer_pattern!r}"
+            )
         if positions not in POSITIONS:
             raise ValueError(
                 f"positions must be one of {POSITIONS}, got {positions!r}"
@@ -128,26 +145,42 @@ class Transformer(Composite):
             else None
         )
         rope = positions == "rope"
-        self.blocks = [
-            Block(
-                GroupedQueryAttention(
+
+        def attention(i, seed):
+            if pattern[i % len(pattern)] == "linear":
+                from ..linear_attention import GatedDeltaNet
+
+                return GatedDeltaNet(
                     d_model,
                     n_heads,
                     n_kv_heads,
                     d_k=d_k,
                     d_v=d_v,
-                    seed=s_attn,
+                    seed=seed,
                     dtype=dtype,
-                    rope_base=rope_base if rope else None,
-                    rope_layout=rope_layout,
-                    window=window,
-                    sinks=sinks,
-                ),
-                d_ff,
-                seed=s_ffn,
+                    **(linear_options or {}),
+                )
+            return GroupedQueryAttention(
+                d_model,
+                n_heads,
+                n_kv_heads,
+                d_k=d_k,
+                d_v=d_v,
+                seed=seed,
                 dtype=dtype,
+                rope_base=rope_base if rope else None,
+                rope_layout=rope_layout,
+                window=window,
+                sinks=sinks,
             )
-            for s_attn, s_ffn in seeds[1:-1]
+
+        self.layer_types = [
+            pattern[i % len(pattern)] for i in range(n_layers)
+        ]
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
+        self.blocks = [
+            Block(attention(i, s_attn), d_ff, seed=s_ffn, dtype=dtype)
+            for i, (s_attn, s_ffn) in enumerate(seeds[1:-1])
         ]
         self.norm_f = RMSNorm(d_model, dtype=dtype)
         self.head = Linear(
@@ -155,12 +188,16 @@ class Transformer(Composite):
         )
 
     def __repr__(self) -> str:
-        a = self.blocks[0].attn
+        hybrid = (
+            f"layer_types={self.layer_types}, "
+            if "linear" in self.layer_types
+            else ""
+        )
         return (
             f"Transformer(vocab_size={self.vocab_size}, "
             f"d_model={self.d_model}, n_layers={len(self.blocks)}, "
-            f"n_heads={a.n_heads}, n_kv_heads={a.n_kv_heads}, "
-            f"params={self.n_params})"
+            f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
+            f"{hybrid}params={self.n_params})"
         )
 
     # -----------------------------------------------------------------
@@ -185,11 +222,13 @@ class Transformer(Composite):
 
     def kv_bytes_per_token(self, dtype=None) -> int:
         """Bytes of keys and values cached per generated token: sum over
-        layers of n_kv (d_k + d_v) x itemsize."""
+        attention layers of n_kv (d_k + d_v) x itemsize (a linear layer's
+        state does not grow with the tokens)."""
         item = np.dtype(self.dtype if dtype is None else dtype).itemsize
         return sum(
             b.attn.n_kv_heads * (b.attn.d_k + b.attn.d_v) * item
-            for b in self.blocks
+            for b, t in zip(self.blocks, self.layer_types)
+            if t == "full"
         )
 
     # ------------------------------------------------------------
@@ -221,5 +260,8 @@ class Transformer(Composite):
 
     def attention_maps(self) -> list[np.ndarray]:
         """The last forward's attention weights, one ``[B, n_heads, L, L]``
-        array per layer."""
-        return [blk.attn.attention_weights for blk in self.blocks]
+        array per layer (None for a linear layer: it has none)."""
+        return [
+            blk.attn.attention_weights if t == "full" else None
+            for blk, t in zip(self.blocks, self.layer_types)
+        ]

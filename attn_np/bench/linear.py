@@ -1,0 +1,232 @@
+"""``python -m attn_np.bench linear``: Gated DeltaNet, chunked against the
+per-token loop (chapter 12).
+
+One Qwen3-Next-shaped layer, scaled to fit: Qwen3-Next-80B-A3B's linear
+layers have 16 key heads and 32 value heads of ``d_k = d_v = 128`` on a
+model width of 2048 (its ``config.json``); here 1 key head and 2 value
+heads of the same 128 dimensions on a width of 256, kernel 4, float32,
+one sequence. A step is one forward and one backward of
+:class:`attn_np.GatedDeltaNet`.
+
+* **speed**: at each ``T`` the layer with ``mode="recurrent"`` (the loop
+  over tokens, backpropagation through time) and ``mode="chunked"``
+  (chunks of 32 by default, the fastest of 16, 32, 64 and 128 on the
+  machine the book was written on), in turns, plus the chunked layer a
+  second time: the ratio loop / chunked is taken round by round, and
+  chunked / chunked again is the run's noise floor. The two forms
+  alone (the kernels on the layer's ``q, k, v, g, beta``, without the
+  projections, the convolutions and the norms, which both forms share)
+  take their turns in the same rounds. Goal: loop / chunked >= 10 at
+  ``T = 4096``.
+* **memory**: the peak bytes traced by tracemalloc during one step of
+  each form at every ``T``. Goal: the chunked form's peak at ``4 T`` at
+  most 4.5 times its peak at ``T`` (it keeps one state per chunk).
+
+Both run with one BLAS thread (``--threads`` to change): on a shared
+machine a threaded product of a few small matrices mostly waits for its
+threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from ..instruments.blas import blas_threads
+from ..instruments.measure import measure_memory, round_times
+from ..linear_attention import (
+    GatedDeltaNet,
+    gated_delta_chunked_backward,
+    gated_delta_chunked_forward,
+    gated_delta_recurrent_backward,
+    gated_delta_recurrent_forward,
+)
+
+SHAPE = dict(d_model=256, n_v_heads=2, n_k_heads=1, d_k=128, d_v=128)
+
+
+def layer_step(T, mode, *, chunk_size=64, dtype=np.float32, seed=0):
+    """One forward + backward of the scaled layer on ``[1, T, 256]``, as a
+    function of nothing."""
+    layer = GatedDeltaNet(
+        SHAPE["d_model"],
+        SHAPE["n_v_heads"],
+        SHAPE["n_k_heads"],
+        d_k=SHAPE["d_k"],
+        d_v=SHAPE["d_v"],
+        mode=mode,
+        chunk_size=chunk_size,
+        dtype=dtype,
+        seed=seed,
+    )
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((1, T, SHAPE["d_model"])).astype(dtype)
+    dy = rng.standard_normal(x.shape).astype(dtype)
+
+    def step():
+        layer.forward(x)
+        return layer.backward(dy)
+
+    return step
+
+
+def kernel_step(T, form, *, chunk_size=64, dtype=np.float32, seed=0):
+    """One forward + backward of the gated delta rule alone, on the
+    layer's shapes (``[1, n_k, G, T, d]``, unit keys), as a function."""
+    rng = np.random.default_rng(seed)
+    lead = (1, SHAPE["n_k_heads"], SHAPE["n_v_heads"] // SHAPE["n_k_heads"])
+    d_k, d_v = SHAPE["d_k"], SHAPE["d_v"]
+    q = rng.standard_normal((*lead, T, d_k)) / np.sqrt(d_k)
+    k = rng.standard_normal((*lead, T, d_k))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.standard_normal((*lead, T, d_v))
+    g = -rng.uniform(0.01, 0.5, (*lead, T))
+    beta = rng.uniform(0.1, 0.9, (*lead, T))
+    do = rng.standard_normal(v.shape)
+    q, k, v, g, beta, do = (x.astype(dtype) for x in (q, k, v, g, beta, do))
+    if form == "chunked":
+        fwd, bwd = gated_delta_chunked_forward, gated_delta_chunked_backward
+        kw = {"chunk_size": chunk_size}
+    else:
+        fwd, bwd = (
+            gated_delta_recurrent_forward,
+            gated_delta_recurrent_backward,
+        )
+        kw = {}
+
+    def step():
+        _, cache = fwd(q, k, v, g, beta, **kw)
+        return bwd(do, cache)
+
+    return step
+
+
+def speed(Ts=(1024, 2048, 4096), *, rounds=3, chunk_size=64):
+    """``{T: {"loop / chunked": (median, q1, q3), "kernels": (...),
+    "A/A": (...), "chunked s": best, "loop s": best}}``: the layers'
+    ratio, the kernels' alone and the noise floor, round by round."""
+    out = {}
+    for T in Ts:
+        fns = {
+            "loop": layer_step(T, "recurrent"),
+            "chunked": layer_step(T, "chunked", chunk_size=chunk_size),
+            "chunked again": layer_step(T, "chunked", chunk_size=chunk_size),
+            "kernel loop": kernel_step(T, "recurrent"),
+            "kernel chunked": kernel_step(
+                T, "chunked", chunk_size=chunk_size
+            ),
+        }
+        t = round_times(fns, rounds=rounds)
+        ratio = t["loop"] / t["chunked"]
+        aa = t["chunked again"] / t["chunked"]
+        kr = t["kernel loop"] / t["kernel chunked"]
+        out[T] = {
+            "loop / chunked": _quartiles(ratio),
+            "kernels": _quartiles(kr),
+            "A/A": _quartiles(aa),
+            "loop s": float(t["loop"].min()),
+            "chunked s": float(t["chunked"].min()),
+        }
+    return out
+
+
+def memory(Ts=(1024, 4096), *, chunk_size=64):
+    """``{T: {"chunked": peak bytes, "loop": peak bytes}}`` of one step."""
+    out = {}
+    for T in Ts:
+        out[T] = {
+            mode: measure_memory(
+                layer_step(T, form, chunk_size=chunk_size)
+            ).peak
+            for mode, form in (("chunked", "chunked"), ("loop", "recurrent"))
+        }
+    return out
+
+
+def _quartiles(x):
+    q1, med, q3 = np.percentile(np.asarray(x), [25, 50, 75])
+    return float(med), float(q1), float(q3)
+
+
+def main(argv=()) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m attn_np.bench linear",
+        description=__doc__.splitlines()[0],
+    )
+    parser.add_argument(
+        "--T", type=int, nargs="+", default=[1024, 2048, 4096]
+    )
+    parser.add_argument("--memory-T", type=int, nargs="*", default=None)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--chunk-size", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(list(argv))
+    for name in ("rounds", "chunk_size", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if min(args.T) < 1:
+        parser.error("--T must be positive")
+    mem_T = args.memory_T
+    if mem_T is None:
+        mem_T = [min(args.T), 4 * min(args.T)]
+    print(
+        "Gated DeltaNet layer, Qwen3-Next-shaped and scaled: d_model=256,\n"
+        "1 key head, 2 value heads, d_k=d_v=128, conv 4, float32, B=1;\n"
+        f"chunks of {args.chunk_size}; {args.threads} BLAS thread(s)"
+    )
+    with blas_threads(args.threads):
+        t0 = time.perf_counter()
+        sp = speed(args.T, rounds=args.rounds, chunk_size=args.chunk_size)
+        print(
+            f"\nspeed: forward + backward, {args.rounds} rounds in turns "
+            f"({time.perf_counter() - t0:.0f} s);\nratios round by round: "
+            "median [quartiles]"
+        )
+        print(
+            f"{'T':>5} {'loop s':>7} {'chunk s':>7} {'layer ratio':>17} "
+            f"{'kernel ratio':>17} {'noise (A/A)':>16}"
+        )
+        for T, r in sp.items():
+            cols = [
+                f"{m:5.1f} [{lo:4.1f}, {hi:4.1f}]"
+                for m, lo, hi in (r["loop / chunked"], r["kernels"])
+            ]
+            a, alo, ahi = r["A/A"]
+            print(
+                f"{T:5d} {r['loop s']:7.2f} {r['chunked s']:7.2f} "
+                f"{cols[0]:>17} {cols[1]:>17} "
+                f"{a:4.2f} [{alo:4.2f}, {ahi:4.2f}]"
+            )
+        T_max = max(sp)
+        for what, key in (
+            ("layer", "loop / chunked"),
+            ("kernel", "kernels"),
+        ):
+            m, lo, _ = sp[T_max][key]
+            print(
+                f"goal, {what} loop / chunked >= 10 at T={T_max}: "
+                f"{'met' if m >= 10 else 'NOT met'} ({m:.1f}; q1 {lo:.1f})"
+            )
+        if mem_T:
+            mem = memory(mem_T, chunk_size=args.chunk_size)
+            print("\nmemory: traced peak of one forward + backward, MiB")
+            print(f"{'T':>6} {'chunked':>9} {'loop':>9}")
+            for T, r in mem.items():
+                print(
+                    f"{T:6d} {r['chunked'] / 2**20:9.1f} "
+                    f"{r['loop'] / 2**20:9.1f}"
+                )
+            Ts = sorted(mem)
+            if len(Ts) > 1:
+                lo_T, hi_T = Ts[0], Ts[-1]
+                g = mem[hi_T]["chunked"] / mem[lo_T]["chunked"]
+                gl = mem[hi_T]["loop"] / mem[lo_T]["loop"]
+                lim = 4.5 * hi_T / lo_T / 4
+                print(
+                    f"chunked peak({hi_T}) / peak({lo_T}) = {g:.2f} (loop: "
+                    f"{gl:.2f}); goal <= {lim:.1f}: "
+                    f"{'met' if g <= lim else 'NOT met'}"
+                )
+    return 0

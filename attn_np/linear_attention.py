@@ -1,0 +1,1451 @@
+"""Linear attention, DeltaNet and Gated DeltaNet (chapter 12).
+
+Softmax attention keeps every key and value. Linear attention replaces
+``exp(q . k)`` by a product of features, ``phi(q) . phi(k)`` (Katharopoulos
+et al. 2020), and the causal sum becomes a recurrence on a fixed-size
+state ``S [d_k, d_v]``::
+
+    S_t = S_{t-1} + phi(k_t) v_t^T          o_t = S_t^T phi(q_t)
+
+The delta rule (DeltaNet; Schlag et al. 2021, Yang et al. 2024) writes
+the *error* of what the state already returns for ``k_t``; Gated DeltaNet
+(Yang, Kautz and Hatamizadeh, ICLR 2025) first decays the state by
+``alpha_t = exp(g_t)``::
+
+    S'_t = alpha_t S_{t-1}                                  decay
+    u_t  = beta_t (v_t - S'_t^T k_t)                        [d_v]
+    S_t  = S'_t + k_t u_t^T                                 [d_k, d_v]
+    o_t  = S_t^T q_t                                        [d_v]
+
+which is ``S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t
+v_t^T``. ``g`` of shape ``[..., T]`` is one decay per head (Gated
+DeltaNet); of shape ``[..., T, d_k]`` it is one per key channel,
+``S'_t = Diag(alpha_t) S_{t-1}`` (Kimi Delta Attention, Kimi Team 2025).
+
+Two forms compute it:
+
+* :func:`gated_delta_recurrent_forward`: the loop over tokens; its
+  backward is backpropagation through time and keeps all ``T + 1``
+  states.
+* :func:`gated_delta_chunked_forward`: chunks of ``C`` tokens. With
+  ``Gamma_r`` the decay summed from the chunk's start, ``S_0`` the state
+  entering it and ``<x, y>_ri = sum_d x_rd y_id exp(Gamma_rd - Gamma_id)``::
+
+      A = -diag(beta) <K, K>   strictly lower     [C, C]
+      T = (I - A)^{-1}         forward substitution
+      W = T diag(beta) (K * e^Gamma)   U~ = T diag(beta) V
+      U = U~ - W S_0                              [C, d_v]: the u_t
+      O = (Q * e^Gamma) S_0 + (<Q, K> incl. diagonal) U
+      S_C = e^Gamma_C S_0 + (K * e^(Gamma_C - Gamma))^T U
+
+  (the WY/UT representation of Yang et al. 2024). Only ``S_0`` of each
+  chunk is kept; the backward recomputes the rest chunk by chunk.
+
+:class:`GatedDeltaNet` is the released layer (Qwen3-Next's
+``linear_attention``): short causal convolutions, L2-normalised ``q`` and
+``k``, ``g = -exp(A_log) softplus(a + dt_bias)``, ``beta = sigmoid(b)``,
+more value heads than key heads and a gated RMSNorm. :class:`StateCache`
+carries one state and the convolution's last inputs per sequence, for
+decoding. :class:`KimiDeltaAttention` overrides its gates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._checks import (
+    as_float_array,
+    check_count,
+    check_finite,
+    check_float_dtype,
+    check_positive_int,
+    check_upstream,
+)
+from .training.layers import rmsnorm_backward, rmsnorm_forward
+
+# ---------------------------------------------------------------------------
+# -- linear attention
+
+
+def elu_feature_map(x):
+    """``phi(x) = elu(x) + 1`` (Katharopoulos et al. 2020): positive, so the
+    normaliser ``phi(q) . sum phi(k)`` never vanishes."""
+    return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
+
+
+@dataclass
+class LinearAttentionCache:
+    fq: np.ndarray  # [..., T, d_k]: phi(q)
+    fk: np.ndarray  # [..., T, d_k]: phi(k)
+    v: np.ndarray  # [..., T, d_v]
+    q: np.ndarray  # [..., T, d_k]
+    k: np.ndarray  # [..., T, d_k]
+    num: np.ndarray  # [..., T, d_v]: S_t^T phi(q_t)
+    den: np.ndarray  # [..., T, 1]: z_t . phi(q_t)
+
+
+def linear_attention_forward(q, k, v):
+    """Causal linear attention with ``phi = elu + 1``, as the recurrence::
+
+        S_t = S_{t-1} + phi(k_t) v_t^T     z_t = z_{t-1} + phi(k_t)
+        o_t = S_t^T phi(q_t) / (z_t . phi(q_t))
+
+    ``q, k [..., T, d_k]``, ``v [..., T, d_v]`` -> ``o [..., T, d_v]``.
+    The state ``(S, z)`` has ``d_k (d_v + 1)`` numbers, whatever ``T``.
+    """
+    q, k, v = _check_qkv(q, k, v)
+    fq, fk = elu_feature_map(q), elu_feature_map(k)
+    *lead, T, d_k = q.shape
+    S = np.zeros((*lead, d_k, v.shape[-1]), dtype=v.dtype)  # [..., d_k, d_v]
+    z = np.zeros((*lead, d_k), dtype=v.dtype)  # [..., d_k]
+    num = np.empty(v.shape, dtype=v.dtype)
+    den = np.empty((*lead, T, 1), dtype=v.dtype)
+    for t in range(T):
+        # S += phi(k_t) v_t^T: [..., d_k, 1] * [..., 1, d_v]
+        S = S + fk[..., t, :, None] * v[..., t, None, :]
+        z = z + fk[..., t, :]
+        # S^T phi(q_t): [..., 1, d_k] @ [..., d_k, d_v] -> [..., d_v]
+        num[..., t, :] = (fq[..., t, None, :] @ S)[..., 0, :]
+        den[..., t, 0] = np.sum(z * fq[..., t, :], axis=-1)
+    cache = LinearAttentionCache(fq, fk, v, q, k, num, den)
+    return num / den, cache
+
+
+def linear_attention_backward(do, cache: LinearAttentionCache):
+    """``(dq, dk, dv)`` of :func:`linear_attention_forward`, from its
+    parallel form ``num = (M * phi(Q) phi(K)^T) V``, ``den = (M * phi(Q)
+    phi(K)^T) 1`` (``M`` the causal mask)."""
+    c = cache
+    do = check_upstream(do, "do", c.v.shape, "the output o")
+    T = c.v.shape[-2]
+    M = np.tril(np.ones((T, T), dtype=bool))
+    # [..., T, d_k] @ [..., d_k, T] -> [..., T, T], causal
+    P = np.where(M, c.fq @ c.fk.swapaxes(-1, -2), 0.0)
+    dnum = do / c.den  # [..., T, d_v]
+    # d(1/den): -sum(do * num) / den^2
+    dden = -np.sum(do * c.num, axis=-1, keepdims=True) / c.den**2
+    # num = P V, den = P 1: dP = dnum V^T + dden 1^T
+    dP = np.where(M, dnum @ c.v.swapaxes(-1, -2) + dden, 0.0)
+    dv = P.swapaxes(-1, -2) @ dnum  # [..., T, T] @ [..., T, d_v]
+    dfq = dP @ c.fk  # [..., T, T] @ [..., T, d_k]
+    dfk = dP.swapaxes(-1, -2) @ c.fq
+    # phi'(x) = 1 for x > 0, exp(x) otherwise
+    dq = dfq * np.where(c.q > 0, 1.0, c.fq)
+    dk = dfk * np.where(c.k > 0, 1.0, c.fk)
+    return dq, dk, dv
+
+
+def _check_qkv(q, k, v):
+    q = as_float_array(q, "q", min_ndim=2)
+    k = as_float_array(k, "k", min_ndim=2)
+    v = as_float_array(v, "v", min_ndim=2)
+    if q.shape != k.shape:
+        raise ValueError(
+            "q and k must have the same shape [..., T, d_k], got q "
+            f"{q.shape} and k {k.shape}"
+        )
+    if v.shape[:-1] != k.shape[:-1]:
+        raise ValueError(
+            "v must have shape [..., T, d_v] with the leading axes and T of "
+            f"k {k.shape}, got v {v.shape}"
+        )
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_finite(x, name)
+    dtype = np.result_type(q, k, v)
+    return q.astype(dtype), k.astype(dtype), v.astype(dtype)
+
+
+# ---------------------------------------------------------------------------
+# -- the gated delta rule: checks shared by both forms
+
+
+def _check_delta_inputs(q, k, v, g, beta, initial_state):
+    """Validated arrays in one dtype, ``g`` as ``[..., T, d_k or 1]``."""
+    q, k, v = _check_qkv(q, k, v)
+    *lead, T, d_k = k.shape
+    lead, d_v = tuple(lead), v.shape[-1]
+    g = as_float_array(g, "g")
+    beta = as_float_array(beta, "beta")
+    if g.shape == (*lead, T):
+        g = g[..., None]  # one decay per head: [..., T, 1]
+    elif g.shape != (*lead, T, d_k):
+        raise ValueError(
+            f"g must have shape [..., T] = {(*lead, T)} (one decay per "
+            f"head) or [..., T, d_k] = {(*lead, T, d_k)} (one per key "
+            f"channel), got {g.shape}"
+        )
+    if beta.shape != (*lead, T):
+        raise ValueError(
+            f"beta must have shape [..., T] = {(*lead, T)} (one per token "
+            f"and head), got {beta.shape}"
+        )
+    check_finite(g, "g")
+    check_finite(beta, "beta")
+    dtype = np.result_type(q, g, beta)
+    if initial_state is None:
+        S0 = np.zeros((*lead, d_k, d_v), dtype=dtype)
+    else:
+        S0 = as_float_array(initial_state, "initial_state")
+        if S0.shape != (*lead, d_k, d_v):
+            raise ValueError(
+                "initial_state must have shape [..., d_k, d_v] = "
+                f"{(*lead, d_k, d_v)}, got {S0.shape}"
+            )
+        check_finite(S0, "initial_state")
+        dtype = np.result_type(dtype, S0)
+    return tuple(x.astype(dtype, copy=False) for x in (q, k, v, g, beta, S0))
+
+
+def _sum_to(x, shape):
+    """Sum ``x`` over the axes where ``shape`` has size 1 (the backward of
+    broadcasting a per-head ``g [..., 1]`` over ``d_k``)."""
+    if x.shape[-1] != shape[-1]:
+        return x.sum(axis=-1, keepdims=True)
+    return x
+
+
+# ---------------------------------------------------------------------------
+# -- recurrent form
+
+
+@dataclass
+class RecurrentCache:
+    q: np.ndarray  # [T, ..., d_k]   (time first: one slice per step)
+    k: np.ndarray  # [T, ..., d_k]
+    a: np.ndarray  # [T, ..., d_k or 1]: alpha_t = exp(g_t)
+    beta: np.ndarray  # [T, ...]
+    r: np.ndarray  # [T, ..., d_v]: v_t - S'_t^T k_t
+    u: np.ndarray  # [T, ..., d_v]: beta_t r_t
+    states: np.ndarray  # [T + 1, ..., d_k, d_v]: S_0 ... S_T
+    per_head: bool  # g was [..., T]
+
+    @property
+    def final_state(self) -> np.ndarray:
+        """``S_T [..., d_k, d_v]``."""
+        return self.states[-1]
+
+
+def gated_delta_recurrent_forward(q, k, v, g, beta, initial_state=None):
+    """The gated delta rule token by token.
+
+    ``q, k [..., T, d_k]``, ``v [..., T, d_v]``, ``g [..., T]`` (or
+    ``[..., T, d_k]``: per channel), ``beta [..., T]``, ``initial_state
+    [..., d_k, d_v]`` (zeros if None) -> ``(o [..., T, d_v], cache)``;
+    ``cache.final_state`` is ``S_T``. ``q`` is used as given (the layer
+    scales it).
+    """
+    per_head = np.shape(g) == np.shape(beta)
+    q, k, v, g, beta, S0 = _check_delta_inputs(
+        q, k, v, g, beta, initial_state
+    )
+    # time first, so that step t reads contiguous slices
+    qt, kt, vt = (np.moveaxis(x, -2, 0) for x in (q, k, v))
+    at = np.exp(np.moveaxis(g, -2, 0))  # [T, ..., d_k or 1]
+    bt = np.moveaxis(beta, -1, 0)  # [T, ...]
+    T = qt.shape[0]
+    states = np.empty((T + 1, *S0.shape), dtype=S0.dtype)
+    states[0] = S0
+    r = np.empty(vt.shape, dtype=S0.dtype)  # [T, ..., d_v]
+    u = np.empty_like(r)
+    o = np.empty_like(r)
+    for t in range(T):
+        Sp = at[t][..., None] * states[t]  # [..., d_k, 1] * [..., d_k, d_v]
+        # S'^T k: [..., 1, d_k] @ [..., d_k, d_v] -> [..., d_v]
+        r[t] = vt[t] - (kt[t][..., None, :] @ Sp)[..., 0, :]
+        u[t] = bt[t][..., None] * r[t]
+        # S_t = S' + k u^T: [..., d_k, 1] * [..., 1, d_v]
+        states[t + 1] = Sp + kt[t][..., :, None] * u[t][..., None, :]
+        # o_t = S_t^T q_t: [..., 1, d_k] @ [..., d_k, d_v] -> [..., d_v]
+        o[t] = (qt[t][..., None, :] @ states[t + 1])[..., 0, :]
+    cache = RecurrentCache(qt, kt, at, bt, r, u, states, per_head)
+    return np.moveaxis(o, 0, -2), cache
+
+
+def gated_delta_recurrent_backward(do, cache: RecurrentCache, dstate=None):
+    """Backpropagation through time: ``(dq, dk, dv, dg, dbeta,
+    dinitial_state)``.
+
+    ``dstate`` is the gradient of the final state (None: 0). Step ``t``,
+    walking back with ``dS = dL/dS_t``::
+
+        dS += q_t do_t^T          dq_t = S_t do_t
+        du = dS^T k_t             dk_t = dS u_t
+        dbeta_t = du . r_t        dv_t = beta_t du
+        dS' = dS - k_t dv_t^T     dk_t -= S'_t dv_t
+        dg_t = alpha_t sum(dS' * S_{t-1})     dS = alpha_t dS'
+    """
+    c = cache
+    T = c.q.shape[0]
+    lead_shape = c.states.shape[1:]
+    do = check_upstream(
+        do,
+        "do",
+        (*lead_shape[:-2], T, lead_shape[-1]),
+        "the output o [..., T, d_v]",
+    )
+    dS = np.zeros(lead_shape, dtype=c.states.dtype)
+    if dstate is not None:
+        dS = dS + check_upstream(
+            dstate, "dstate", lead_shape, "the final state"
+        )
+    dot = np.moveaxis(do, -2, 0)  # [T, ..., d_v]
+    dq, dk = np.empty_like(c.q), np.empty_like(c.k)
+    dv = np.empty_like(c.r)
+    dg = np.empty(c.a.shape, dtype=c.states.dtype)
+    dbeta = np.empty(c.beta.shape, dtype=c.states.dtype)
+    for t in range(T - 1, -1, -1):
+        q_t, k_t, a_t = c.q[t], c.k[t], c.a[t]
+        S_prev = c.states[t]  # S_{t-1}: [..., d_k, d_v]
+        Sp = a_t[..., None] * S_prev  # S'_t
+        # o_t = S_t^T q_t
+        dS = dS + q_t[..., :, None] * dot[t][..., None, :]
+        # [..., d_k, d_v] @ [..., d_v, 1] -> [..., d_k]
+        dq[t] = (c.states[t + 1] @ dot[t][..., :, None])[..., 0]
+        # S_t = S' + k u^T
+        du = (k_t[..., None, :] @ dS)[..., 0, :]  # [..., d_v]
+        dk_t = (dS @ c.u[t][..., :, None])[..., 0]  # [..., d_k]
+        # u = beta r, r = v - S'^T k
+        dbeta[t] = np.sum(du * c.r[t], axis=-1)
+        dv[t] = dr = c.beta[t][..., None] * du
+        dSp = dS - k_t[..., :, None] * dr[..., None, :]
+        dk[t] = dk_t - (Sp @ dr[..., :, None])[..., 0]
+        # S' = alpha S_{t-1}
+        da = np.sum(dSp * S_prev, axis=-1)  # [..., d_k]
+        dg[t] = _sum_to(da, a_t.shape) * a_t
+        dS = a_t[..., None] * dSp
+    dg = np.moveaxis(dg, 0, -2)
+    if c.per_head:
+        dg = dg[..., 0]
+    return (
+        np.moveaxis(dq, 0, -2),
+        np.moveaxis(dk, 0, -2),
+        np.moveaxis(dv, 0, -2),
+        dg,
+        np.moveaxis(dbeta, 0, -1),
+        dS,
+    )
+
+
+# ---------------------------------------------------------------------------
+# -- chunked form
+
+
+def _decay_gram(x, y, gam, *, strict):
+    """``<x, y>_ri = sum_d x_rd y_id exp(gam_rd - gam_id)`` for ``i < r``
+    (``strict``) or ``i <= r``, else 0: ``[..., C, C]``, and the decay
+    factors for the backward.
+
+    ``gam [..., C, 1]`` (one decay per head) makes it ``(x y^T) * E``, ``E
+    [..., C, C]``; ``gam [..., C, d_k]`` needs ``E [..., C, C, d_k]``. The
+    exponent is masked before ``exp``, so no factor overflows.
+    """
+    C = x.shape[-2]
+    keep = np.tril(np.ones((C, C), dtype=bool), k=-1 if strict else 0)
+    if gam.shape[-1] == 1:
+        # [..., C, 1] - [..., 1, C] -> [..., C, C]
+        diff = gam[..., :, 0][..., :, None] - gam[..., :, 0][..., None, :]
+        E = np.exp(np.where(keep, diff, -np.inf))
+        return (x @ y.swapaxes(-1, -2)) * E, E  # [..., C, C]
+    # [..., C, 1, d_k] - [..., 1, C, d_k] -> [..., C, C, d_k]
+    diff = gam[..., :, None, :] - gam[..., None, :, :]
+    E = np.exp(np.where(keep[:, :, None], diff, -np.inf))
+    return np.einsum("...rd,...id,...rid->...ri", x, y, E), E
+
+
+def _decay_gram_backward(dG, G, x, y, E):
+    """``(dx, dy, dgam)`` of :func:`_decay_gram`."""
+    if E.ndim == dG.ndim:  # one decay per head
+        dGE = dG * E  # [..., C, C]
+        dx = dGE @ y  # [..., C, C] @ [..., C, d] -> [..., C, d]
+        dy = dGE.swapaxes(-1, -2) @ x
+        Z = dG * G  # d/d(gam_r - gam_i)
+        dgam = (Z.sum(axis=-1) - Z.sum(axis=-2))[..., None]  # [..., C, 1]
+        return dx, dy, dgam
+    dx = np.einsum("...ri,...id,...rid->...rd", dG, y, E)
+    dy = np.einsum("...ri,...rd,...rid->...id", dG, x, E)
+    # [..., C, C, d_k]
+    Z = dG[..., None] * x[..., :, None, :] * y[..., None, :, :] * E
+    return dx, dy, Z.sum(axis=-2) - Z.sum(axis=-3)
+
+
+def unit_lower_inverse(A):
+    """``T = (I - A)^{-1}`` for strictly lower-triangular ``A [..., C,
+    C]``, by forward substitution.
+
+    ``(I - A) T = I`` gives, row by row, ``T_i = e_i + A_i T``; ``A_i`` is
+    zero from column ``i`` on, so ``T[i, :i] = A[i, :i] T[:i, :i]`` with
+    ``T``'s diagonal 1: ``C - 1`` small products, no general solve.
+    """
+    C = A.shape[-1]
+    T = np.broadcast_to(np.eye(C, dtype=A.dtype), A.shape).copy()
+    for i in range(1, C):
+        # [..., 1, i] @ [..., i, i] -> [..., 1, i]
+        T[..., i : i + 1, :i] = A[..., i : i + 1, :i] @ T[..., :i, :i]
+    return T
+
+
+@dataclass
+class ChunkParts:
+    """What a chunk needs besides its entering state (recomputed in the
+    backward). Arrays are ``[N, ..., C, ·]``, chunk first."""
+
+    eg: np.ndarray  # [N, ..., C, d_k or 1]: exp(Gamma_r)
+    KG: np.ndarray  # [N, ..., C, d_k]: k * exp(Gamma)
+    Gk: np.ndarray  # [N, ..., C, C]: <K, K> strict
+    Ek: np.ndarray  # decay factors of Gk
+    Tm: np.ndarray  # [N, ..., C, C]: (I - A)^{-1}
+    W: np.ndarray  # [N, ..., C, d_k]: T diag(beta) K e^Gamma
+    Ut: np.ndarray  # [N, ..., C, d_v]: T diag(beta) V
+    P: np.ndarray  # [N, ..., C, C]: <Q, K> incl. diagonal
+    Ep: np.ndarray  # decay factors of P
+    QG: np.ndarray  # [N, ..., C, d_k]: q * exp(Gamma)
+    eB: np.ndarray  # [N, ..., C, d_k or 1]: exp(Gamma_C - Gamma)
+    KB: np.ndarray  # [N, ..., C, d_k]: k * exp(Gamma_C - Gamma)
+    eC: np.ndarray  # [N, ..., d_k or 1]: exp(Gamma_C)
+
+
+def _chunk_parts(q, k, v, gam, beta):
+    """Every chunk's intra-chunk matrices at once (``[N, ..., C, ·]``)."""
+    eg = np.exp(gam)
+    KG = k * eg  # [N, ..., C, d_k]
+    Gk, Ek = _decay_gram(k, k, gam, strict=True)  # [N, ..., C, C]
+    Tm = unit_lower_inverse(-beta[..., None] * Gk)  # A = -diag(b) <K, K>
+    # [N, ..., C, C] @ [N, ..., C, d] -> [N, ..., C, d]
+    W = Tm @ (beta[..., None] * KG)
+    Ut = Tm @ (beta[..., None] * v)
+    P, Ep = _decay_gram(q, k, gam, strict=False)
+    gC = gam[..., -1:, :]  # [N, ..., 1, d_k or 1]
+    eB = np.exp(gC - gam)
+    return ChunkParts(
+        eg,
+        KG,
+        Gk,
+        Ek,
+        Tm,
+        W,
+        Ut,
+        P,
+        Ep,
+        q * eg,
+        eB,
+        k * eB,
+        np.exp(gC[..., 0, :]),
+    )
+
+
+@dataclass
+class ChunkedCache:
+    q: np.ndarray  # [N, ..., C, d_k]  (padded to N*C tokens)
+    k: np.ndarray  # [N, ..., C, d_k]
+    v: np.ndarray  # [N, ..., C, d_v]
+    gam: np.ndarray  # [N, ..., C, d_k or 1]: decay summed within chunks
+    beta: np.ndarray  # [N, ..., C]
+    states: np.ndarray  # [N + 1, ..., d_k, d_v]: state entering chunk n
+    T: int  # tokens before padding
+    per_head: bool
+
+    @property
+    def final_state(self) -> np.ndarray:
+        """``S_T [..., d_k, d_v]``."""
+        return self.states[-1]
+
+
+# the chunked form works on groups of chunks of about this many tokens:
+# the intermediate arrays of a group stay small (and in cache)
+GROUP_TOKENS = 256
+
+
+def _to_chunks(x, C, pad):
+    """``[..., T, d] -> [N, ..., C, d]``, zero-padded to ``N * C``
+    tokens, chunk axis first (contiguous)."""
+    if pad:  # (np.pad is slow on small arrays)
+        padded = np.zeros(
+            (*x.shape[:-2], x.shape[-2] + pad, x.shape[-1]), x.dtype
+        )
+        padded[..., : x.shape[-2], :] = x
+        x = padded
+    *lead, TT, d = x.shape
+    x = x.reshape(*lead, TT // C, C, d)
+    return np.ascontiguousarray(np.moveaxis(x, -3, 0))
+
+
+def _from_chunks(x, T):
+    """``[N, ..., C, d] -> [..., T, d]`` (padding dropped)."""
+    x = np.moveaxis(x, 0, -3)
+    *lead, N, C, d = x.shape
+    return x.reshape(*lead, N * C, d)[..., :T, :]
+
+
+def gated_delta_chunked_forward(
+    q, k, v, g, beta, initial_state=None, *, chunk_size=64
+):
+    """The gated delta rule in chunks of ``chunk_size`` tokens: the same
+    arguments and result as :func:`gated_delta_recurrent_forward`.
+
+    Any ``T``: the last chunk is padded with ``beta = 0`` and ``g = 0``
+    tokens, which leave the state unchanged (their ``u`` is 0 and their
+    decay 1), and the padded outputs are dropped. The cache keeps the
+    inputs and one state per chunk.
+    """
+    C = check_positive_int(chunk_size, "chunk_size")
+    per_head = np.shape(g) == np.shape(beta)
+    q, k, v, g, beta, S0 = _check_delta_inputs(
+        q, k, v, g, beta, initial_state
+    )
+    T = k.shape[-2]
+    pad = -T % C
+    qc, kc, vc, gc = (_to_chunks(x, C, pad) for x in (q, k, v, g))
+    bc = _to_chunks(beta[..., None], C, pad)[..., 0]  # [N, ..., C]
+    gam = np.cumsum(gc, axis=-2)  # Gamma_r: [N, ..., C, d_k or 1]
+    N = qc.shape[0]
+    states = np.empty((N + 1, *S0.shape), dtype=S0.dtype)
+    states[0] = S0
+    o = np.empty(vc.shape, dtype=S0.dtype)  # [N, ..., C, d_v]
+    G = max(1, GROUP_TOKENS // C)  # chunks per group
+    for lo in range(0, N, G):  # a group of chunks at a time
+        hi = min(N, lo + G)
+        p = _chunk_parts(
+            qc[lo:hi], kc[lo:hi], vc[lo:hi], gam[lo:hi], bc[lo:hi]
+        )
+        eC, KBt = p.eC[..., None], p.KB.swapaxes(-1, -2)
+        for n in range(hi - lo):  # the only loop: the state
+            S = states[lo + n]  # [..., d_k, d_v]
+            # U = U~ - W S: [..., C, d_k] @ [..., d_k, d_v] -> [..., C, d_v]
+            U = p.Ut[n] - p.W[n] @ S
+            # S_C = e^G_C S + (K e^(G_C - G))^T U: [..., d_k, d_v]
+            states[lo + n + 1] = eC[n] * S + KBt[n] @ U
+        # the group's outputs at once, from the states entering its chunks
+        S = states[lo:hi]  # [n, ..., d_k, d_v]
+        U = p.Ut - p.W @ S  # [n, ..., C, d_v]
+        o[lo:hi] = p.QG @ S + p.P @ U  # O = (Q e^G) S + P U
+    cache = ChunkedCache(qc, kc, vc, gam, bc, states, T, per_head)
+    return _from_chunks(o, T), cache
+
+
+def gated_delta_chunked_backward(do, cache: ChunkedCache, dstate=None):
+    """``(dq, dk, dv, dg, dbeta, dinitial_state)`` of
+    :func:`gated_delta_chunked_forward`.
+
+    Backwards over chunks, from ``dS = dL/dS_C``, only the state::
+
+        dU = K~ dS + P^T dO                                 [C, d_v]
+        dS_0 = e^G_C dS + Q~^T dO - W^T dU                  [d_k, d_v]
+
+    (``K~ = K e^(G_C - G)``, ``Q~ = Q e^G``); then, for a group of
+    chunks at once (:func:`chunk_group_backward`), ``dK~ = U dS^T``, ``dQ~ =
+    dO S_0^T``, ``dP = dO U^T``, ``dU~ = dU``, ``dW = -dU S_0^T``,
+    ``dGamma_C = sum(dS * S_0) e^G_C``. Then,
+    through ``W, U~ = T diag(beta) (K e^G, V)`` and the inverse: ``dT =
+    dW (b K e^G)^T + dU~ (b V)^T``, ``dA = T^T dT T^T`` (strictly lower),
+    the decayed products, and ``g`` from ``Gamma`` by a reverse cumsum.
+    """
+    c = cache
+    lead_shape = c.states.shape[1:]  # [..., d_k, d_v]
+    want = (*lead_shape[:-2], c.T, lead_shape[-1])
+    do = check_upstream(do, "do", want, "the output o [..., T, d_v]")
+    C = c.q.shape[-2]
+    dO = _to_chunks(do, C, -c.T % C)  # [N, ..., C, d_v]
+    N = c.q.shape[0]
+    dS = np.zeros(lead_shape, dtype=c.states.dtype)
+    if dstate is not None:
+        dS = dS + check_upstream(
+            dstate, "dstate", lead_shape, "the final state"
+        )
+    grads = [np.empty_like(x) for x in (c.q, c.k, c.v, c.gam, c.beta)]
+    G = max(1, GROUP_TOKENS // C)
+    for lo in reversed(range(0, N, G)):  # groups of chunks, last first
+        sl = slice(lo, min(N, lo + G))
+        dS = chunk_group_backward(
+            [x[sl] for x in (c.q, c.k, c.v, c.gam, c.beta)],
+            c.states[sl],
+            dO[sl],
+            dS,
+            [g[sl] for g in grads],
+        )
+    dq, dk, dv, dgam, dbeta = grads
+    # Gamma = cumsum(g) within the chunk: dg_j = sum_{r >= j} dGamma_r
+    dg = np.flip(np.cumsum(np.flip(dgam, axis=-2), axis=-2), axis=-2)
+    dg = _from_chunks(dg, c.T)
+    if c.per_head:
+        dg = dg[..., 0]
+    dbeta = _from_chunks(dbeta[..., None], c.T)[..., 0]
+    return (
+        _from_chunks(dq, c.T),
+        _from_chunks(dk, c.T),
+        _from_chunks(dv, c.T),
+        dg,
+        dbeta,
+        dS,
+    )
+
+
+def chunk_group_backward(inputs, S, dO, dS, out):
+    """The chunked backward for a run of chunks: ``inputs`` are their
+    ``(q, k, v, gam, beta)`` (``[n, ..., C, ·]``), ``S`` the states
+    entering them, ``dO`` their output gradients and ``dS`` the gradient
+    of the state leaving the last. Writes ``(dq, dk, dv, dgam, dbeta)``
+    into ``out``; returns the gradient of the state entering the first.
+    """
+    q, k, v, gam, beta = inputs
+    p = _chunk_parts(q, k, v, gam, beta)  # recomputed
+    N = q.shape[0]
+    U = p.Ut - p.W @ S  # recomputed: [N, ..., C, d_v]
+    # what of dU and dS_0 does not wait for the next chunk's dS
+    X = p.P.swapaxes(-1, -2) @ dO  # P^T dO: [N, ..., C, d_v]
+    Y = p.QG.swapaxes(-1, -2) @ dO  # Q~^T dO: [N, ..., d_k, d_v]
+    eC, Wt = p.eC[..., None], p.W.swapaxes(-1, -2)
+    dSn = np.empty_like(S)  # dL/dS_C of each chunk
+    dU = np.empty_like(U)
+    for n in range(N - 1, -1, -1):  # the state, backwards
+        dSn[n] = dS
+        # [C, d_k] @ [d_k, d_v] -> [C, d_v]
+        dU[n] = p.KB[n] @ dS + X[n]
+        dS = eC[n] * dS + Y[n] - Wt[n] @ dU[n]  # -> [d_k, d_v]
+    # then the run's chunks at once
+    dKB = U @ dSn.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
+    deC = _sum_to(np.sum(dSn * S, axis=-1), p.eC.shape)
+    dQG = dO @ S.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
+    dP = dO @ U.swapaxes(-1, -2)  # [C, d_v] @ [d_v, C]
+    dUt = dU
+    dW = -dU @ S.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
+    # through the intra-chunk parts, all chunks at once
+    b = beta[..., None]  # [N, ..., C, 1]
+    Tt = p.Tm.swapaxes(-1, -2)
+    # W = T (b K e^G), U~ = T (b V)
+    dTm = dW @ (b * p.KG).swapaxes(-1, -2) + dUt @ (b * v).swapaxes(-1, -2)
+    dbKG, dbV = Tt @ dW, Tt @ dUt  # [N, ..., C, d]
+    dbeta = np.sum(dbKG * p.KG, axis=-1) + np.sum(dbV * v, axis=-1)
+    dKG, dv = b * dbKG, b * dbV
+    # T = (I - A)^{-1}: dA = T^T dT T^T, only where A lives
+    C_ = q.shape[-2]
+    dA = np.tril(Tt @ dTm @ Tt, k=-1) if C_ > 1 else np.zeros_like(dTm)
+    # A = -b <K, K>
+    dbeta -= np.sum(dA * p.Gk, axis=-1)
+    dk1, dk2, dgam = _decay_gram_backward(-b * dA, p.Gk, k, k, p.Ek)
+    dq, dk3, dgam2 = _decay_gram_backward(np.tril(dP), p.P, q, k, p.Ep)
+    dk = dk1 + dk2 + dk3
+    dgam = dgam + dgam2
+    # Q~ = Q e^G, K e^G, K~ = K e^(G_C - G)
+    dq = dq + dQG * p.eg
+    dk = dk + dKG * p.eg + dKB * p.eB
+    shape = gam.shape
+    dgam = dgam + _sum_to(dQG * p.QG + dKG * p.KG - dKB * p.KB, shape)
+    dgC = _sum_to(np.sum(dKB * p.KB, axis=-2), shape) + deC * p.eC
+    dgam[..., -1, :] += dgC
+    for o, g in zip(out, (dq, dk, dv, dgam, dbeta)):
+        o[...] = g
+    return dS
+
+
+# ---------------------------------------------------------------------------
+# -- the layer's small parts, each with its backward
+
+
+def silu(x):
+    """``x * sigmoid(x)``."""
+    return x * _sigmoid(x)
+
+
+def _sigmoid(x):
+    # tanh form: one transcendental, no overflow for large |x|
+    return 0.5 + 0.5 * np.tanh(0.5 * x)
+
+
+def _silu_backward(dy, x):
+    """``d silu / dx = s (1 + x (1 - s))``, ``s = sigmoid(x)``."""
+    s = _sigmoid(x)
+    return dy * (s * (1.0 + x * (1.0 - s)))
+
+
+def causal_conv_forward(x, w, prev=None):
+    """Depthwise causal convolution then SiLU, Qwen3-Next's short
+    convolution.
+
+    ``x [B, L, ch]``, ``w [K, ch]``, ``prev [B, K-1, ch]`` the inputs
+    before the chunk (zeros: the sequence starts here). With ``xp =
+    [prev, x]``, ``y_t = silu(sum_j w_j * xp_{t+j})``: ``w[K-1]`` weighs
+    the current token. Returns ``(y [B, L, ch], cache)``; ``cache.tail``
+    is the last ``K - 1`` inputs, the next chunk's ``prev``.
+    """
+    K = w.shape[0]
+    B, L, ch = x.shape
+    if prev is None:
+        prev = np.zeros((B, K - 1, ch), dtype=x.dtype)
+    xp = np.concatenate([prev, x], axis=1)  # [B, K-1+L, ch]
+    pre = np.zeros_like(x, dtype=np.result_type(x, w))
+    for j in range(K):
+        pre += w[j] * xp[:, j : j + L]  # [ch] * [B, L, ch]
+    return silu(pre), (xp, w, pre)
+
+
+def causal_conv_backward(dy, cache):
+    """``(dx, dw)`` of :func:`causal_conv_forward` (``prev`` is a constant:
+    a cached input)."""
+    xp, w, pre = cache
+    K, L = w.shape[0], pre.shape[1]
+    dpre = _silu_backward(dy, pre)  # [B, L, ch]
+    dxp = np.zeros_like(xp, dtype=dpre.dtype)
+    dw = np.empty_like(w)
+    for j in range(K):
+        dw[j] = np.sum(dpre * xp[:, j : j + L], axis=(0, 1))
+        dxp[:, j : j + L] += w[j] * dpre
+    return dxp[:, K - 1 :], dw
+
+
+def l2norm_forward(x, eps=1e-6):
+    """``x / sqrt(sum(x^2) + eps)`` over the last axis (the ``l2norm`` of
+    FLA and Hugging Face, ``eps`` inside the root)."""
+    r = 1.0 / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+    y = x * r
+    return y, (y, r)
+
+
+def l2norm_backward(dy, cache):
+    """``dx = r (dy - y (y . dy))``."""
+    y, r = cache
+    return r * (dy - y * np.sum(y * dy, axis=-1, keepdims=True))
+
+
+def softplus(x):
+    """``log(1 + e^x)``, computed without overflow."""
+    return np.logaddexp(0.0, x)
+
+
+# ---------------------------------------------------------------------------
+# -- the state cache
+
+
+class StateCache:
+    """What a Gated DeltaNet layer carries from one chunk to the next, for
+    one batch of sequences: the state ``[B, n_v_heads, d_k, d_v]`` and the
+    last ``K - 1`` inputs of each short convolution.
+
+    Unlike a :class:`~attn_np.KVCache` it does not grow: ``nbytes`` is the
+    same after 10 tokens and after a million. ``len(cache)`` counts the
+    positions seen. A state cannot forget its last tokens, so
+    :meth:`truncate` only keeps everything or resets to empty.
+    """
+
+    def __init__(self):
+        self.state = None  # [B, n_v_heads, d_k, d_v]
+        self.conv = None  # (q, k, v) inputs: each [B, K-1, channels]
+        self._seen = 0
+
+    def __len__(self) -> int:
+        return self._seen
+
+    def __repr__(self) -> str:
+        if self.state is None:
+            return "StateCache(empty)"
+        B, n_v, d_k, d_v = self.state.shape
+        return (
+            f"StateCache(batch={B}, n_v_heads={n_v}, d_k={d_k}, d_v={d_v}, "
+            f"seen={self._seen}, dtype={self.state.dtype}, "
+            f"nbytes={self.nbytes})"
+        )
+
+    @property
+    def state_bytes(self) -> int:
+        """``B n_v_heads d_k d_v x itemsize``."""
+        return 0 if self.state is None else self.state.nbytes
+
+    @property
+    def conv_bytes(self) -> int:
+        """``B (K - 1) (2 n_k d_k + n_v d_v) x itemsize``."""
+        return 0 if self.conv is None else sum(c.nbytes for c in self.conv)
+
+    @property
+    def nbytes(self) -> int:
+        """State and convolution inputs: the whole per-layer cache."""
+        return self.state_bytes + self.conv_bytes
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` positions: only ``n = len(self)`` (nothing
+        to do) or ``n = 0`` (start again) are possible; the state mixes
+        every position into the same numbers."""
+        n = check_count(n, "n", minimum=0)
+        if n == self._seen:
+            return
+        if n:
+            raise ValueError(
+                f"a StateCache cannot be truncated to {n} of its "
+                f"{self._seen} positions: the state holds no positions "
+                "one by one (only n=0, a reset, or n=len(cache))"
+            )
+        self.state, self.conv, self._seen = None, None, 0
+
+    def check_chunk(
+        self, x_shape, *, batch, n_v_heads, d_k, d_v, conv_shapes, dtype
+    ) -> None:
+        """Raise unless a chunk ``x_chunk`` (of shape ``x_shape``) of a layer
+        with this layout fits the cache (before any work)."""
+        if self.state is None:
+            return
+        want = (batch, n_v_heads, d_k, d_v)
+        if self.state.shape != want:
+            raise ValueError(
+                f"x_chunk {tuple(x_shape)} needs a state of shape [B, "
+                f"n_v_heads, d_k, d_v] = {want}, but state_cache holds "
+                f"{self.state.shape}: use one StateCache per layer and batch"
+            )
+        got = tuple(c.shape for c in self.conv)
+        if got != tuple(conv_shapes):
+            raise ValueError(
+                f"x_chunk {tuple(x_shape)} needs convolution inputs of "
+                f"shapes {tuple(conv_shapes)}, but state_cache holds {got}"
+            )
+        if np.dtype(dtype) != self.state.dtype:
+            raise TypeError(
+                f"x_chunk makes a state of dtype {np.dtype(dtype)}, but "
+                f"state_cache holds {self.state.dtype}"
+            )
+
+    def update(self, state, conv, n_new: int) -> None:
+        self.state, self.conv = state, tuple(conv)
+        self._seen += n_new
+
+
+# ---------------------------------------------------------------------------
+# -- the layer
+
+
+def state_bytes(
+    n_v_heads, n_k_heads, d_k, d_v, *, conv_size=4, dtype=np.float32
+) -> int:
+    """Bytes a Gated DeltaNet layer keeps per sequence, at any context:
+    the state and the convolution's last inputs, ``(n_v d_k d_v + (K -
+    1)(2 n_k d_k + n_v d_v)) x itemsize``."""
+    item = check_float_dtype(dtype).itemsize
+    state = n_v_heads * d_k * d_v
+    conv = (conv_size - 1) * (2 * n_k_heads * d_k + n_v_heads * d_v)
+    return (state + conv) * item
+
+
+KERNELS = {
+    "chunked": (gated_delta_chunked_forward, gated_delta_chunked_backward),
+    "recurrent": (
+        gated_delta_recurrent_forward,
+        gated_delta_recurrent_backward,
+    ),
+}
+
+
+class GatedDeltaNet:
+    """The Gated DeltaNet layer as Qwen3-Next releases it
+    (``Qwen3NextGatedDeltaNet`` in Hugging Face ``transformers``).
+
+    ``n_k_heads`` key heads of ``d_k`` and ``n_v_heads`` value heads of
+    ``d_v`` (a multiple: value head ``j`` reads key head ``j // G``, ``G
+    = n_v_heads // n_k_heads``); one state ``[d_k, d_v]`` per value head.
+    Parameters::
+
+        W_q, W_k [d_model, n_k d_k]   W_v, W_z [d_model, n_v d_v]
+        W_a, W_b [d_model, n_v]       A_log, dt_bias [n_v]
+        conv_q, conv_k [K, n_k d_k]   conv_v [K, n_v d_v]
+        norm [d_v]                    W_o [n_v d_v, d_model]
+
+    Forward, ``x [B, L, d_model]``: project; short causal convolution and
+    SiLU on q, k, v; L2-normalise q and k, scale q by ``1/sqrt(d_k)``;
+    ``g = -exp(A_log) softplus(x W_a + dt_bias)``, ``beta = sigmoid(x
+    W_b)``; the gated delta rule (``mode``: ``"chunked"`` or
+    ``"recurrent"``); ``RMSNorm(o) * silu(x W_z)`` per value head;
+    ``W_o``. ``state_cache=`` (a :class:`StateCache`) continues from the
+    cached state, for decoding.
+    """
+
+    def __init__(
+        self,
+        d_model,
+        n_v_heads,
+        n_k_heads=None,
+        d_k=None,
+        d_v=None,
+        *,
+        conv_size=4,
+        chunk_size=64,
+        mode="chunked",
+        eps=1e-6,
+        seed=0,
+        dtype=np.float64,
+    ):
+        self.d_model = check_positive_int(d_model, "d_model")
+        self.n_v_heads = check_positive_int(n_v_heads, "n_v_heads")
+        self.n_k_heads = (
+            self.n_v_heads
+            if n_k_heads is None
+            else check_positive_int(n_k_heads, "n_k_heads")
+        )
+        if self.n_v_heads % self.n_k_heads:
+            raise ValueError(
+                "n_v_heads must be a multiple of n_k_heads (each key head "
+                f"serves a group of value heads), got n_v_heads="
+                f"{self.n_v_heads} and n_k_heads={self.n_k_heads}"
+            )
+        if (d_k is None or d_v is None) and d_model % self.n_v_heads:
+            raise ValueError(
+                "d_model must be divisible by n_v_heads when d_k or d_v is "
+                f"not given, got d_model={d_model}, n_v_heads={n_v_heads}"
+            )
+        default = self.d_model // self.n_v_heads
+        self.d_k = check_positive_int(default if d_k is None else d_k, "d_k")
+        self.d_v = check_positive_int(default if d_v is None else d_v, "d_v")
+        self.group_size = self.n_v_heads // self.n_k_heads
+        self.conv_size = check_positive_int(conv_size, "conv_size")
+        self.chunk_size = check_positive_int(chunk_size, "chunk_size")
+        if mode not in KERNELS:
+            raise ValueError(
+                f"mode must be one of {tuple(KERNELS)}, got {mode!r}"
+            )
+        self.mode = mode
+        self.eps = float(eps)
+        self.dtype = dtype = check_float_dtype(dtype)
+        rng = np.random.default_rng(seed)
+        d, n_k, n_v = self.d_model, self.n_k_heads, self.n_v_heads
+        self.params = {}
+        for name, shape in self._projection_shapes().items():
+            self.params[name] = (
+                rng.standard_normal(shape) / np.sqrt(shape[0])
+            ).astype(dtype)
+        K = self.conv_size
+        for name, ch in (("q", n_k * self.d_k), ("k", n_k * self.d_k)):
+            self.params[f"conv_{name}"] = rng.uniform(
+                -1 / np.sqrt(K), 1 / np.sqrt(K), (K, ch)
+            ).astype(dtype)
+        self.params["conv_v"] = rng.uniform(
+            -1 / np.sqrt(K), 1 / np.sqrt(K), (K, n_v * self.d_v)
+        ).astype(dtype)
+        self.params.update(self._gate_params(rng))
+        self.params["norm"] = np.ones(self.d_v, dtype=dtype)
+        self.params["W_o"] = (
+            rng.standard_normal((n_v * self.d_v, d))
+            / np.sqrt(n_v * self.d_v)
+        ).astype(dtype)
+        self.grads = {n: np.zeros_like(p) for n, p in self.params.items()}
+        self._cache = None
+
+    # the hooks a variant overrides: its projections and its two gates
+    def _projection_shapes(self) -> dict:
+        d, n_k, n_v = self.d_model, self.n_k_heads, self.n_v_heads
+        return {
+            "W_q": (d, n_k * self.d_k),
+            "W_k": (d, n_k * self.d_k),
+            "W_v": (d, n_v * self.d_v),
+            "W_z": (d, n_v * self.d_v),
+            "W_a": (d, n_v),
+            "W_b": (d, n_v),
+        }
+
+    def _gate_params(self, rng) -> dict:
+        """``A_log = log(A)``, ``A ~ U(1, 16)``; ``dt_bias`` the inverse
+        softplus of ``dt``, log-uniform in ``[0.001, 0.1]`` (FLA's
+        initialisation)."""
+        n = self.n_v_heads
+        A = rng.uniform(1, 16, n)
+        dt = np.exp(rng.uniform(np.log(1e-3), np.log(0.1), n))
+        return {
+            "A_log": np.log(A).astype(self.dtype),
+            "dt_bias": (dt + np.log(-np.expm1(-dt))).astype(self.dtype),
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(d_model={self.d_model}, n_v_heads="
+            f"{self.n_v_heads}, n_k_heads={self.n_k_heads}, d_k={self.d_k}, "
+            f"d_v={self.d_v}, conv_size={self.conv_size}, "
+            f"mode={self.mode!r}, chunk_size={self.chunk_size}, "
+            f"dtype={self.dtype})"
+        )
+
+    @property
+    def n_params(self) -> int:
+        return sum(p.size for p in self.params.values())
+
+    def state_bytes_per_sequence(self, dtype=None) -> int:
+        """:func:`state_bytes` of this layer (in its dtype by default)."""
+        return state_bytes(
+            self.n_v_heads,
+            self.n_k_heads,
+            self.d_k,
+            self.d_v,
+            conv_size=self.conv_size,
+            dtype=self.dtype if dtype is None else dtype,
+        )
+
+    # ------------------------------------------------------------------
+    # forward
+    def forward(self, x, *, causal=True, state_cache=None):
+        """``x [L, d_model]`` or ``[B, L, d_model]`` -> ``y`` of the same
+        shape. Always causal. With ``state_cache``, ``x`` is the next
+        chunk of the sequences the cache has seen (inference only)."""
+        if causal is not True:
+            raise ValueError(
+                "a Gated DeltaNet layer is causal (its state runs forward "
+                f"in time): call forward(x, causal=True), got {causal!r}"
+            )
+        name = "x" if state_cache is None else "x_chunk"
+        x = as_float_array(x, name)
+        check_finite(x, name)
+        if x.ndim not in (2, 3) or x.shape[-1] != self.d_model:
+            raise ValueError(
+                f"{name} must have shape [L, d_model] or [B, L, d_model] "
+                f"with d_model={self.d_model}, got {x.shape}"
+            )
+        unbatched = x.ndim == 2
+        x3 = x[None] if unbatched else x
+        B, L, _ = x3.shape
+        if L == 0 or B == 0:
+            raise ValueError(
+                f"{name} must hold at least one position of one "
+                f"sequence, got shape {x.shape}"
+            )
+        n_k, n_v, G = self.n_k_heads, self.n_v_heads, self.group_size
+        d_k, d_v = self.d_k, self.d_v
+        P = self.params
+        dtype = np.result_type(x3.dtype, P["W_q"].dtype)
+        prev, S0 = (None, None, None), None
+        if state_cache is not None:
+            if not isinstance(state_cache, StateCache):
+                raise TypeError(
+                    "state_cache must be an attn_np.linear_attention."
+                    f"StateCache, got {type(state_cache).__name__}"
+                )
+            K1 = self.conv_size - 1
+            state_cache.check_chunk(
+                x3.shape,
+                batch=B,
+                n_v_heads=n_v,
+                d_k=d_k,
+                d_v=d_v,
+                conv_shapes=[
+                    (B, K1, n_k * d_k),
+                    (B, K1, n_k * d_k),
+                    (B, K1, n_v * d_v),
+                ],
+                dtype=dtype,
+            )
+            if state_cache.state is not None:
+                prev = state_cache.conv
+                # [B, n_v, d_k, d_v] -> [B, n_k, G, d_k, d_v]
+                S0 = state_cache.state.reshape(B, n_k, G, d_k, d_v)
+
+        xf = x3.reshape(B * L, self.d_model)  # [B*L, d_model]
+        # 1. project: [B*L, d_model] @ [d_model, ch] -> [B, L, ch]
+        q0, k0, v0 = (
+            (xf @ P[w]).reshape(B, L, -1) for w in ("W_q", "W_k", "W_v")
+        )
+        # 2. short causal convolutions and SiLU
+        qc, cq = causal_conv_forward(q0, P["conv_q"], prev[0])
+        kc, ck = causal_conv_forward(k0, P["conv_k"], prev[1])
+        vc, cv = causal_conv_forward(v0, P["conv_v"], prev[2])
+        # 3. heads: [B, L, n*d] -> [B, n, L, d]; q and k on the unit
+        # sphere, q scaled by 1/sqrt(d_k)
+        q, cqn = l2norm_forward(_split(qc, n_k, d_k))
+        k, ckn = l2norm_forward(_split(kc, n_k, d_k))
+        q = q * (1.0 / math.sqrt(d_k))  # a Python float keeps the dtype
+        # value head j = h*G + i reads key head h: [B, n_k, G, L, d]
+        v = _split(vc, n_v, d_v).reshape(B, n_k, G, L, d_v)
+        qb = np.broadcast_to(q[:, :, None], (B, n_k, G, L, d_k))
+        kb = np.broadcast_to(k[:, :, None], (B, n_k, G, L, d_k))
+        # 4. gates: g [B, L, n_v (, d_k)], beta [B, L, n_v]
+        g, beta, cgate = self._gates_forward(xf, B, L)
+        g = _gate_heads(g, n_k, G)  # -> [B, n_k, G, L (, d_k)]
+        beta = _gate_heads(beta, n_k, G)
+        # 5. the gated delta rule: o [B, n_k, G, L, d_v]
+        use = "recurrent" if L == 1 else self.mode
+        kernel_fwd = KERNELS[use][0]
+        # a sequence shorter than a chunk is one chunk of its own length
+        C = min(self.chunk_size, L)
+        kw = {"chunk_size": C} if use == "chunked" else {}
+        o, ckern = kernel_fwd(qb, kb, v, g, beta, S0, **kw)
+        # 6. output: [B, n_k, G, L, d_v] -> [B, L, n_v, d_v]
+        o = o.reshape(B, n_v, L, d_v).transpose(0, 2, 1, 3)
+        on, cnorm = rmsnorm_forward(o, P["norm"], eps=self.eps)
+        z, cz = self._output_gate_forward(xf, B, L)  # [B, L, n_v, d_v]
+        y = (on * z).reshape(B * L, n_v * d_v)
+        # [B*L, n_v*d_v] @ [n_v*d_v, d_model] -> [B, L, d_model]
+        out = (y @ P["W_o"]).reshape(B, L, self.d_model)
+
+        if state_cache is not None:
+            tails = (cq[0], ck[0], cv[0])  # [B, K-1+L, ch] each
+            K1 = self.conv_size - 1
+            state_cache.update(
+                ckern.final_state.reshape(B, n_v, d_k, d_v),
+                [t[:, t.shape[1] - K1 :] for t in tails],
+                L,
+            )
+            self._cache = None
+        else:
+            self._cache = dict(
+                xf=xf,
+                shape=(B, L, unbatched),
+                conv=(cq, ck, cv),
+                norms=(cqn, ckn),
+                gate=cgate,
+                kernel=(use, ckern),
+                on=on,
+                norm=cnorm,
+                z=z,
+                out_gate=cz,
+                y=y,
+            )
+        return out[0] if unbatched else out
+
+    # ------------------------------------------------------------------
+    # backward
+    def backward(self, dy):
+        """Gradient with respect to ``x``; fills ``self.grads``."""
+        c = self._cache
+        if c is None:
+            raise RuntimeError(
+                "backward needs a preceding forward without state_cache "
+                "(decoding with a cache is inference only)"
+            )
+        B, L, unbatched = c["shape"]
+        want = (L, self.d_model) if unbatched else (B, L, self.d_model)
+        dy = check_upstream(dy, "dy", want, "the layer's output")
+        n_k, n_v, G = self.n_k_heads, self.n_v_heads, self.group_size
+        d_k, d_v = self.d_k, self.d_v
+        P, grads, xf = self.params, self.grads, c["xf"]
+        dyf = dy.reshape(B * L, self.d_model)
+        # 6. output
+        grads["W_o"] = c["y"].T @ dyf  # [n_v*d_v, B*L] @ [B*L, d_model]
+        dyv = (dyf @ P["W_o"].T).reshape(B, L, n_v, d_v)
+        dxf = self._output_gate_backward(dyv * c["on"], c["out_gate"])
+        do, grads["norm"] = rmsnorm_backward(dyv * c["z"], c["norm"])
+        # [B, L, n_v, d_v] -> [B, n_k, G, L, d_v]
+        do = do.transpose(0, 2, 1, 3).reshape(B, n_k, G, L, d_v)
+        # 5. the kernel
+        use, ckern = c["kernel"]
+        dq, dk, dv, dg, dbeta, _ = KERNELS[use][1](do, ckern)
+        # 4. gates: back to [B, L, n_v (, d_k)]
+        dxf += self._gates_backward(
+            _gate_heads_back(dg, B, L),
+            _gate_heads_back(dbeta, B, L),
+            c["gate"],
+        )
+        # 3. heads: sum the broadcast over each key head's G value heads
+        dq = dq.sum(axis=2) * (1.0 / math.sqrt(d_k))  # [B, n_k, L, d_k]
+        dk = dk.sum(axis=2)
+        dqc = _merge(l2norm_backward(dq, c["norms"][0]))  # [B, L, n_k*d_k]
+        dkc = _merge(l2norm_backward(dk, c["norms"][1]))
+        dvc = _merge(dv.reshape(B, n_v, L, d_v))  # [B, L, n_v*d_v]
+        # 2. convolutions, 1. projections
+        for name, dc, cc in (
+            ("q", dqc, c["conv"][0]),
+            ("k", dkc, c["conv"][1]),
+            ("v", dvc, c["conv"][2]),
+        ):
+            d0, grads[f"conv_{name}"] = causal_conv_backward(dc, cc)
+            d0 = d0.reshape(B * L, -1)
+            W = P[f"W_{name}"]
+            grads[f"W_{name}"] = xf.T @ d0  # [d_model, B*L] @ [B*L, ch]
+            dxf = dxf + d0 @ W.T  # [B*L, ch] @ [ch, d_model]
+        dx = dxf.reshape(B, L, self.d_model)
+        return dx[0] if unbatched else dx
+
+    # ------------------------------------------------------------------
+    # the gates (Gated DeltaNet's; KimiDeltaAttention overrides them)
+    def _gates_forward(self, xf, B, L):
+        """``g = -exp(A_log) softplus(x W_a + dt_bias)``, ``beta =
+        sigmoid(x W_b)``: ``[B, L, n_v]`` each."""
+        P = self.params
+        pre = xf @ P["W_a"] + P["dt_bias"]  # [B*L, n_v]
+        g = -np.exp(P["A_log"]) * softplus(pre)
+        beta = _sigmoid(xf @ P["W_b"])  # [B*L, n_v]
+        shape = (B, L, self.n_v_heads)
+        return g.reshape(shape), beta.reshape(shape), (pre, g, beta)
+
+    def _gates_backward(self, dg, dbeta, saved):
+        """Fills the gates' grads; returns their part of ``dx [B*L,
+        d_model]``."""
+        pre, g, beta = saved
+        P, grads, xf = self.params, self.grads, self._cache["xf"]
+        dg, dbeta = dg.reshape(g.shape), dbeta.reshape(beta.shape)
+        grads["A_log"] = np.sum(dg * g, axis=0)  # d(-e^A s)/dA = g
+        dpre = dg * -np.exp(P["A_log"]) * _sigmoid(pre)  # softplus' = sig
+        grads["dt_bias"] = dpre.sum(axis=0)
+        grads["W_a"] = xf.T @ dpre
+        db = dbeta * beta * (1.0 - beta)
+        grads["W_b"] = xf.T @ db
+        return dpre @ P["W_a"].T + db @ P["W_b"].T
+
+    def _output_gate_forward(self, xf, B, L):
+        """``silu(x W_z)``: ``[B, L, n_v, d_v]``."""
+        zp = xf @ self.params["W_z"]  # [B*L, n_v*d_v]
+        z = silu(zp).reshape(B, L, self.n_v_heads, self.d_v)
+        return z, zp
+
+    def _output_gate_backward(self, dz, zp):
+        xf = self._cache["xf"]
+        dzp = _silu_backward(dz.reshape(zp.shape), zp)
+        self.grads["W_z"] = xf.T @ dzp
+        return dzp @ self.params["W_z"].T
+
+
+class KimiDeltaAttention(GatedDeltaNet):
+    """Kimi Delta Attention (Kimi Team 2025; FLA's ``KimiDeltaAttention``):
+    the same layer with a decay per key channel and low-rank gates.
+
+    ``g = -exp(A_log) softplus(x W_f1 W_f2 + dt_bias)``, ``[B, L, n_v,
+    d_k]`` (``W_f1 [d_model, d_v]``, ``W_f2 [d_v, n_v d_k]``, ``dt_bias
+    [n_v d_k]``), so the state decays as ``Diag(alpha_t) S``; the output
+    gate is ``sigmoid(x W_g1 W_g2 + b_g)`` (``W_g1 [d_model, d_v]``,
+    ``W_g2 [d_v, n_v d_v]``) in place of ``silu(x W_z)``. Everything else
+    (convolutions, L2 norms, ``beta``, the kernels) is Gated DeltaNet's.
+    """
+
+    def __init__(self, *args, eps=1e-5, **kwargs):
+        super().__init__(*args, eps=eps, **kwargs)
+
+    def _projection_shapes(self) -> dict:
+        d, n_k, n_v = self.d_model, self.n_k_heads, self.n_v_heads
+        return {
+            "W_q": (d, n_k * self.d_k),
+            "W_k": (d, n_k * self.d_k),
+            "W_v": (d, n_v * self.d_v),
+            "W_b": (d, n_v),
+            "W_f1": (d, self.d_v),
+            "W_f2": (self.d_v, n_v * self.d_k),
+            "W_g1": (d, self.d_v),
+            "W_g2": (self.d_v, n_v * self.d_v),
+        }
+
+    def _gate_params(self, rng) -> dict:
+        n, nk = self.n_v_heads, self.n_v_heads * self.d_k
+        A = rng.uniform(1, 16, n)
+        dt = np.exp(rng.uniform(np.log(1e-3), np.log(0.1), nk))
+        return {
+            "A_log": np.log(A).astype(self.dtype),
+            "dt_bias": (dt + np.log(-np.expm1(-dt))).astype(self.dtype),
+            "b_g": np.zeros(n * self.d_v, dtype=self.dtype),
+        }
+
+    def _gates_forward(self, xf, B, L):
+        P, n_v, d_k = self.params, self.n_v_heads, self.d_k
+        h = xf @ P["W_f1"]  # [B*L, d_v]: the low rank
+        pre = (h @ P["W_f2"] + P["dt_bias"]).reshape(-1, n_v, d_k)
+        A = np.exp(P["A_log"])[:, None]  # [n_v, 1]: per head
+        g = -A * softplus(pre)  # [B*L, n_v, d_k]
+        beta = _sigmoid(xf @ P["W_b"])
+        return (
+            g.reshape(B, L, n_v, d_k),
+            beta.reshape(B, L, n_v),
+            (h, pre, g, beta),
+        )
+
+    def _gates_backward(self, dg, dbeta, saved):
+        h, pre, g, beta = saved
+        P, grads, xf = self.params, self.grads, self._cache["xf"]
+        dg, dbeta = dg.reshape(g.shape), dbeta.reshape(beta.shape)
+        grads["A_log"] = np.sum(dg * g, axis=(0, 2))
+        A = np.exp(P["A_log"])[:, None]
+        dpre = (dg * -A * _sigmoid(pre)).reshape(h.shape[0], -1)
+        grads["dt_bias"] = dpre.sum(axis=0)
+        grads["W_f2"] = h.T @ dpre
+        dh = dpre @ P["W_f2"].T  # [B*L, d_v]
+        grads["W_f1"] = xf.T @ dh
+        db = dbeta * beta * (1.0 - beta)
+        grads["W_b"] = xf.T @ db
+        return dh @ P["W_f1"].T + db @ P["W_b"].T
+
+    def _output_gate_forward(self, xf, B, L):
+        P = self.params
+        h = xf @ P["W_g1"]  # [B*L, d_v]
+        s = _sigmoid(h @ P["W_g2"] + P["b_g"])  # [B*L, n_v*d_v]
+        return s.reshape(B, L, self.n_v_heads, self.d_v), (h, s)
+
+    def _output_gate_backward(self, dz, saved):
+        h, s = saved
+        P, grads, xf = self.params, self.grads, self._cache["xf"]
+        dpre = dz.reshape(s.shape) * s * (1.0 - s)
+        grads["b_g"] = dpre.sum(axis=0)
+        grads["W_g2"] = h.T @ dpre
+        dh = dpre @ P["W_g2"].T
+        grads["W_g1"] = xf.T @ dh
+        return dh @ P["W_g1"].T
+
+
+def _split(t, n, d):
+    """``[B, L, n*d] -> [B, n, L, d]``."""
+    B, L, _ = t.shape
+    return t.reshape(B, L, n, d).transpose(0, 2, 1, 3)
+
+
+def _merge(t):
+    """``[B, n, L, d] -> [B, L, n*d]``."""
+    B, n, L, d = t.shape
+    return t.transpose(0, 2, 1, 3).reshape(B, L, n * d)
+
+
+def _gate_heads(t, n_k, G):
+    """``[B, L, n_v (, d_k)] -> [B, n_k, G, L (, d_k)]``."""
+    B, L = t.shape[:2]
+    t = np.moveaxis(t, 2, 1)  # [B, n_v, L (, d_k)]
+    return t.reshape(B, n_k, G, L, *t.shape[3:])
+
+
+def _gate_heads_back(t, B, L):
+    """``[B, n_k, G, L (, d_k)] -> [B, L, n_v (, d_k)]``."""
+    t = t.reshape(B, -1, L, *t.shape[4:])
+    return np.moveaxis(t, 1, 2)
+
+
+# ---------------------------------------------------------------------------
+# -- from a Hugging Face Qwen3-Next checkpoint
+
+HF_LINEAR_KEYS = (
+    "in_proj_qkvz.weight",
+    "in_proj_ba.weight",
+    "conv1d.weight",
+    "A_log",
+    "dt_bias",
+    "norm.weight",
+    "out_proj.weight",
+)
+
+
+def gated_deltanet_from_hf(config, state_dict, *, dtype=None, **kwargs):
+    """A :class:`GatedDeltaNet` holding the weights of one of Qwen3-Next's
+    ``linear_attention`` layers.
+
+    ``config`` is the model's ``config.json`` as a dict (a ``text_config``
+    inside it is used when present); ``state_dict`` maps the layer's
+    parameter names, without the ``model.layers.{i}.linear_attn.`` prefix,
+    to arrays in HF's layout. ``in_proj_qkvz.weight [out, d_model]`` is
+    grouped by key head: for each of the ``n_k`` key heads, its ``q``
+    (``d_k`` rows), ``k`` (``d_k``), ``v`` (``G d_v``) and ``z`` (``G
+    d_v``); ``in_proj_ba.weight`` likewise ``b`` (``G``) then ``a``
+    (``G``). ``conv1d.weight [ch, 1, K]`` runs over the channels ``[q | k
+    | v]``. Other keyword arguments go to the layer (``mode``,
+    ``chunk_size``).
+    """
+    if not isinstance(config, dict):
+        raise TypeError(
+            "config must be a dict (a config.json), got "
+            f"{type(config).__name__}"
+        )
+    cfg = config.get("text_config", config)
+    need = (
+        "hidden_size",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_conv_kernel_dim",
+    )
+    missing = [k for k in need if k not in cfg]
+    if missing:
+        raise ValueError(
+            f"config has no {', '.join(missing)}: not a Qwen3-Next-style "
+            "config with linear_attention layers"
+        )
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(
+            f"hidden_act must be 'silu' (the convolution's and the output "
+            f"gate's activation), got {act!r}"
+        )
+    gone = [k for k in HF_LINEAR_KEYS if k not in state_dict]
+    if gone:
+        raise ValueError(
+            f"state_dict lacks {', '.join(gone)} (keys are expected without "
+            "the 'model.layers.{i}.linear_attn.' prefix)"
+        )
+    d = int(cfg["hidden_size"])
+    n_k, n_v = (
+        int(cfg["linear_num_key_heads"]),
+        int(cfg["linear_num_value_heads"]),
+    )
+    d_k, d_v = (
+        int(cfg["linear_key_head_dim"]),
+        int(cfg["linear_value_head_dim"]),
+    )
+    K = int(cfg["linear_conv_kernel_dim"])
+    sd = {k: np.asarray(state_dict[k]) for k in HF_LINEAR_KEYS}
+    dtype = sd["in_proj_qkvz.weight"].dtype if dtype is None else dtype
+    layer = GatedDeltaNet(
+        d,
+        n_v,
+        n_k,
+        d_k=d_k,
+        d_v=d_v,
+        conv_size=K,
+        eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        dtype=dtype,
+        **kwargs,
+    )
+    G = n_v // n_k
+    expect = {
+        "in_proj_qkvz.weight": (2 * n_k * d_k + 2 * n_v * d_v, d),
+        "in_proj_ba.weight": (2 * n_v, d),
+        "conv1d.weight": (2 * n_k * d_k + n_v * d_v, 1, K),
+        "A_log": (n_v,),
+        "dt_bias": (n_v,),
+        "norm.weight": (d_v,),
+        "out_proj.weight": (d, n_v * d_v),
+    }
+    for name, shape in expect.items():
+        if sd[name].shape != shape:
+            raise ValueError(
+                f"state_dict[{name!r}] must have shape {shape} for this "
+                f"config, got {sd[name].shape}"
+            )
+    # [out, d] -> [d, n_k, q | k | v | z]
+    qkvz = sd["in_proj_qkvz.weight"].T.reshape(d, n_k, -1)
+    q, k, v, z = np.split(
+        qkvz, np.cumsum([d_k, d_k, G * d_v]), axis=-1
+    )  # [d, n_k, d_k], ..., [d, n_k, G*d_v]
+    ba = sd["in_proj_ba.weight"].T.reshape(d, n_k, 2 * G)
+    conv = sd["conv1d.weight"][:, 0, :].T  # [K, ch]
+    new = {
+        "W_q": q.reshape(d, n_k * d_k),
+        "W_k": k.reshape(d, n_k * d_k),
+        "W_v": v.reshape(d, n_v * d_v),
+        "W_z": z.reshape(d, n_v * d_v),
+        "W_b": ba[..., :G].reshape(d, n_v),
+        "W_a": ba[..., G:].reshape(d, n_v),
+        "conv_q": conv[:, : n_k * d_k],
+        "conv_k": conv[:, n_k * d_k : 2 * n_k * d_k],
+        "conv_v": conv[:, 2 * n_k * d_k :],
+        "A_log": sd["A_log"],
+        "dt_bias": sd["dt_bias"],
+        "norm": sd["norm.weight"],
+        "W_o": sd["out_proj.weight"].T,
+    }
+    for name, val in new.items():
+        layer.params[name] = np.ascontiguousarray(val, dtype=layer.dtype)
+    layer.grads = {n: np.zeros_like(p) for n, p in layer.params.items()}
+    return layer
+
+
+def gated_deltanet_grads_to_hf(layer: GatedDeltaNet) -> dict:
+    """The layer's ``grads`` in HF's names and layout (the inverse of
+    :func:`gated_deltanet_from_hf`), to compare with HF's gradients."""
+    gr = layer.grads
+    d, n_k, G = layer.d_model, layer.n_k_heads, layer.group_size
+    qkvz = np.concatenate(
+        [
+            gr["W_q"].reshape(d, n_k, -1),
+            gr["W_k"].reshape(d, n_k, -1),
+            gr["W_v"].reshape(d, n_k, -1),
+            gr["W_z"].reshape(d, n_k, -1),
+        ],
+        axis=-1,
+    ).reshape(d, -1)
+    ba = np.concatenate(
+        [gr["W_b"].reshape(d, n_k, G), gr["W_a"].reshape(d, n_k, G)],
+        axis=-1,
+    ).reshape(d, -1)
+    conv = np.concatenate([gr["conv_q"], gr["conv_k"], gr["conv_v"]], axis=1)
+    return {
+        "in_proj_qkvz.weight": qkvz.T,
+        "in_proj_ba.weight": ba.T,
+        "conv1d.weight": conv.T[:, None, :],
+        "A_log": gr["A_log"],
+        "dt_bias": gr["dt_bias"],
+        "norm.weight": gr["norm"],
+        "out_proj.weight": gr["W_o"].T,
+    }
