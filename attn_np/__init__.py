@@ -16,7 +16,7 @@ ch  chapter                              modules
 2   multi-head attention                 :mod:`.multihead`,
                                          :mod:`.costs.layer`
 3   multi-query and grouped-query        :mod:`.multihead`, :mod:`.convert`,
-    attention                            :mod:`.costs.catalogue`
+    attention                            :mod:`.costs.model`
 4   incremental decoding, KV cache       :mod:`.kv_cache`,
                                          :mod:`.costs.decode`, :mod:`.bench`
 5   training MHA, GQA and MQA            :mod:`.training`
@@ -26,7 +26,7 @@ ch  chapter                              modules
 8   sliding windows, rolling caches,     :mod:`.attention`, :mod:`.kv_cache`,
     attention sinks                      :mod:`.streaming`
 9   FlashAttention                       :mod:`.flash`
-A1  the KV cache of any model config     :mod:`.costs.catalogue`,
+A1  the KV cache of any model config     :mod:`.costs.hf_config`,
                                          :mod:`.memory`
 ==  ===================================  ===================================
 

@@ -23,7 +23,7 @@ import os
 import re
 import sys
 
-from .costs.catalogue import (
+from .costs import (
     CATALOGUE,
     ModelConfig,
     from_hf_config,

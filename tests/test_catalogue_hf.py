@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from attn_np.costs.catalogue import (
+from attn_np.costs import (
     CATALOGUE,
     FULL,
     LATENT_MODELS,

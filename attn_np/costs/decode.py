@@ -41,8 +41,8 @@ from .._checks import (
     check_positive_int,
     check_positive_number,
 )
-from .catalogue import get_model, kv_cache_bytes, weight_bytes
 from .layer import head_dims, matmul_flops, param_count
+from .model import get_model, kv_cache_bytes, weight_bytes
 
 
 @dataclass(frozen=True)
