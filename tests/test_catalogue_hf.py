@@ -14,10 +14,8 @@ import pytest
 
 from attn_np.costs import (
     CATALOGUE,
-    FULL,
     LATENT_MODELS,
     MODELS,
-    SLIDING,
     WINDOW_MODELS,
     GiB,
     ModelConfig,
@@ -30,6 +28,7 @@ from attn_np.costs import (
     max_context,
     weight_bytes,
 )
+from attn_np.costs.model import FULL, SLIDING
 
 L128K = 131_072
 
