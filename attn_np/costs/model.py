@@ -28,19 +28,124 @@ Units. Memory sizes of accelerators are sold in decimal gigabytes, ``GB =
 10**9`` bytes; the book prints sizes in binary units, ``GiB = 2**30`` bytes
 (7.4 % more). Both constants are here so that no calculation has to guess
 which one was meant.
+
+Hybrid models add two more kinds of layer:
+
+* a chunked layer (Llama 4) attends only within its chunk of ``C``
+  positions, so it holds at most ``min(seq_len, C)`` positions;
+* a linear-attention layer (Gated DeltaNet in Qwen3-Next and Qwen3.5, Kimi
+  Delta Attention in Kimi Linear) holds no positions at all: a recurrent
+  state of ``d_k x d_v`` numbers per value head and the last positions of
+  its short convolution, the same size at any context
+  (:func:`state_bytes`).
+
+DeepSeek-V3.2's lightning indexer keeps one more key per token and layer
+beside the latent (:func:`indexer_cache_bytes`). :func:`cache_bytes` adds
+all of them; :func:`kv_cache_bytes` is the keys and values (or latent)
+alone.
+
+Positions held, and why ``W`` and not ``W - 1``. The counts here are what
+a layer holds *while it computes a decode step*: the ``W - 1`` positions
+kept from before and the new token's own key and value, ``W`` in all
+(``C`` for a chunk, ``K`` columns for a convolution of kernel ``K``).
+Between steps Hugging Face's sliding-window cache keeps ``W - 1``; its
+Qwen3-Next convolution state keeps ``K``. The difference is one position
+per layer; the calculator reports the larger, the memory a step needs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from .._checks import check_count, check_positive_number
 
 GB = 10**9  # a decimal gigabyte, the unit of data sheets ("80 GB")
 GiB = 2**30  # a binary gibibyte, the unit the book prints with
 
-SLIDING, FULL = "sliding_attention", "full_attention"  # HF's layer types
+# Hugging Face's layer types
+SLIDING, FULL = "sliding_attention", "full_attention"
+CHUNKED, LINEAR = "chunked_attention", "linear_attention"
+LAYER_TYPES = (FULL, SLIDING, CHUNKED, LINEAR)
+
+#: The most layers for which :attr:`ModelConfig.layer_windows` builds a
+#: tuple (one entry per layer); the formulas count layers in closed form.
+MAX_LISTED_LAYERS = 1_000_000
+
+
+@dataclass(frozen=True)
+class LinearState:
+    """What one linear-attention layer keeps per sequence, at any context.
+
+    ``n_v_heads`` value heads each keep a state of ``d_k x d_v`` numbers,
+    in ``state_bytes`` bytes each (4: float32, the dtype the released
+    configs and Hugging Face's code keep it in). The short causal
+    convolution (kernel ``conv_kernel``) over ``conv_dim`` channels keeps
+    its last ``conv_kernel`` inputs, in the cache's own dtype.
+    """
+
+    kind: str  # "Gated DeltaNet" or "Kimi Delta Attention"
+    n_k_heads: int
+    n_v_heads: int
+    d_k: int
+    d_v: int
+    conv_kernel: int
+    conv_dim: int
+    state_bytes: int = 4
+    state_dtype: str = "float32"
+
+    def __post_init__(self):
+        for name in ("n_k_heads", "n_v_heads", "d_k", "d_v"):
+            check_count(getattr(self, name), name)
+        for name in ("conv_kernel", "conv_dim", "state_bytes"):
+            check_count(getattr(self, name), name)
+
+    @property
+    def state_numbers(self) -> int:
+        """Numbers of the recurrent state: ``n_v_heads * d_k * d_v``."""
+        return self.n_v_heads * self.d_k * self.d_v
+
+    @property
+    def conv_numbers(self) -> int:
+        """Numbers of the convolution state: ``conv_dim * conv_kernel``."""
+        return self.conv_dim * self.conv_kernel
+
+
+@dataclass(frozen=True)
+class Indexer:
+    """DeepSeek-V3.2's lightning indexer: ``n_heads`` heads of ``head_dim``
+    scoring every cached token, the best ``topk`` of which the attention
+    reads.
+
+    Per token and layer it caches one key of ``head_dim`` numbers in FP8
+    (``key_bytes=1``) and one float32 scale per block of ``block`` numbers
+    (``scale_bytes=4``), as the release's inference code does.
+    """
+
+    n_heads: int
+    head_dim: int
+    topk: int
+    key_bytes: int = 1
+    scale_bytes: int = 4
+    block: int = 128
+
+    def __post_init__(self):
+        for name in ("n_heads", "head_dim", "topk", "key_bytes"):
+            check_count(getattr(self, name), name)
+        for name in ("scale_bytes", "block"):
+            check_count(getattr(self, name), name)
+        if self.head_dim % self.block:
+            raise ValueError(
+                f"head_dim must be a multiple of block={self.block} (one "
+                f"scale per block), got head_dim={self.head_dim}"
+            )
+
+    @property
+    def bytes_per_token(self) -> int:
+        """``head_dim * key_bytes + head_dim // block * scale_bytes``."""
+        scales = self.head_dim // self.block
+        return self.head_dim * self.key_bytes + scales * self.scale_bytes
 
 
 @dataclass(frozen=True)
@@ -54,16 +159,24 @@ class ModelConfig:
     "the weights" means when we ask how much memory is left for the cache
     (``None`` when unknown, as for :func:`from_hf_config`).
 
-    Windows: ``sliding_window`` is the window ``W`` of the window layers and
-    ``layer_types`` says which layers have it, in Hugging Face's words
-    (``"sliding_attention"`` or ``"full_attention"``, one per layer); with a
-    window and no ``layer_types`` every layer has the window.
+    Layers: ``layer_types`` says what each layer is, in Hugging Face's
+    words: ``"full_attention"``, ``"sliding_attention"`` (a window of
+    ``sliding_window`` positions), ``"chunked_attention"`` (chunks of
+    ``attention_chunk_size``) or ``"linear_attention"`` (``linear``, a
+    :class:`LinearState`). Without ``layer_types`` every layer is full, or
+    has the window when ``sliding_window`` is given.
 
     Latent cache (MLA): ``d_latent_kv`` and ``d_rope`` are what a token
     leaves in each layer's cache; ``head_dim`` is then the per-head
     dimension of the keys rebuilt from the latent, ``d_head_v`` that of the
     values (``None``: ``head_dim``) and ``d_latent_q`` the query latent
-    (``None``: queries are not compressed).
+    (``None``: queries are not compressed). ``indexer`` is DeepSeek-V3.2's
+    (an :class:`Indexer`, in every attention layer).
+
+    ``rope`` is what the config says of the rotary embedding, per layer
+    type: ``{layer_type: {"rope_type": ..., "rope_theta": ..., ...}}``
+    (both of Hugging Face's spellings read into one; it does not change the
+    cache).
     """
 
     name: str
@@ -83,18 +196,22 @@ class ModelConfig:
     d_rope: int | None = None
     d_latent_q: int | None = None
     d_head_v: int | None = None
+    attention_chunk_size: int | None = None
+    linear: LinearState | None = None
+    indexer: Indexer | None = None
+    rope: dict | None = field(default=None, hash=False, compare=False)
 
     def __post_init__(self):
         counts = ["n_layers", "n_heads", "n_kv_heads", "head_dim"]
         counts += ["d_model"]
         optional = ["n_params", "sliding_window", "d_latent_kv", "d_rope"]
-        optional += ["d_latent_q", "d_head_v"]
-        for field in counts + optional:
-            value = getattr(self, field)
-            if value is None and field in optional:
+        optional += ["d_latent_q", "d_head_v", "attention_chunk_size"]
+        for name in counts + optional:
+            value = getattr(self, name)
+            if value is None and name in optional:
                 continue
             try:
-                check_count(value, field)
+                check_count(value, name)
             except ValueError as err:
                 raise ValueError(f"{err} (model {self.name!r})") from None
         if self.n_heads % self.n_kv_heads:
@@ -114,26 +231,65 @@ class ModelConfig:
                 f"d_latent_q={self.d_latent_q} needs a latent cache "
                 f"(d_latent_kv and d_rope) (model {self.name!r})"
             )
+        for name, kind in (("linear", LinearState), ("indexer", Indexer)):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, kind):
+                raise TypeError(
+                    f"{name} must be a {kind.__name__} or None, got "
+                    f"{type(value).__name__} (model {self.name!r})"
+                )
+        if self.indexer is not None and self.d_latent_kv is None:
+            raise ValueError(
+                "an indexer needs a latent cache (d_latent_kv and d_rope) "
+                f"(model {self.name!r})"
+            )
         if self.layer_types is not None:
             types = tuple(self.layer_types)
             object.__setattr__(self, "layer_types", types)
-            if len(types) != self.n_layers or set(types) - {SLIDING, FULL}:
+            if len(types) != self.n_layers or set(types) - set(LAYER_TYPES):
                 raise ValueError(
                     f"layer_types must list {self.n_layers} entries (one "
-                    f"per layer), each {SLIDING!r} or {FULL!r}, got "
-                    f"{len(types)}: {sorted(set(types))} "
+                    f"per layer), each one of {LAYER_TYPES}, got "
+                    f"{len(types)}: {sorted(set(map(str, types)))} "
                     f"(model {self.name!r})"
                 )
-            if SLIDING in types and self.sliding_window is None:
+        counts = self.layer_counts
+        needs = (
+            (SLIDING, "sliding_window", self.sliding_window),
+            (CHUNKED, "attention_chunk_size", self.attention_chunk_size),
+            (LINEAR, "linear", self.linear),
+        )
+        for kind, name, value in needs:
+            if counts.get(kind) and value is None:
                 raise ValueError(
-                    f"layer_types has {SLIDING!r} layers but "
-                    f"sliding_window is None (model {self.name!r})"
+                    f"layer_types has {kind!r} layers but {name} is None "
+                    f"(model {self.name!r})"
                 )
+        if self.linear is not None and not counts.get(LINEAR):
+            raise ValueError(
+                "linear is given but no layer is 'linear_attention' "
+                f"(model {self.name!r})"
+            )
+
+    @property
+    def layer_counts(self) -> dict[str, int]:
+        """How many layers of each type, ``{layer_type: count}`` (computed
+        without a per-layer list when ``layer_types`` is None)."""
+        if self.layer_types is None:
+            kind = FULL if self.sliding_window is None else SLIDING
+            return {kind: self.n_layers}
+        return dict(Counter(self.layer_types))
+
+    @property
+    def n_attention_layers(self) -> int:
+        """Layers that cache keys and values (every type but linear)."""
+        return self.n_layers - self.layer_counts.get(LINEAR, 0)
 
     @property
     def family(self) -> str:
         """``"MHA"``, ``"GQA"``, ``"MQA"`` (the keys of
-        :data:`attn_np.instruments.plotting.FAMILY_COLOURS`) or ``"MLA"``."""
+        :data:`attn_np.instruments.plotting.FAMILY_COLOURS`) or ``"MLA"``:
+        the attention layers' family."""
         if self.d_latent_kv is not None:
             return "MLA"
         if self.n_kv_heads == self.n_heads:
@@ -147,47 +303,80 @@ class ModelConfig:
 
     @property
     def kv_numbers_per_layer(self) -> int:
-        """Numbers one token adds to one layer's cache: ``2 * n_kv_heads *
-        head_dim`` (a key and a value), or ``d_latent_kv + d_rope``."""
+        """Numbers one token adds to one attention layer's cache: ``2 *
+        n_kv_heads * head_dim`` (a key and a value), or ``d_latent_kv +
+        d_rope``."""
         if self.d_latent_kv is not None:
             return self.d_latent_kv + self.d_rope
         return 2 * self.n_kv_heads * self.head_dim
 
+    def window_of(self, layer_type: str) -> int | None:
+        """The most positions a layer of ``layer_type`` holds (``None``:
+        all of them; 0 for a linear layer, which holds none)."""
+        return {
+            FULL: None,
+            SLIDING: self.sliding_window,
+            CHUNKED: self.attention_chunk_size,
+            LINEAR: 0,
+        }[layer_type]
+
     @property
     def layer_windows(self) -> tuple[int | None, ...]:
-        """Each layer's window ``W``, or ``None`` for full attention."""
-        if self.sliding_window is None:
-            return (None,) * self.n_layers
+        """Each layer's window ``W`` (or chunk ``C``; 0 for a linear
+        layer), or ``None`` for full attention. One entry per layer, so it
+        refuses more than :data:`MAX_LISTED_LAYERS` layers; the formulas use
+        :attr:`layer_counts`."""
+        if self.n_layers > MAX_LISTED_LAYERS:
+            raise ValueError(
+                f"layer_windows lists one entry per layer, and n_layers="
+                f"{self.n_layers} is more than {MAX_LISTED_LAYERS:,}; use "
+                "layer_counts"
+            )
         if self.layer_types is None:
             return (self.sliding_window,) * self.n_layers
-        w = self.sliding_window
-        return tuple(w if t == SLIDING else None for t in self.layer_types)
+        return tuple(self.window_of(t) for t in self.layer_types)
 
     @property
     def n_window_layers(self) -> int:
-        """How many layers have a window."""
-        return sum(w is not None for w in self.layer_windows)
+        """How many layers have a sliding window."""
+        return self.layer_counts.get(SLIDING, 0)
 
     @property
     def kind(self) -> str:
-        """The family, and the window layers if there are any."""
-        k = self.n_window_layers
-        if k == 0:
-            return self.family
-        where = (
-            "every layer"
-            if k == self.n_layers
-            else (f"{k} of {self.n_layers} layers")
-        )
-        return f"{self.family}, window {self.sliding_window} in {where}"
+        """The family, and the window, chunked and linear layers if there
+        are any."""
+        parts = [self.family]
+        n = self.n_layers
+        counts = self.layer_counts
+
+        def where(k: int) -> str:
+            return "every layer" if k == n else f"{k} of {n} layers"
+
+        if counts.get(SLIDING):
+            w = self.sliding_window
+            parts.append(f"window {w} in {where(counts[SLIDING])}")
+        if counts.get(CHUNKED):
+            c = self.attention_chunk_size
+            parts.append(f"chunks of {c} in {where(counts[CHUNKED])}")
+        if counts.get(LINEAR):
+            parts.append(f"{self.linear.kind} in {where(counts[LINEAR])}")
+        if self.indexer is not None:
+            parts.append(f"top-{self.indexer.topk} indexer")
+        return ", ".join(parts)
 
     def without_windows(self) -> ModelConfig:
-        """The same model with full attention in every layer."""
+        """The same model with full attention in every sliding-window
+        layer (other layer types are kept)."""
+        types = self.layer_types
+        if types is not None:
+            types = tuple(FULL if t == SLIDING else t for t in types)
+            if set(types) == {FULL}:
+                types = None
         return dataclasses.replace(
             self,
             name=f"{self.name} (full attention)",
             sliding_window=None,
-            layer_types=None,
+            layer_types=types,
         )
 
 
@@ -223,67 +412,152 @@ def get_model(config) -> ModelConfig:
     )
 
 
+def _bytes(value, name: str = "bytes_per_element") -> int:
+    return check_count(value, name, minimum=1)
+
+
 def kv_bytes_per_token(config, bytes_per_element: int = 2) -> int:
-    """Bytes the cache grows by for each token, in every layer:
-    ``n_layers * kv_numbers_per_layer * bytes``.
+    """Bytes the cache grows by for each token, in every attention layer:
+    ``n_attention_layers * kv_numbers_per_layer * bytes``.
 
     That is ``n_layers * n_kv_heads * (d_k + d_v) * bytes``, which is
     ``2 * n_layers * n_kv_heads * head_dim * bytes`` when keys and values
     share ``head_dim = d_k = d_v``, or
     ``n_layers * (d_latent_kv + d_rope) * bytes`` for a latent cache. A
-    window layer stops growing once its window is full: this is the rate
-    before then. ``bytes_per_element`` is 2 for fp16/bf16, 1 for an 8-bit
-    cache.
+    window or chunked layer stops growing once its window is full: this is
+    the rate before then. Linear-attention layers do not grow at all.
+    ``bytes_per_element`` is 2 for fp16/bf16, 1 for an 8-bit cache.
     """
     cfg = get_model(config)
-    b = check_count(bytes_per_element, "bytes_per_element", minimum=1)
-    return cfg.n_layers * cfg.kv_numbers_per_layer * b
+    b = _bytes(bytes_per_element)
+    return cfg.n_attention_layers * cfg.kv_numbers_per_layer * b
 
 
 def cached_positions(config, seq_len: int) -> int:
     """Positions held after ``seq_len`` tokens, summed over the layers.
 
     ``seq_len`` for a full-attention layer, ``min(seq_len, W)`` for a layer
-    with a window of ``W``.
+    with a window of ``W`` (``min(seq_len, C)`` for chunks of ``C``), none
+    for a linear-attention layer. Counted per layer type, in closed form.
     """
     cfg = get_model(config)
     n = check_count(seq_len, "seq_len", minimum=0)
-    return sum(n if w is None else min(n, w) for w in cfg.layer_windows)
+    total = 0
+    for kind, count in cfg.layer_counts.items():
+        w = cfg.window_of(kind)
+        total += count * (n if w is None else min(n, w))
+    return total
 
 
 def kv_cache_bytes(
     config, seq_len: int, batch: int = 1, bytes_per_element: int = 2
 ) -> int:
-    """Bytes of the cache of ``batch`` sequences of ``seq_len`` tokens, all
-    layers: ``batch * cached_positions * kv_numbers_per_layer * bytes``.
+    """Bytes of the keys and values (or latents) of ``batch`` sequences of
+    ``seq_len`` tokens, all layers: ``batch * cached_positions *
+    kv_numbers_per_layer * bytes``.
 
     Without windows that is ``kv_bytes_per_token * seq_len * batch``.
+    Linear layers' states and the indexer's keys are not in it:
+    :func:`cache_bytes` adds them.
     """
     cfg = get_model(config)
-    b = check_count(bytes_per_element, "bytes_per_element", minimum=1)
+    b = _bytes(bytes_per_element)
     positions = cached_positions(cfg, seq_len)
     batch = check_count(batch, "batch", minimum=1)
     return batch * positions * cfg.kv_numbers_per_layer * b
 
 
+def state_bytes(
+    config, batch: int = 1, bytes_per_element: int = 2
+) -> tuple[int, int]:
+    """``(recurrent, conv)``: bytes of the linear-attention layers' states
+    for ``batch`` sequences, at any context.
+
+    ``recurrent = batch * n_linear * n_v_heads * d_k * d_v * state_bytes``
+    (the state's own dtype, float32 in the released models) and ``conv =
+    batch * n_linear * conv_dim * conv_kernel * bytes_per_element`` (the
+    convolution's last inputs, in the cache's dtype). ``(0, 0)`` for a
+    model without linear layers.
+    """
+    cfg = get_model(config)
+    b = _bytes(bytes_per_element)
+    batch = check_count(batch, "batch", minimum=1)
+    n = cfg.layer_counts.get(LINEAR, 0)
+    if not n:
+        return 0, 0
+    s = cfg.linear
+    return (
+        batch * n * s.state_numbers * s.state_bytes,
+        batch * n * s.conv_numbers * b,
+    )
+
+
+def indexer_cache_bytes(config, seq_len: int, batch: int = 1) -> int:
+    """Bytes of the lightning indexer's keys (DeepSeek-V3.2): ``batch *
+    seq_len * n_attention_layers * indexer.bytes_per_token``, 0 without an
+    indexer. The FP8 keys and their scales have their own widths, whatever
+    the latent cache's ``bytes_per_element``."""
+    cfg = get_model(config)
+    n = check_count(seq_len, "seq_len", minimum=0)
+    batch = check_count(batch, "batch", minimum=1)
+    if cfg.indexer is None:
+        return 0
+    per_token = cfg.n_attention_layers * cfg.indexer.bytes_per_token
+    return batch * n * per_token
+
+
+def cache_bytes(
+    config, seq_len: int, batch: int = 1, bytes_per_element: int = 2
+) -> int:
+    """Everything decoding keeps: :func:`kv_cache_bytes`, the linear
+    layers' :func:`state_bytes` and the :func:`indexer_cache_bytes`."""
+    kv = kv_cache_bytes(config, seq_len, batch, bytes_per_element)
+    recurrent, conv = state_bytes(config, batch, bytes_per_element)
+    return (
+        kv + recurrent + conv + indexer_cache_bytes(config, seq_len, batch)
+    )
+
+
+def _grows(cfg: ModelConfig) -> bool:
+    """Whether the cache grows without bound with the context."""
+    return bool(cfg.layer_counts.get(FULL)) or cfg.indexer is not None
+
+
 def max_context(
     config, memory_bytes, batch: int = 1, bytes_per_element: int = 2
 ) -> int | None:
-    """The longest context whose cache, for ``batch`` sequences, fits in
-    ``memory_bytes`` (the cache alone: subtract the weights first).
+    """The longest context whose cache (:func:`cache_bytes`), for
+    ``batch`` sequences, fits in ``memory_bytes`` (the cache alone:
+    subtract the weights first).
 
-    ``None`` when every layer has a window and the cache of full windows
-    fits: the cache stops growing, so any context fits.
+    ``None`` when no layer grows without bound (every layer has a window,
+    chunks or a fixed state) and the cache of full windows fits: the cache
+    stops growing, so any context fits. 0 when not even the fixed states
+    fit. ``memory_bytes`` may be any positive int (exact) or finite float.
     """
     cfg = get_model(config)
-    budget = check_positive_number(memory_bytes, "memory_bytes")
+    if isinstance(memory_bytes, int) and not isinstance(memory_bytes, bool):
+        if memory_bytes <= 0:
+            raise ValueError(
+                f"memory_bytes must be a positive number, got {memory_bytes}"
+            )
+        budget = memory_bytes
+    else:
+        budget = check_positive_number(memory_bytes, "memory_bytes")
+    check_count(batch, "batch", minimum=1)
+    _bytes(bytes_per_element)
 
     def fits(n: int) -> bool:
-        return kv_cache_bytes(cfg, n, batch, bytes_per_element) <= budget
+        return cache_bytes(cfg, n, batch, bytes_per_element) <= budget
 
-    windows = cfg.layer_windows
-    if all(w is not None for w in windows) and fits(max(windows)):
-        return None
+    if not _grows(cfg):
+        longest = max(
+            cfg.window_of(kind) for kind in cfg.layer_counts
+        )  # every window is an int here
+        if fits(longest):
+            return None
+    if not fits(0):
+        return 0
     lo, hi = 0, 1  # fits(lo), and (after the loop) not fits(hi)
     while fits(hi):
         lo, hi = hi, 2 * hi
@@ -297,7 +571,7 @@ def weight_bytes(config, bytes_per_element: int = 2) -> int:
     """Bytes of the model's weights stored with ``bytes_per_element`` bytes
     each (2: fp16/bf16)."""
     cfg = get_model(config)
-    b = check_count(bytes_per_element, "bytes_per_element", minimum=1)
+    b = _bytes(bytes_per_element)
     if cfg.n_params is None:
         raise ValueError(
             f"model {cfg.name!r} has no parameter count (n_params is "
@@ -315,15 +589,21 @@ def max_concurrent_sequences(
     """How many sequences of ``seq_len`` tokens fit in the cache beside the
     weights.
 
-    ``floor((memory_bytes - weight_bytes) / kv_cache_bytes(seq_len))``, 0
+    ``floor((memory_bytes - weight_bytes) / cache_bytes(seq_len))``, 0
     when the weights alone do not fit. Weights and cache use the same
     ``bytes_per_element``. An upper bound: activations, the framework's own
     buffers and fragmentation are left out (paged caches, Kwon et al. 2023,
     exist to bring the real number close to it).
     """
     seq_len = check_count(seq_len, "seq_len", minimum=1)
-    memory_bytes = check_positive_number(memory_bytes, "memory_bytes")
+    if isinstance(memory_bytes, int) and not isinstance(memory_bytes, bool):
+        if memory_bytes <= 0:
+            raise ValueError(
+                f"memory_bytes must be a positive number, got {memory_bytes}"
+            )
+    else:
+        memory_bytes = check_positive_number(memory_bytes, "memory_bytes")
     free = memory_bytes - weight_bytes(config, bytes_per_element)
     if free <= 0:
         return 0
-    return int(free // kv_cache_bytes(config, seq_len, 1, bytes_per_element))
+    return int(free // cache_bytes(config, seq_len, 1, bytes_per_element))
