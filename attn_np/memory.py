@@ -94,11 +94,12 @@ def load(config: str) -> ModelConfig:
 def _rope_line(cfg) -> list[str]:
     if not cfg.rope:
         return []
-    parts = []
+    parts, seen = [], []
     for kind in (FULL, SLIDING, CHUNKED):
         p = cfg.rope.get(kind)
         if p is None:
             continue
+        seen.append(p)
         text = f"{p['rope_type']}"
         theta = p.get("rope_theta")
         if theta is not None:
@@ -109,6 +110,8 @@ def _rope_line(cfg) -> list[str]:
         if p.get("partial_rotary_factor") is not None:
             text += f", on {p['partial_rotary_factor']:g} of each head"
         parts.append(f"{kind.split('_')[0]}: {text}")
+    if all(p == seen[0] for p in seen):  # one RoPE for every layer
+        parts = [parts[0].split(": ", 1)[1]]
     return [f"rope         {'; '.join(parts)}"]
 
 

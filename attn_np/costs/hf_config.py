@@ -625,6 +625,22 @@ def rope_parameters(cfg: dict, layer_types=None) -> dict | None:
     return per
 
 
+NOPE = {"rope_type": "none (NoPE)"}
+
+
+def _rope_in_use(cfg: dict, types) -> dict | None:
+    """:func:`rope_parameters`, with the layers that use no RoPE marked
+    :data:`NOPE`: Llama 4's full layers beside its chunked ones, and Kimi
+    Linear's MLA layers (``mla_use_nope``)."""
+    rope = rope_parameters(cfg, types)
+    kinds = set(types or (FULL,))
+    if _flag(cfg, "mla_use_nope"):
+        rope = {k: NOPE for k in kinds - {LINEAR}}
+    elif CHUNKED in kinds and FULL in kinds:
+        rope = {**(rope or {}), FULL: NOPE}
+    return rope
+
+
 def from_hf_config(config, name: str | None = None) -> ModelConfig:
     """A :class:`ModelConfig` read from a Hugging Face ``config.json``.
 
@@ -723,6 +739,6 @@ def _from_dict(data: dict, name: str, source: str) -> ModelConfig:
         attention_chunk_size=chunk if types and CHUNKED in types else None,
         linear=linear,
         indexer=_indexer(cfg, latent),
-        rope=rope_parameters(cfg, types),
+        rope=_rope_in_use(cfg, types),
         **latent,
     )
