@@ -64,9 +64,13 @@ def parse_bytes(text: str) -> int:
             f"{canonical[unit.lower()]} (a lower-case b is a bit, and "
             "kB, MB, GB are decimal, KiB, MiB, GiB binary)"
         )
-    if not match or unit not in UNITS or len(match.group(1)) > 40:
+    if not match or unit not in UNITS:
         raise ValueError(
-            f"a memory budget looks like 80GiB or 80GB, got {text!r}"
+            f"a memory budget looks like 80GiB or 80GB, got {text!r:.60}"
+        )
+    if len(match.group(1).split(".")[0].lstrip("0")) > 30:
+        raise ValueError(
+            f"a memory budget of {text!r:.60} is more than 2**80 bytes"
         )
     value = int(Fraction(match.group(1)) * UNITS[unit])
     if value < 1:
@@ -221,11 +225,12 @@ def _number(minimum: int):
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(
-                f"must be an integer, got {text!r}"
+                f"must be an integer, got {text!r:.60}"
             ) from None
         if not minimum <= value <= LIMIT:
             raise argparse.ArgumentTypeError(
-                f"must be an integer from {minimum} to 2**80, got {text!r}"
+                f"must be an integer from {minimum} to 2**80, got "
+                f"{text!r:.60}"
             )
         return value
 

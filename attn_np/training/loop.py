@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .._checks import check_count
 from .losses import accuracy, cross_entropy_backward, cross_entropy_forward
-from .optim import Adam, clip_grad_norm
+from .optim import Adam, _positive, clip_grad_norm
 
 
 @dataclass
@@ -22,7 +23,16 @@ class TrainLog:
 
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     """Linear warm-up over ``warmup`` steps, then cosine decay to 0 at
-    ``steps``."""
+    ``steps`` (``0 <= step < steps``, ``0 <= warmup <= steps``)."""
+    steps = check_count(steps, "steps", minimum=1)
+    step = check_count(step, "step", minimum=0)
+    warmup = check_count(warmup, "warmup", minimum=0)
+    lr = _positive(lr, "lr")
+    if step >= steps or warmup > steps:
+        raise ValueError(
+            f"need 0 <= step < steps and warmup <= steps, got step={step}, "
+            f"steps={steps} and warmup={warmup}"
+        )
     if step < warmup:
         return lr * (step + 1) / warmup
     progress = (step - warmup) / max(1, steps - warmup)

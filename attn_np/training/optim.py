@@ -16,7 +16,39 @@ values.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+
+def _positive(value, name: str) -> float:
+    """A positive finite real number, or a ``ValueError`` naming
+    ``name``."""
+    if isinstance(value, bool) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"{name} must be a positive finite number, got {value!r}"
+        )
+    return float(value)
+
+
+def _arrays(named: dict, what: str) -> dict:
+    if not isinstance(named, dict):
+        raise TypeError(
+            f"{what} must be a dict of arrays, got {type(named).__name__}"
+        )
+    for k, a in named.items():
+        if not isinstance(a, np.ndarray) or not np.issubdtype(
+            a.dtype, np.floating
+        ):
+            kind = getattr(a, "dtype", type(a).__name__)
+            raise TypeError(
+                f"{what}[{k!r}] must be a floating-point ndarray, got {kind}"
+            )
+    return named
 
 
 class Adam:
@@ -30,13 +62,18 @@ class Adam:
         betas=(0.9, 0.999),
         eps: float = 1e-8,
     ):
-        if not lr > 0 or not all(0 <= b < 1 for b in betas) or not eps > 0:
+        lr = _positive(lr, "lr")
+        eps = _positive(eps, "eps")
+        try:
+            b1, b2 = (float(b) for b in betas)
+        except (TypeError, ValueError):
             raise ValueError(
-                f"need lr > 0, 0 <= betas < 1 and eps > 0, got lr={lr}, "
-                f"betas={betas}, eps={eps}"
-            )
-        self.params = dict(params)
-        self.lr, (self.b1, self.b2), self.eps = float(lr), betas, float(eps)
+                f"betas must be a pair of numbers, got {betas!r}"
+            ) from None
+        if not (0 <= b1 < 1 and 0 <= b2 < 1):
+            raise ValueError(f"betas must be in [0, 1), got {betas!r}")
+        self.params = dict(_arrays(params, "params"))
+        self.lr, (self.b1, self.b2), self.eps = lr, (b1, b2), eps
         self.m = {k: np.zeros_like(p) for k, p in self.params.items()}
         self.v = {k: np.zeros_like(p) for k, p in self.params.items()}
         self.t = 0
@@ -53,16 +90,24 @@ class Adam:
                 "grads must have the keys of params: missing "
                 f"{sorted(missing)}, unexpected {sorted(extra)}"
             )
-        self.t += 1
-        lr = self.lr if lr is None else float(lr)
-        c1, c2 = 1.0 - self.b1**self.t, 1.0 - self.b2**self.t
-        for k, w in self.params.items():
+        _arrays(grads, "grads")
+        lr = self.lr if lr is None else _positive(lr, "lr")
+        for k, w in self.params.items():  # check all before updating any
             g = grads[k]
             if g.shape != w.shape:
                 raise ValueError(
                     f"grads[{k!r}] has shape {g.shape}, the parameter has "
                     f"shape {w.shape}"
                 )
+            if not np.isfinite(g).all():
+                raise ValueError(
+                    f"grads[{k!r}] holds NaN or inf: the step would turn "
+                    "the parameter into NaN"
+                )
+        self.t += 1
+        c1, c2 = 1.0 - self.b1**self.t, 1.0 - self.b2**self.t
+        for k, w in self.params.items():
+            g = grads[k]
             m, v = self.m[k], self.v[k]
             m *= self.b1
             m += (1 - self.b1) * g
@@ -74,7 +119,10 @@ class Adam:
 
 def clip_grad_norm(grads: dict, max_norm: float) -> float:
     """Scale every gradient (in place) so that their joint L2 norm is at most
-    ``max_norm``; return the norm."""
+    ``max_norm``; return the norm. A NaN or infinite norm is an error (it
+    would turn every gradient into NaN)."""
+    max_norm = _positive(max_norm, "max_norm")
+    _arrays(grads, "grads")
     norm = float(
         np.sqrt(
             sum(
@@ -83,6 +131,10 @@ def clip_grad_norm(grads: dict, max_norm: float) -> float:
             )
         )
     )
+    if not math.isfinite(norm):
+        raise ValueError(
+            f"the gradients' norm is {norm}: some gradient holds NaN or inf"
+        )
     if norm > max_norm:
         for g in grads.values():
             g *= max_norm / norm
