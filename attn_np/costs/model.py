@@ -59,6 +59,8 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .._checks import check_count, check_positive_number
 
 GB = 10**9  # a decimal gigabyte, the unit of data sheets ("80 GB")
@@ -518,6 +520,24 @@ def cache_bytes(
     )
 
 
+def _budget(value):
+    """A positive int (exact, any size) or a positive finite float, or a
+    ``ValueError`` naming ``memory_bytes``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not isinstance(value, (np.integer, np.floating)):
+            raise ValueError(
+                f"memory_bytes must be a positive number, got {value!r}"
+            )
+        value = value.item()
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(
+                f"memory_bytes must be a positive number, got {value}"
+            )
+        return value
+    return check_positive_number(value, "memory_bytes")
+
+
 def _grows(cfg: ModelConfig) -> bool:
     """Whether the cache grows without bound with the context."""
     return bool(cfg.layer_counts.get(FULL)) or cfg.indexer is not None
@@ -536,14 +556,7 @@ def max_context(
     fit. ``memory_bytes`` may be any positive int (exact) or finite float.
     """
     cfg = get_model(config)
-    if isinstance(memory_bytes, int) and not isinstance(memory_bytes, bool):
-        if memory_bytes <= 0:
-            raise ValueError(
-                f"memory_bytes must be a positive number, got {memory_bytes}"
-            )
-        budget = memory_bytes
-    else:
-        budget = check_positive_number(memory_bytes, "memory_bytes")
+    budget = _budget(memory_bytes)
     check_count(batch, "batch", minimum=1)
     _bytes(bytes_per_element)
 
@@ -596,13 +609,7 @@ def max_concurrent_sequences(
     exist to bring the real number close to it).
     """
     seq_len = check_count(seq_len, "seq_len", minimum=1)
-    if isinstance(memory_bytes, int) and not isinstance(memory_bytes, bool):
-        if memory_bytes <= 0:
-            raise ValueError(
-                f"memory_bytes must be a positive number, got {memory_bytes}"
-            )
-    else:
-        memory_bytes = check_positive_number(memory_bytes, "memory_bytes")
+    memory_bytes = _budget(memory_bytes)
     free = memory_bytes - weight_bytes(config, bytes_per_element)
     if free <= 0:
         return 0

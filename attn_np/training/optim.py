@@ -123,14 +123,15 @@ def clip_grad_norm(grads: dict, max_norm: float) -> float:
     would turn every gradient into NaN)."""
     max_norm = _positive(max_norm, "max_norm")
     _arrays(grads, "grads")
-    norm = float(
-        np.sqrt(
-            sum(
-                float(np.sum(g.astype(np.float64) ** 2))
-                for g in grads.values()
+    with np.errstate(over="ignore", invalid="ignore"):
+        norm = float(
+            np.sqrt(
+                sum(
+                    float(np.sum(g.astype(np.float64) ** 2))
+                    for g in grads.values()
+                )
             )
         )
-    )
     if not math.isfinite(norm):
         raise ValueError(
             f"the gradients' norm is {norm}: some gradient holds NaN or inf"
