@@ -323,3 +323,29 @@ def test_huge_num_hidden_layers_never_builds_a_list(n):
     # without a per-layer list the count is exact
     cfg = from_hf_config({**LLAMA, "num_hidden_layers": n})
     assert costs.kv_bytes_per_token(cfg) == n * 2 * 8 * 128 * 2
+
+
+@pytest.mark.parametrize("flag", ["no", 1, None, np.nan])
+def test_cost_flags_must_be_booleans(flag):
+    dims = dict(d_model=64, n_heads=4)
+    with pytest.raises(TypeError, match="fused"):
+        costs.decode_step_cost(1, 16, **dims, fused=flag)
+    latent = (64, 4, 16, 32, 8)
+    with pytest.raises(TypeError, match="absorb"):
+        costs.latent_decode_step_cost(1, 16, *latent, absorb=flag)
+
+
+@pytest.mark.parametrize("rate", ["3", True, 0, float("nan"), -1.0])
+def test_rates_refuse_strings_and_non_positive_numbers(rate):
+    with pytest.raises(ValueError, match="bandwidth"):
+        costs.ridge_point(1e12, rate)
+    with pytest.raises(ValueError, match="peak_flops"):
+        costs.attainable_flops(rate, 10.0, 1e11)
+
+
+@pytest.mark.parametrize("work", [-1, float("inf"), "5", None])
+def test_roofline_time_refuses_negative_work(work):
+    with pytest.raises(ValueError, match="flops"):
+        costs.roofline_time(work, 0, 1e12, 1e11)
+    with pytest.raises(ValueError, match="nbytes"):
+        costs.roofline_time(0, work, 1e12, 1e11)
