@@ -340,7 +340,7 @@ def test_rates_refuse_strings_and_non_positive_numbers(rate):
     with pytest.raises(ValueError, match="bandwidth"):
         costs.ridge_point(1e12, rate)
     with pytest.raises(ValueError, match="peak_flops"):
-        costs.attainable_flops(rate, 10.0, 1e11)
+        costs.attainable_flops(10.0, rate, 1e11)
 
 
 @pytest.mark.parametrize("work", [-1, float("inf"), "5", None])
