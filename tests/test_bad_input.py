@@ -349,3 +349,66 @@ def test_roofline_time_refuses_negative_work(work):
         costs.roofline_time(work, 0, 1e12, 1e11)
     with pytest.raises(ValueError, match="nbytes"):
         costs.roofline_time(0, work, 1e12, 1e11)
+
+
+@pytest.mark.parametrize(
+    "n, error",
+    [
+        (float("nan"), ValueError),
+        (float("inf"), ValueError),
+        ("3", TypeError),
+        (None, TypeError),
+        (True, TypeError),
+        (10**400, ValueError),
+    ],
+)
+def test_format_bytes_refuses_what_it_cannot_print(n, error):
+    from attn_np.instruments.plotting import format_bytes
+
+    with pytest.raises(error, match="n "):
+        format_bytes(n)
+
+
+@FAST
+@given(st.integers(0, 2**900))
+def test_format_bytes_prints_any_size_it_takes(n):
+    from attn_np.instruments.plotting import format_bytes
+
+    text = format_bytes(n)
+    assert "nan" not in text and "inf" not in text
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"rounds": 0}, "rounds"),
+        ({"rounds": 2.5}, "rounds"),
+        ({"rounds": True}, "rounds"),
+        ({"fns": {"a": 3}}, "fns"),
+        ({"fns": [lambda: 0]}, "fns"),
+    ],
+)
+def test_best_times_names_its_bad_argument(kwargs, match):
+    from attn_np.instruments.measure import best_times
+
+    args = {"fns": {"a": lambda: 0}, "rounds": 1, **kwargs}
+    with pytest.raises((ValueError, TypeError), match=match):
+        best_times(args["fns"], rounds=args["rounds"])
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"n_tokens": 0}, "n_tokens"),
+        ({"lag": 0}, "lag"),
+        ({"seq_len": 3}, "seq_len must be longer than lag"),
+        ({"p_marker": 1.5}, "p_marker"),
+        ({"p_marker": float("nan")}, "p_marker"),
+        ({"p_marker": "0.1"}, "p_marker"),
+    ],
+)
+def test_marked_copy_names_its_bad_argument(kwargs, match):
+    from attn_np import MarkedCopy
+
+    with pytest.raises(ValueError, match=match):
+        MarkedCopy(**kwargs)
