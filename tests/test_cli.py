@@ -163,3 +163,22 @@ def test_memory_good_run_still_works():
 def test_bench_bad_arguments(args, words):
     result = run("-m", "attn_np.bench", *args)
     assert_one_line_error(result, *words)
+
+
+def test_every_benchmark_is_registered_with_its_own_options():
+    """The registry's options are the benchmark's own (from its --help), and
+    every module of attn_np.bench is registered."""
+    import pkgutil
+    import re
+
+    import attn_np.bench as pkg
+    from attn_np.bench.__main__ import BENCHMARKS
+
+    modules = {m.name for m in pkgutil.iter_modules(pkg.__path__)}
+    assert modules - {"__main__"} == set(BENCHMARKS)
+    for name, bench in BENCHMARKS.items():
+        result = run("-m", "attn_np.bench", name, "--help")
+        assert result.returncode == 0, result.stderr
+        usage = result.stdout.split("options:")[-1]
+        listed = set(re.findall(r"(?<![\w-])(--[a-zA-Z][\w-]*)", usage))
+        assert listed == bench.options - {"-h"}, name
