@@ -81,29 +81,7 @@ class Adam:
     def step(self, grads: dict, lr: float | None = None) -> None:
         """One update of every parameter; ``lr`` overrides the learning rate
         for this step (schedules)."""
-        if set(grads) != set(self.params):
-            missing, extra = (
-                set(self.params) - set(grads),
-                set(grads) - set(self.params),
-            )
-            raise ValueError(
-                "grads must have the keys of params: missing "
-                f"{sorted(missing)}, unexpected {sorted(extra)}"
-            )
-        _arrays(grads, "grads")
-        lr = self.lr if lr is None else _positive(lr, "lr")
-        for k, w in self.params.items():  # check all before updating any
-            g = grads[k]
-            if g.shape != w.shape:
-                raise ValueError(
-                    f"grads[{k!r}] has shape {g.shape}, the parameter has "
-                    f"shape {w.shape}"
-                )
-            if not np.isfinite(g).all():
-                raise ValueError(
-                    f"grads[{k!r}] holds NaN or inf: the step would turn "
-                    "the parameter into NaN"
-                )
+        lr = self.check_step(grads, lr)
         self.t += 1
         c1, c2 = 1.0 - self.b1**self.t, 1.0 - self.b2**self.t
         for k, w in self.params.items():
@@ -115,6 +93,33 @@ class Adam:
             v += (1 - self.b2) * g * g
             # in place: the layer sees it
             w -= (lr / c1) * m / (np.sqrt(v / c2) + self.eps)
+
+    def check_step(self, grads: dict, lr: float | None = None) -> float:
+        """The step's learning rate, after checking every gradient (keys,
+        shapes, dtypes, NaN or inf) before any parameter is touched."""
+        if set(grads) != set(self.params):
+            missing, extra = (
+                set(self.params) - set(grads),
+                set(grads) - set(self.params),
+            )
+            raise ValueError(
+                "grads must have the keys of params: missing "
+                f"{sorted(missing)}, unexpected {sorted(extra)}"
+            )
+        _arrays(grads, "grads")
+        for k, w in self.params.items():
+            g = grads[k]
+            if g.shape != w.shape:
+                raise ValueError(
+                    f"grads[{k!r}] has shape {g.shape}, the parameter has "
+                    f"shape {w.shape}"
+                )
+            if not np.isfinite(g).all():
+                raise ValueError(
+                    f"grads[{k!r}] holds NaN or inf: the step would turn "
+                    "the parameter into NaN"
+                )
+        return self.lr if lr is None else _positive(lr, "lr")
 
 
 def clip_grad_norm(grads: dict, max_norm: float) -> float:
