@@ -111,6 +111,20 @@ def test_kimi_linear_layer_lists_are_checked():
         from_hf_config({**data, "linear_attn_config": short})
 
 
+def test_kimi_linear_in_transformers_5_spelling():
+    data = load("kimi_linear_48b_a3b")
+    released = from_hf_config(data)
+    lin = data.pop("linear_attn_config")
+    data["layer_types"] = list(released.layer_types)
+    data["linear_num_heads"] = lin["num_heads"]
+    data["linear_head_dim"] = lin["head_dim"]
+    data["linear_conv_kernel_dim"] = lin["short_conv_kernel_size"]
+    assert from_hf_config(data).linear == released.linear
+    del data["layer_types"]
+    with pytest.raises(ValueError, match="kimi_linear"):
+        from_hf_config(data)  # HF's default pattern is not guessed
+
+
 def test_llama4_scout_by_hand():
     cfg = from_hf_config(DATA / "llama4_scout_17b_16e.json")
     # no_rope_layers is empty: every 4th layer is NoPE (full), the other

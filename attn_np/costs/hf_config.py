@@ -284,6 +284,9 @@ def _kimi_types(cfg: dict, n_layers: int):
         raise ValueError(
             f"config key linear_attn_config must be an object, got {lin!r}"
         )
+    given = [k for k in ("full_attn_layers", "kda_layers") if k in lin]
+    if not given:  # the layer types are written as layer_types
+        return None
     types = [None] * n_layers
     for key, kind in (("full_attn_layers", FULL), ("kda_layers", LINEAR)):
         layers = lin.get(key)
@@ -395,6 +398,12 @@ def _layer_types(cfg: dict, n_layers: int):
                 f"config is contradictory: {source} and {key} give "
                 "different layer types"
             )
+    if types is None and cfg.get("model_type") == "kimi_linear":
+        raise ValueError(
+            "config of model_type 'kimi_linear' says neither which layers "
+            "are linear (linear_attn_config.kda_layers and "
+            "full_attn_layers) nor layer_types"
+        )
     if types is not None and CHUNKED in types and chunk is None:
         raise ValueError(
             "config key layer_types has 'chunked_attention' layers but "
@@ -488,6 +497,12 @@ def _linear_state(cfg: dict) -> LinearState:
     heads; the convolution runs over q, k and v together)."""
     dtype, nbytes = _state_dtype(cfg)
     lin = cfg.get("linear_attn_config")
+    if lin is None and cfg.get("model_type") == "kimi_linear":
+        lin = {  # transformers 5's spelling of the same numbers
+            "num_heads": _count(cfg, "linear_num_heads"),
+            "head_dim": _count(cfg, "linear_head_dim"),
+            "short_conv_kernel_size": _count(cfg, "linear_conv_kernel_dim"),
+        }
     if lin is not None:
         h = _count(lin, "num_heads")
         d = _count(lin, "head_dim")
