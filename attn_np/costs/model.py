@@ -414,10 +414,6 @@ def get_model(config) -> ModelConfig:
     )
 
 
-def _bytes(value, name: str = "bytes_per_element") -> int:
-    return check_count(value, name, minimum=1)
-
-
 def kv_bytes_per_token(config, bytes_per_element: int = 2) -> int:
     """Bytes the cache grows by for each token, in every attention layer:
     ``n_attention_layers * kv_numbers_per_layer * bytes``.
@@ -431,7 +427,7 @@ def kv_bytes_per_token(config, bytes_per_element: int = 2) -> int:
     ``bytes_per_element`` is 2 for fp16/bf16, 1 for an 8-bit cache.
     """
     cfg = get_model(config)
-    b = _bytes(bytes_per_element)
+    b = check_count(bytes_per_element, "bytes_per_element")
     return cfg.n_attention_layers * cfg.kv_numbers_per_layer * b
 
 
@@ -463,7 +459,7 @@ def kv_cache_bytes(
     :func:`cache_bytes` adds them.
     """
     cfg = get_model(config)
-    b = _bytes(bytes_per_element)
+    b = check_count(bytes_per_element, "bytes_per_element")
     positions = cached_positions(cfg, seq_len)
     batch = check_count(batch, "batch", minimum=1)
     return batch * positions * cfg.kv_numbers_per_layer * b
@@ -482,7 +478,7 @@ def state_bytes(
     model without linear layers.
     """
     cfg = get_model(config)
-    b = _bytes(bytes_per_element)
+    b = check_count(bytes_per_element, "bytes_per_element")
     batch = check_count(batch, "batch", minimum=1)
     n = cfg.layer_counts.get(LINEAR, 0)
     if not n:
@@ -558,7 +554,7 @@ def max_context(
     cfg = get_model(config)
     budget = _budget(memory_bytes)
     check_count(batch, "batch", minimum=1)
-    _bytes(bytes_per_element)
+    check_count(bytes_per_element, "bytes_per_element")
 
     def fits(n: int) -> bool:
         return cache_bytes(cfg, n, batch, bytes_per_element) <= budget
@@ -584,7 +580,7 @@ def weight_bytes(config, bytes_per_element: int = 2) -> int:
     """Bytes of the model's weights stored with ``bytes_per_element`` bytes
     each (2: fp16/bf16)."""
     cfg = get_model(config)
-    b = _bytes(bytes_per_element)
+    b = check_count(bytes_per_element, "bytes_per_element")
     if cfg.n_params is None:
         raise ValueError(
             f"model {cfg.name!r} has no parameter count (n_params is "
