@@ -18,7 +18,7 @@ ch  chapter                              modules
                                          :mod:`.grouped`,
                                          :mod:`.costs.layer`
 3   multi-query and grouped-query        :mod:`.multihead`, :mod:`.convert`,
-    attention                            :mod:`.costs.catalogue`
+    attention                            :mod:`.costs.model`
 4   incremental decoding, KV cache       :mod:`.kv_cache`,
                                          :mod:`.costs.decode`, :mod:`.bench`
 5   training MHA, GQA and MQA            :mod:`.training`, :mod:`.norms`
@@ -39,7 +39,7 @@ ch  chapter                              modules
 13  sparse attention on the latent      :mod:`.sparse`
     cache (DSA's lightning indexer,
     top-k, block selection)
-A1  the KV cache of any model config     :mod:`.costs.catalogue`,
+A1  the KV cache of any model config     :mod:`.costs.hf_config`,
                                          :mod:`.memory`
 ==  ===================================  ===================================
 
