@@ -57,6 +57,11 @@ BENCHMARKS: dict[str, Bench] = {
         size_lists=("--memory-L",),
         flags=("--sweep", "--skip-memory"),
     ),
+    "linear": Bench(
+        "attn_np.bench.linear",
+        sizes=("--rounds", "--chunk-size", "--threads"),
+        size_lists=("--T", "--memory-T"),
+    ),
     "mha": Bench(
         "attn_np.bench.mha",
         sizes=("--B", "--L", "--d-model", "--heads", "--repeat"),
