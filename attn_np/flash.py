@@ -266,15 +266,13 @@ def _backward_tiles(q, k, v, out, dout, lse, dq, dk, dv, scale, tiles):
     batch, dt = out.shape[:-2], dq.dtype
     (L_q, d_k), d_v = q.shape[-2:], v.shape[-1]
     bq, bk = tiles.shape
-    D = np.sum(dout * out, axis=-1, keepdims=True)  # [..., L_q, 1]
+    D = np.vecdot(dout, out)[..., None]  # rowsum(dO * O): [..., L_q, 1]
     lse = np.where(lse == -np.inf, np.inf, lse)[..., None]  # P=0
-    qs = q * scale  # [..., L_q, d_k], the forward's scaled queries
     # dS K of every key tile, summed at the heads' shape [..., L_q, d_k]
-    dq_all = (
-        dq
-        if dq.shape == batch + (L_q, d_k)
-        else np.zeros(batch + (L_q, d_k), dt)
-    )
+    dq_all = dq
+    if dq.shape != batch + (L_q, d_k):  # q broadcast: sum it at the end
+        dq_all = np.zeros(batch + (L_q, d_k), dt)
+    ks_buf = np.empty(k.shape[:-2] + (bk, d_k), dt)  # K * scale
     p_buf = np.empty(batch + (bq, bk), dt)  # P of one tile
     ds_buf = np.empty(batch + (bq, bk), dt)  # dP, then dS, of one tile
     dq_buf = np.empty(batch + (bq, d_k), dt)
@@ -284,14 +282,15 @@ def _backward_tiles(q, k, v, out, dout, lse, dq, dk, dv, scale, tiles):
     dv_sum = np.empty(batch + (bk, d_v), dt)  # and dV, summed over i
     for j, (c0, c1) in enumerate(tiles.cols):
         kj, vj = k[..., c0:c1, :], v[..., c0:c1, :]  # [.., n_k, d]
+        ks = np.multiply(kj, scale, out=ks_buf[..., : c1 - c0, :])
         dk_j, dv_j = dk_sum[..., : c1 - c0, :], dv_sum[..., : c1 - c0, :]
         dk_j.fill(0)
         dv_j.fill(0)
         for i in tiles.in_col(j):
             r0, r1 = tiles.rows[i]
-            qs_i, do_i = qs[..., r0:r1, :], dout[..., r0:r1, :]
+            q_i, do_i = q[..., r0:r1, :], dout[..., r0:r1, :]
             p = p_buf[..., : r1 - r0, : c1 - c0]  # [..., n_q, n_k]
-            np.matmul(qs_i, kj.swapaxes(-1, -2), out=p)  # S, as forward
+            np.matmul(q_i, ks.swapaxes(-1, -2), out=p)  # S = Q (K scale)^T
             p -= lse[..., r0:r1, :]  # S - lse
             hidden = tiles.hidden(i, j)  # None: a full tile, no mask
             if hidden is not None:
@@ -304,9 +303,10 @@ def _backward_tiles(q, k, v, out, dout, lse, dq, dk, dv, scale, tiles):
             ds -= D[..., r0:r1, :]  # dP - D
             ds *= p  # dS = P * (dP - D): [..., n_q, n_k]
             dq_i = dq_buf[..., : r1 - r0, :]
-            dq_all[..., r0:r1, :] += np.matmul(ds, kj, out=dq_i)  # dS K
+            dq_all[..., r0:r1, :] += np.matmul(ds, ks, out=dq_i)  # dS K s
             dst = ds.swapaxes(-1, -2)  # [..., n_k, n_q]
-            dk_j += np.matmul(dst, qs_i, out=dk_buf[..., : c1 - c0, :])
+            dk_j += np.matmul(dst, q_i, out=dk_buf[..., : c1 - c0, :])
+        dk_j *= scale  # dK = dS^T Q * scale
         # broadcast key/value heads: sum the query heads that shared them
         dk[..., c0:c1, :] += unbroadcast(
             dk_j, dk.shape[:-2] + dk_j.shape[-2:]
@@ -314,7 +314,6 @@ def _backward_tiles(q, k, v, out, dout, lse, dq, dk, dv, scale, tiles):
         dv[..., c0:c1, :] += unbroadcast(
             dv_j, dv.shape[:-2] + dv_j.shape[-2:]
         )
-    dq_all *= scale  # dQ = dS K * scale
     if dq_all is not dq:
         dq += unbroadcast(dq_all, dq.shape)
 
