@@ -130,3 +130,36 @@ def test_matmul_probe():
     fn, flops = matmul_probe(8)
     assert flops == 2 * 8**3
     assert fn().shape == (8, 8)
+
+
+def test_bench_prints_every_ratio_within_77_columns(capsys):
+    from attn_np.bench import flash as bench
+
+    argv = ["--L", "256", "--rounds", "2", "--skip-memory"]
+    assert bench.main(argv + ["--skip-load"]) == 0
+    out = capsys.readouterr().out
+    assert "layer" in out and "kernels" in out and "A/A" in out
+    assert "goal: at least 0.6 at every L" in out
+    assert max(len(line) for line in out.splitlines()) <= 77
+
+
+def test_bench_load_and_why_small():
+    from attn_np.bench import flash as bench
+
+    r = bench.under_load(128, rounds=1)
+    assert {"dense growth", "flash growth", "flash / dense loaded"} <= set(r)
+    assert all(np.isfinite(v).all() and v[0] > 0 for v in r.values())
+    why = bench.why_load(calls=5)
+    assert set(why) == {(a, b) for a in (False, True) for b in (1, 2)}
+    assert all(len(x["seconds"]) == 5 for x in why.values())
+
+
+def test_causal_flops_halves_the_attention_products():
+    from attn_np import costs
+    from attn_np.bench.flash import causal_flops
+
+    L, d, h = 64, 32, 4
+    full = costs.training_flops(1, L, d, h)
+    kernels = causal_flops(L, d_model=d, n_heads=h, kernel_only=True)
+    assert kernels == 3 * 2 * h * L * L * (d // h)  # half of 3 x 4 h L^2 d_k
+    assert causal_flops(L, d_model=d, n_heads=h) == full - kernels

@@ -23,6 +23,11 @@ timed against itself, "A/A"):
   a background process (:func:`~attn_np.instruments.measure.busy_core`,
   bounded in time). Goal: the tiled layer's time grows no more than the
   dense one's, and flash / dense stays below 1.0 under the extra load.
+* **why** (``--why-load``): one tile's product ``[256, 64] @ [64, 256]``
+  called 2,000 times (about as many BLAS calls as one forward + backward
+  at 2,048 tokens makes) with one and with two BLAS threads, with and
+  without the extra load: the evidence for running the tiles on one BLAS
+  thread per worker.
 * **blocks** (``--sweep``): the tiled kernels alone on ``[1, h, L, d_k]``
   float32 arrays, forward + backward, for every pair of block sizes,
   in turns. The library's defaults come from this sweep.
@@ -45,6 +50,7 @@ from ..flash import (
 from ..instruments.measure import (
     alternating_times,
     best_times,
+    blas_call_times,
     busy_core,
     matmul_probe,
     measure_peak_bytes,
@@ -306,9 +312,26 @@ def _spread(x):
     return float(median), float(low), float(high)
 
 
-def _fmt(m):
+def _fmt(m, digits=2):
     """``0.62 [0.60-0.64]``: median and quartiles."""
-    return f"{m[0]:.2f} [{m[1]:.2f}-{m[2]:.2f}]"
+    a, b, c = (f"{x:.{digits}f}" for x in m)
+    return f"{a} [{b}-{c}]"
+
+
+def why_load(*, calls=2000):
+    """:func:`blas_call_times` of one tile product with 1 and 2 BLAS
+    threads, as the machine is and under :func:`busy_core`: ``{(loaded,
+    threads): result}``."""
+    result = {}
+    for loaded in (False, True):
+        for threads in (1, 2):
+            if loaded:
+                with busy_core(seconds=120):
+                    r = blas_call_times(threads, calls=calls)
+            else:
+                r = blas_call_times(threads, calls=calls)
+            result[loaded, threads] = r
+    return result
 
 
 def main(argv=()) -> int:
@@ -332,12 +355,17 @@ def main(argv=()) -> int:
     )
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument(
+        "--why-load",
+        action="store_true",
+        help="also time one tile product with 1 and 2 BLAS threads",
+    )
+    parser.add_argument(
         "--skip-load", action="store_true", help="no extra-load rounds"
     )
     args = parser.parse_args(list(argv))
     print(
         "FlashAttention in NumPy: B=1 d_model=512 h=8 d_k=64 float32 "
-        f"causal; blocks {BLOCK_Q} x {BLOCK_K}; median [quartiles] of "
+        f"causal;\nblocks {BLOCK_Q} x {BLOCK_K}; median [quartiles] of "
         f"{args.rounds} rounds in turns"
     )
 
@@ -369,22 +397,23 @@ def main(argv=()) -> int:
         t0 = time.perf_counter()
         res = rates(args.L, rounds=args.rounds)
         print(
-            "\nrate: forward + backward as a fraction of the round's "
-            "[2048, 2048] matmul rate, crediting the FLOPs a causal "
+            "\nrate: forward + backward as a fraction of the round's\n"
+            "[2048, 2048] matmul rate, crediting the FLOPs a causal\n"
             f"kernel must do ({time.perf_counter() - t0:.0f} s)"
         )
         print(
-            f"{'L':>6} {'matmul GFLOP/s':>19} {'layer':>17} "
-            f"{'A/A':>17} {'kernels':>17} {'A/A':>17}"
+            f"{'L':>6}  {'':8s}{'of matmul':>17} {'A/A time':>17} "
+            f"{'matmul GFLOP/s':>17}"
         )
         worst = 1.0
         for L, r in res.items():
-            print(
-                f"{L:6d} {_fmt(r['matmul GFLOP/s']):>19} "
-                f"{_fmt(r['layer']):>17} {_fmt(r['layer A/A']):>17} "
-                f"{_fmt(r['kernels']):>17} {_fmt(r['kernels A/A']):>17}"
-            )
-            worst = min(worst, r["layer"][0], r["kernels"][0])
+            for name in ("layer", "kernels"):
+                print(
+                    f"{L:6d}  {name:8s}{_fmt(r[name]):>17} "
+                    f"{_fmt(r[name + ' A/A']):>17} "
+                    f"{_fmt(r['matmul GFLOP/s'], 0):>17}"
+                )
+                worst = min(worst, r[name][0])
         print(
             f"goal: at least 0.6 at every L: "
             f"{'met' if worst >= 0.6 else 'NOT met'} (worst {worst:.2f})"
@@ -394,7 +423,7 @@ def main(argv=()) -> int:
         t0 = time.perf_counter()
         r = under_load(2048, rounds=max(args.rounds, 4))
         print(
-            "\nload: L=2048, as the machine is and with one more core "
+            "\nload: L=2048, as the machine is and with one more core\n"
             "kept busy by a background process "
             f"({time.perf_counter() - t0:.0f} s)"
         )
@@ -414,6 +443,28 @@ def main(argv=()) -> int:
         print(
             "goal: flash grows no more than dense, flash / dense < 1 "
             f"under load: {'met' if ok else 'NOT met'}"
+        )
+
+    if args.why_load:
+        res = why_load()
+        print("\nwhy: 2000 calls of one tile product [256, 64] @ [64, 256]")
+        print(
+            f"{'extra load':>10} {'threads':>7} {'total s':>8} "
+            f"{'median us':>9} {'p90 us':>8} {'>1 ms':>6} "
+            f"{'switches':>8} {'CPU s':>6}"
+        )
+        for (loaded, threads), r in res.items():
+            t = r["seconds"]
+            print(
+                f"{'yes' if loaded else 'no':>10} {threads:7d} "
+                f"{t.sum():8.2f} {np.median(t) * 1e6:9.0f} "
+                f"{np.percentile(t, 90) * 1e6:8.0f} "
+                f"{int(np.sum(t > 1e-3)):6d} {r['switches']:8d} "
+                f"{r['cpu']:6.2f}"
+            )
+        print(
+            "(switches: involuntary context switches of this process;\n"
+            "CPU s: its user CPU time)"
         )
 
     if args.sweep:

@@ -5,6 +5,7 @@ compared with them."""
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import sys
 import time
@@ -139,6 +140,45 @@ def busy_core(seconds: float = 120.0):
     finally:
         proc.terminate()
         proc.wait()
+
+
+def blas_call_times(
+    threads: int,
+    *,
+    calls: int = 2000,
+    shape=(256, 64, 256),
+    dtype=np.float32,
+) -> dict:
+    """Time ``calls`` short products ``[m, k] @ [k, n]`` one by one with
+    ``threads`` BLAS threads: the calls a tiled kernel makes.
+
+    Returns ``{"seconds": array of each call's time, "switches": the
+    process's involuntary context switches meanwhile, "cpu": its user CPU
+    seconds}``. A BLAS thread that has finished its share waits for the
+    others, spinning; when they have no core, the call takes as long as
+    the scheduler takes to give them one.
+    """
+    from .blas import blas_threads
+
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    out = np.empty((m, n), dtype)
+    seconds = np.empty(calls)
+    with blas_threads(threads):
+        np.matmul(a, b, out=out)
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        for i in range(calls):
+            t0 = time.perf_counter()
+            np.matmul(a, b, out=out)
+            seconds[i] = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "seconds": seconds,
+        "switches": r1.ru_nivcsw - r0.ru_nivcsw,
+        "cpu": r1.ru_utime - r0.ru_utime,
+    }
 
 
 def read_probes(nbytes: int = 512 * 2**20) -> dict:
