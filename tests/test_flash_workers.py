@@ -132,11 +132,17 @@ def test_matmul_probe():
     assert fn().shape == (8, 8)
 
 
-def test_bench_prints_every_ratio_within_77_columns(capsys):
+def test_bench_prints_every_ratio_within_77_columns(capsys, monkeypatch):
     from attn_np.bench import flash as bench
 
-    argv = ["--L", "256", "--rounds", "2", "--skip-memory"]
-    assert bench.main(argv + ["--skip-load"]) == 0
+    # a small reference product, and one BLAS thread: a quick test even
+    # on a busy machine (the layout is what is tested)
+    monkeypatch.setattr(
+        bench, "matmul_probe", lambda n, dtype: matmul_probe(64, dtype)
+    )
+    argv = ["--L", "128", "--rounds", "2", "--skip-memory"]
+    with blas_threads(1):
+        assert bench.main(argv + ["--skip-load"]) == 0
     out = capsys.readouterr().out
     assert "layer" in out and "kernels" in out and "A/A" in out
     assert "goal: at least 0.6 at every L" in out
@@ -146,7 +152,8 @@ def test_bench_prints_every_ratio_within_77_columns(capsys):
 def test_bench_load_and_why_small():
     from attn_np.bench import flash as bench
 
-    r = bench.under_load(128, rounds=1)
+    with blas_threads(1):
+        r = bench.under_load(64, rounds=1)
     assert {"dense growth", "flash growth", "flash / dense loaded"} <= set(r)
     assert all(np.isfinite(v).all() and v[0] > 0 for v in r.values())
     why = bench.why_load(calls=5)
