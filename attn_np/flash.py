@@ -162,7 +162,7 @@ def flash_attention_forward(
     lse = np.full(batch + (L_q,), -np.inf, dt)  # [..., L_q]
 
     def share(take):  # one worker's heads: take(x) is its part of x
-        _forward_tiles(
+        forward_tiles(
             take(q), take(k), take(v), take(out), take(lse, 1), scale, tiles
         )
 
@@ -173,7 +173,7 @@ def flash_attention_forward(
     return out, cache
 
 
-def _forward_tiles(q, k, v, out, lse, scale, tiles):
+def forward_tiles(q, k, v, out, lse, scale, tiles):
     """The forward's loops for the heads of ``out``: it writes ``out``
     and ``lse``."""
     batch, dt = out.shape[:-2], out.dtype
@@ -242,7 +242,7 @@ def flash_attention_backward(dout, cache: FlashCache):
             take(g) if take.alone(x) else np.zeros(take(g).shape, dt)
             for g, x in zip(grads, inputs)
         ]
-        _backward_tiles(
+        backward_tiles(
             *(take(x) for x in inputs),
             take(c.out),
             take(dout),
@@ -260,7 +260,7 @@ def flash_attention_backward(dout, cache: FlashCache):
     return tuple(grads)
 
 
-def _backward_tiles(q, k, v, out, dout, lse, dq, dk, dv, scale, tiles):
+def backward_tiles(q, k, v, out, dout, lse, dq, dk, dv, scale, tiles):
     """The backward's loops for the heads of ``out``: it adds to ``dq``,
     ``dk`` and ``dv`` (each shaped like its input)."""
     batch, dt = out.shape[:-2], dq.dtype
