@@ -12,20 +12,23 @@ the chapters:
 ==  ===================================  ===================================
 ch  chapter                              modules
 ==  ===================================  ===================================
-1   scaled dot-product attention         :mod:`.softmax`, :mod:`.attention`
-2   multi-head attention                 :mod:`.multihead`,
+1   scaled dot-product attention         :mod:`.softmax`, :mod:`.attention`,
+                                         :mod:`.masks`
+2   multi-head attention                 :mod:`.multihead`, :mod:`.heads`,
+                                         :mod:`.grouped`,
                                          :mod:`.costs.layer`
 3   multi-query and grouped-query        :mod:`.multihead`, :mod:`.convert`,
     attention                            :mod:`.costs.catalogue`
 4   incremental decoding, KV cache       :mod:`.kv_cache`,
                                          :mod:`.costs.decode`, :mod:`.bench`
-5   training MHA, GQA and MQA            :mod:`.training`
+5   training MHA, GQA and MQA            :mod:`.training`, :mod:`.norms`
 6   rotary position embeddings           :mod:`.rope`
 7   multi-head latent attention          :mod:`.latent`,
                                          :mod:`.costs.latent`
-8   sliding windows, rolling caches,     :mod:`.attention`, :mod:`.kv_cache`,
-    attention sinks                      :mod:`.streaming`
-9   FlashAttention                       :mod:`.flash`
+8   sliding windows, rolling caches,     :mod:`.masks`, :mod:`.windows`,
+    attention sinks                      :mod:`.kv_cache`, :mod:`.streaming`
+9   FlashAttention                       :mod:`.flash` (called by
+                                         :mod:`.grouped`)
 A1  the KV cache of any model config     :mod:`.costs.catalogue`,
                                          :mod:`.memory`
 ==  ===================================  ===================================
@@ -33,7 +36,11 @@ A1  the KV cache of any model config     :mod:`.costs.catalogue`,
 Three supporting subpackages: :mod:`.training` (the chapter-5 kit),
 :mod:`.costs` (the cost formulas and the catalogue of released models) and
 :mod:`.instruments` (gradient checks, plotting, measurement, BLAS threads,
-``show_source``). Argument validation lives in one module, :mod:`._checks`.
+``show_source``). The checks that several modules share (array kinds and
+dtypes, masks, counts, scales, windows, sink logits, flags, a layer's
+input, upstream gradients) live in :mod:`._checks`, each rule written
+once; a module raises itself only for rules of its own (a cache's layout,
+RoPE's settings, a model config's fields).
 ``python -m attn_np.bench NAME`` runs the benchmarks;
 ``python -m attn_np.memory CONFIG --seq-len N`` sizes the key/value cache
 of any Hugging Face ``config.json`` (:func:`.costs.from_hf_config`,
@@ -62,6 +69,7 @@ from .flash import (
     flash_attention_backward,
     flash_attention_forward,
 )
+from .grouped import grouped_attention_backward, grouped_attention_forward
 from .instruments import (
     TOLERANCE,
     check_gradients,
@@ -130,6 +138,8 @@ __all__ = [
     "flash_attention_backward",
     "flash_attention_forward",
     "from_hf_config",
+    "grouped_attention_backward",
+    "grouped_attention_forward",
     "instruments",
     "kv_bytes_per_token",
     "kv_cache_bytes",

@@ -212,3 +212,76 @@ def check_latent_dims(
         d_cq = check_count(d_latent_q, "d_latent_q")
     d_v = d_h if d_head_v is None else check_count(d_head_v, "d_head_v")
     return d, h, d_h, d_c, d_r, d_cq, d_v
+
+
+def check_flag(value, name: str) -> bool:
+    """``True`` or ``False`` (NumPy's too), or raise a ``TypeError``: a
+    truthy string such as ``'no'`` is not a flag."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_scale(scale, d_k: int) -> float:
+    """The score scale: ``1 / sqrt(d_k)`` when None (Vaswani et al. 2017),
+    else a positive finite number."""
+    if scale is None:
+        return 1.0 / math.sqrt(d_k)
+    if (
+        isinstance(scale, bool)
+        or not isinstance(scale, (int, float, np.floating, np.integer))
+        or not (math.isfinite(scale) and scale > 0)
+    ):
+        raise ValueError(
+            f"scale must be a positive finite number, got {scale!r}"
+        )
+    return float(scale)
+
+
+def check_window(window, causal=True):
+    """``None`` or a positive int ``W``; a window needs ``causal=True``."""
+    if window is None:
+        return None
+    window = check_positive_int(window, "window")
+    if not causal:
+        raise ValueError(
+            f"window={window} needs causal=True: a query attends the W "
+            "keys that end at its own position"
+        )
+    return window
+
+
+def check_sinks(sinks, rows: tuple[int, ...], layout: str) -> np.ndarray:
+    """Sink logits as a finite float array broadcastable to ``rows`` (one
+    logit per query row, described as ``layout``)."""
+    sinks = as_float_array(sinks, "sinks")
+    check_finite(sinks, "sinks")
+    try:
+        ok = np.broadcast_shapes(sinks.shape, rows) == rows
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"sinks must broadcast to {layout} = {rows} (one logit "
+            f"per query row), got sinks of shape {sinks.shape}"
+        )
+    return sinks
+
+
+def check_layer_input(x, d_model: int, name: str = "x"):
+    """A layer's input ``[L, d_model]`` or ``[B, L, d_model]``, finite,
+    with at least one position: returns ``(x3 [B, L, d_model],
+    unbatched)``. Checked once per forward, so that a decode step never
+    re-reads its whole cache to check it."""
+    x = as_float_array(x, name)
+    check_finite(x, name)
+    if x.ndim not in (2, 3) or x.shape[-1] != d_model:
+        raise ValueError(
+            f"{name} must have shape [L, d_model] or [B, L, d_model] "
+            f"with d_model={d_model}, got {x.shape}"
+        )
+    if x.shape[-2] == 0:
+        raise ValueError(
+            f"{name} must hold at least one position, got shape {x.shape}"
+        )
+    return (x[None], True) if x.ndim == 2 else (x, False)

@@ -18,19 +18,13 @@ Backward, given dO = dL/dO::
 dO_i . sum_j P_ij V_j = dO_i . O_i``; the right-hand side costs O(L_q d_v)
 instead of O(L_q L_k).
 
-Sliding windows and sink logits (chapter 8). ``window=W`` lets the query
-at position i attend keys ``i - W < j <= i`` only. A sink logit ``a_i``
-joins row i's softmax as one more column with no value (gpt-oss)::
-
-    [P, p_sink] = softmax([S, a])  row-wise   -> [L_q, L_k], [L_q, 1]
-    da = -p_sink * rowsum(dO * O)             -> [L_q, 1]
-
-and dS keeps its form: the sink's column of dP is 0.
+The layers call the grouped core (:mod:`attn_np.grouped`), which owns how
+query heads meet key/value heads; sliding windows and sink logits are
+chapter 8's (:mod:`attn_np.windows`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,10 +34,22 @@ from ._checks import (
     broadcast_shapes,
     check_finite,
     check_mask,
-    check_positive_int,
     check_same_shape,
+    check_scale,
+    check_window,
 )
-from .softmax import masked_softmax, sink_softmax
+from .masks import causal_mask, position_mask
+from .softmax import masked_softmax
+
+__all__ = [
+    "AttentionCache",
+    "attention_backward",
+    "attention_forward",
+    "causal_mask",
+    "check_window",
+    "position_mask",
+    "unbroadcast",
+]
 
 
 @dataclass
@@ -58,126 +64,32 @@ class AttentionCache:
     # [..., L_q, L_k], rows sum to 1 (or are all 0 where nothing is allowed)
     weights: np.ndarray
     scale: float
-    sinks: np.ndarray | None = None  # sink logits, -> [..., L_q, 1]
-    sink_weights: np.ndarray | None = None  # [..., L_q, 1]: p_sink
 
 
-def causal_mask(L_q: int, L_k: int, *, window=None) -> np.ndarray:
-    """Boolean ``[L_q, L_k]`` mask, True where query ``i`` may attend key
-    ``j``.
-
-    The last query aligns with the last key: query ``i`` sits at absolute
-    position ``i + (L_k - L_q)`` and may attend every key up to and including
-    that position. With ``L_q == L_k`` this is the usual lower triangle; with
-    ``L_q < L_k`` (a chunk of new queries over a longer key/value cache)
-    every query also sees the whole cache before the chunk. With
-    ``window=W`` it sees only the last ``W`` of them, itself included.
-    """
-    offset = L_k - L_q
-    # query positions [L_q] and key positions [L_k]
-    return position_mask(
-        np.arange(L_q) + offset, np.arange(L_k), window=window
-    )
-
-
-def position_mask(q_positions, k_positions, *, window=None, sink_tokens=0):
-    """``[L_q, L_k]`` bool from absolute positions: may query i attend key
-    j?
-
-    Causal, ``j <= i``; with ``window=W`` also ``j > i - W`` (W keys,
-    itself included: Hugging Face's ``sliding_window = W``,
-    FlashAttention's ``window_size = (W - 1, 0)``). With ``sink_tokens=S``
-    (StreamingLLM) positions ``j < S`` stay visible and the window keeps
-    the last ``W - S`` keys, so a query still sees at most W keys.
-    """
-    i = np.asarray(q_positions)[:, None]  # [L_q, 1]
-    j = np.asarray(k_positions)[None, :]  # [1, L_k]
-    allowed = j <= i  # [L_q, L_k]
-    if window is not None:
-        allowed &= (j > i - (window - sink_tokens)) | (j < sink_tokens)
-    return allowed
-
-
-def attention_forward(
-    q,
-    k,
-    v,
-    *,
-    mask=None,
-    causal: bool = False,
-    scale: float | None = None,
-    window: int | None = None,
-    sinks=None,
-    check_finite: bool = True,
-):
+def attention_forward(q, k, v, *, mask=None, causal=False, scale=None):
     """Scaled dot-product attention; returns ``(out, cache)``.
 
-    Parameters
-    ----------
-    q : float array ``[..., L_q, d_k]``
-    k : float array ``[..., L_k, d_k]``
-    v : float array ``[..., L_k, d_v]``
-        Leading axes broadcast against each other, so several query heads
-        can share one key/value head without a copy (give the key/value a
-        size-1 axis there).
-    mask : bool array broadcastable to ``[..., L_q, L_k]``, optional
-        True where a query may attend a key.
-    causal : bool
-        Also forbid keys after each query's position, aligning the last
-        query with the last key.
-    scale : float, optional
-        Multiplies the scores; defaults to ``1 / sqrt(d_k)`` (Vaswani et
-        al. 2017).
-    window : int, optional
-        Sliding window ``W`` (needs ``causal=True``): the query at position
-        ``i`` attends keys ``i - W < j <= i``, W keys including itself.
-    sinks : float array broadcastable to ``[..., L_q, 1]``, optional
-        One sink logit per query row: it joins the row's softmax as an
-        extra column without a value, so a row may put mass on nothing.
-    check_finite : bool
-        Refuse NaN or inf in ``q``, ``k`` and ``v`` (as ``scipy.linalg``
-        does). The layers check their input ``x`` once and pass False:
-        a decode step would otherwise re-read the whole cache to check it.
-
-    A query with no key to attend (all masked) gets a zero output row and
-    zero gradients (with a sink, all its mass goes to the sink).
+    ``q [..., L_q, d_k]``, ``k [..., L_k, d_k]``, ``v [..., L_k, d_v]``:
+    leading axes broadcast, so several query heads can share one
+    key/value head without a copy. ``mask`` (bool, broadcastable to
+    ``[..., L_q, L_k]``) is True where a query may attend a key;
+    ``causal=True`` also forbids keys after each query (the last query
+    aligned with the last key); ``scale`` defaults to ``1 / sqrt(d_k)``
+    (Vaswani et al. 2017). A query with no key to attend gets a zero
+    output row and zero gradients.
     """
-    q, k, v, allowed, scale = _check_inputs(
-        q, k, v, mask, causal, scale, check_finite, window=window
-    )
+    q, k, v, allowed, scale = _check_inputs(q, k, v, mask, causal, scale)
     # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]
     scores = (q * scale) @ k.swapaxes(-1, -2)
-    p_sink = None
-    if sinks is None:
-        # [..., L_q, L_k]
-        p = masked_softmax(scores, allowed, -1, overwrite=True)
-    else:
-        sinks = _check_sinks(sinks, scores.shape)
-        # [..., L_q, L_k] and [..., L_q, 1]
-        p, p_sink = sink_softmax(scores, sinks, allowed, overwrite=True)
-    if v.strides[-2] == v.itemsize:  # V stored transposed (a KV cache)
-        # O = P V as (V^T P^T)^T, the same numbers: with few rows in P (a
-        # decode step) BLAS streams the rows of V^T far faster this way.
-        # [..., d_v, L_k] @ [..., L_k, L_q] -> [..., d_v, L_q], transposed
-        out = (v.swapaxes(-1, -2) @ p.swapaxes(-1, -2)).swapaxes(-1, -2)
-    else:
-        out = p @ v  # [..., L_q, L_k] @ [..., L_k, d_v] -> [..., L_q, d_v]
-    return out, AttentionCache(
-        q=q,
-        k=k,
-        v=v,
-        out=out,
-        weights=p,
-        scale=scale,
-        sinks=sinks,
-        sink_weights=p_sink,
-    )
+    # [..., L_q, L_k]: the scores' own memory becomes P
+    p = masked_softmax(scores, allowed, -1, overwrite=True)
+    out = p @ v  # [..., L_q, L_k] @ [..., L_k, d_v] -> [..., L_q, d_v]
+    return out, AttentionCache(q, k, v, out, p, scale)
 
 
 def attention_backward(dout, cache: AttentionCache):
     """Gradients ``(dq, dk, dv)``, each with the shape of its input
-    (broadcast axes summed); ``(dq, dk, dv, dsinks)`` if the forward had
-    ``sinks``."""
+    (broadcast axes summed)."""
     dout = as_float_array(dout, "dout")
     check_same_shape(dout, "dout", cache.out.shape, "the attention output")
     p, q, k, v, scale = cache.weights, cache.q, cache.k, cache.v, cache.scale
@@ -186,8 +98,7 @@ def attention_backward(dout, cache: AttentionCache):
     # dP: [..., L_q, d_v] @ [..., d_v, L_k] -> [..., L_q, L_k]
     ds = dout @ v.swapaxes(-1, -2)
     # rowsum(P*dP) = rowsum(dO*O): [..., L_q, 1]
-    inner = np.sum(dout * cache.out, axis=-1, keepdims=True)
-    ds -= inner
+    ds -= np.sum(dout * cache.out, axis=-1, keepdims=True)
     # dS = P * (dP - rowsum): zero wherever P is zero (masked keys, empty
     # rows)
     ds *= p
@@ -195,16 +106,11 @@ def attention_backward(dout, cache: AttentionCache):
     dq = (ds @ k) * scale
     # [..., L_k, L_q] @ [..., L_q, d_k] -> [..., L_k, d_k]
     dk = (ds.swapaxes(-1, -2) @ q) * scale
-    grads = (
+    return (
         unbroadcast(dq, q.shape),
         unbroadcast(dk, k.shape),
         unbroadcast(dv, v.shape),
     )
-    if cache.sinks is None:
-        return grads
-    # the sink's dP is 0: da = p_sink * (0 - rowsum) -> [..., L_q, 1]
-    dsinks = -cache.sink_weights * inner
-    return grads + (unbroadcast(dsinks, cache.sinks.shape),)
 
 
 def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
@@ -227,6 +133,9 @@ def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def _check_inputs(q, k, v, mask, causal, scale, finite=True, window=None):
+    """The checks of :func:`attention_forward` (and of chapter 8's and 9's
+    kernels, which take the same inputs): ``(q, k, v, allowed, scale)``
+    with the causal (or window) rule folded into ``allowed``."""
     q = as_float_array(q, "q", min_ndim=2)
     k = as_float_array(k, "k", min_ndim=2)
     v = as_float_array(v, "v", min_ndim=2)
@@ -256,16 +165,7 @@ def _check_inputs(q, k, v, mask, causal, scale, finite=True, window=None):
         {"q": q.shape[:-2], "k": k.shape[:-2], "v": v.shape[:-2]},
         "the leading (batch/head) axes of q, k and v",
     )
-    if scale is None:
-        scale = 1.0 / math.sqrt(d_k)
-    elif (
-        isinstance(scale, bool)
-        or not isinstance(scale, (int, float, np.floating, np.integer))
-        or not (math.isfinite(scale) and scale > 0)
-    ):
-        raise ValueError(
-            f"scale must be a positive finite number, got {scale!r}"
-        )
+    scale = check_scale(scale, d_k)
     allowed = None
     if mask is not None:
         allowed = check_mask(
@@ -278,35 +178,4 @@ def _check_inputs(q, k, v, mask, causal, scale, finite=True, window=None):
     if causal and (L_q > 1 or (window is not None and window < L_k)):
         c = causal_mask(L_q, L_k, window=window)
         allowed = c if allowed is None else allowed & c
-    return q, k, v, allowed, float(scale)
-
-
-def check_window(window, causal=True):
-    """``None`` or a positive int ``W``; a window needs ``causal=True``."""
-    if window is None:
-        return None
-    window = check_positive_int(window, "window")
-    if not causal:
-        raise ValueError(
-            f"window={window} needs causal=True: a query attends the W "
-            "keys that end at its own position"
-        )
-    return window
-
-
-def _check_sinks(sinks, scores_shape):
-    """Sink logits as a finite float array broadcastable to ``[..., L_q,
-    1]``."""
-    sinks = as_float_array(sinks, "sinks")
-    check_finite(sinks, "sinks")
-    rows = scores_shape[:-1] + (1,)
-    try:
-        ok = np.broadcast_shapes(sinks.shape, rows) == rows
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ValueError(
-            f"sinks must broadcast to [..., L_q, 1] = {rows} (one logit "
-            f"per query row), got sinks of shape {sinks.shape}"
-        )
-    return sinks
+    return q, k, v, allowed, scale

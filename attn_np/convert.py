@@ -28,7 +28,9 @@ def mha_to_gqa(
     al. 2023) or the first of them (``method="first"``). Query head ``i``
     read head ``i // G_old`` before and reads ``i // G_new = (i // G_old) //
     r`` after, so every query head is served by the pool of the heads it used
-    to read. ``W_q`` and ``W_o`` are copied unchanged.
+    to read. ``W_q``, ``W_o`` and the sink logits are copied unchanged, and
+    every option of the layer (:attr:`~GroupedQueryAttention.options`:
+    RoPE, ``window``, ``sinks``, ``flash``) carries over.
     """
     if not isinstance(mha, GroupedQueryAttention):
         raise ValueError(
@@ -47,19 +49,15 @@ def mha_to_gqa(
             f"n_kv_heads={n_kv_heads}"
         )
     r = old // n_kv_heads  # old key/value heads pooled into each new one
+    # every option of the layer carries over (its RoPE: pooling commutes
+    # with the rotation; its window, sinks and kernels)
     gqa = GroupedQueryAttention(
-        mha.d_model,
-        mha.n_heads,
-        n_kv_heads,
-        d_k=mha.d_k,
-        d_v=mha.d_v,
-        dtype=mha.dtype,
-        rope_base=mha.rope_base,  # pooling commutes with the rotation
-        rope_layout=mha.rope_layout,
-        rope_dim=mha.rope_dim,
+        mha.d_model, mha.n_heads, n_kv_heads, **mha.options
     )
-    gqa.params["W_q"] = mha.params["W_q"].copy()  # [d_model, h*d_k]
-    gqa.params["W_o"] = mha.params["W_o"].copy()  # [h*d_v, d_model]
+    # W_q [d_model, h*d_k], W_o [h*d_v, d_model] and the sinks [h]: per
+    # query head, unchanged
+    for name in gqa.params.keys() - {"W_k", "W_v"}:
+        gqa.params[name] = mha.params[name].copy()
     d_model = mha.d_model
     for name, d_head in (("W_k", mha.d_k), ("W_v", mha.d_v)):
         # -> [d_model, n_kv, r, d_head]

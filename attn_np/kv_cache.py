@@ -1,23 +1,28 @@
 """A key/value cache for incremental decoding (chapter 4).
 
 A decode step reads every cached key and value once, so the layout is chosen
-for that read. Keys and values are both kept *transposed*, ``[B,
-n_kv_heads, d_k, capacity]`` and ``[B, n_kv_heads, d_v, capacity]``: each
-head is ``d`` contiguous rows, one per feature, ``len`` positions long.
+for that read. Keys and values are kept *transposed*, in one buffer ``[B,
+n_kv_heads, d_k + d_v, capacity]``: each head is ``d`` contiguous rows, one
+per feature, ``len`` positions long.
 
 * The scores ``q K^T`` are ``q`` times a ``[d_k, len]`` matrix stored row
   by row: BLAS adds up ``d_k`` long rows, scaled by the entries of ``q``.
-* ``p V`` is computed as ``(V^T p^T)^T`` (:func:`~attn_np.attention_forward`
-  does so when ``V`` is stored transposed): BLAS takes dot products along
-  the ``d_v`` long rows.
+* ``p V`` is computed as ``(V^T p^T)^T`` (the grouped core does so when
+  ``V`` is stored transposed): BLAS takes dot products along the ``d_v``
+  long rows.
 
 Kept as ``[len, d]``, each product would walk ``len`` short rows of ``d``
 numbers, which BLAS reads markedly more slowly (``python -m attn_np.bench
 decode`` times a step). :attr:`KVCache.keys` and :attr:`KVCache.values`
 still show them as ``[B, n_kv_heads, len, d]`` (transposed views, no copy);
-appending a position writes one column of each. Capacity doubles when it
-runs out, so appending ``n`` positions one at a time reallocates ``O(log
-n)`` times and copies ``O(n)`` positions in total, not ``O(n^2)``.
+appending a position writes one column. Capacity doubles when it runs out,
+so appending ``n`` positions one at a time reallocates ``O(log n)`` times
+and copies ``O(n)`` positions in total, not ``O(n^2)``.
+
+Every cache of the library (this one, chapter 7's
+:class:`~attn_np.LatentKVCache`) is a :class:`CacheBuffer`: the same
+protocol, ``len(cache)``, ``cache.nbytes``, ``cache.truncate(n)``,
+``cache.check_chunk(x_shape, layout, dtype)``, and the same errors.
 
 Rolling caches (chapter 8). ``KVCache(window=W)`` serves a sliding-window
 layer: before a chunk is appended, every position but the last ``W - 1``
@@ -33,13 +38,219 @@ last ``W - S - 1`` others. ``len(cache)`` counts every position seen;
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._checks import check_count, check_positive_int
-from .attention import position_mask
+from .masks import position_mask
 
 
-class KVCache:
+class CacheBuffer:
+    """Positions as the columns of one transposed buffer ``[*lead, width,
+    capacity]``, ``width`` the sum of the parts' features: the growth,
+    ``truncate``, ``check_chunk`` and the dtype and layout checks of every
+    cache. A subclass names its layout (``names``: the leading axes, then
+    each part's width) and may forget positions (``_evict``).
+
+    ``allocate(shape, dtype)`` makes the buffer (``np.empty`` by default;
+    the decode benchmark passes one that aligns rows).
+    """
+
+    names: tuple[str, ...] = ()
+    window = None
+
+    def __init__(self, initial_capacity: int = 16, *, allocate=None):
+        self._initial_capacity = check_count(
+            initial_capacity, "initial_capacity"
+        )
+        self._allocate = np.empty if allocate is None else allocate
+        self._buf = None  # [*lead, width, capacity]
+        self._widths = None  # each part's features
+        self._len = 0  # positions held
+        self._seen = 0  # positions appended since the start
+        # how many times the buffer was reallocated (amortised growth is
+        # tested on it)
+        self.reallocations = 0
+
+    def __len__(self) -> int:
+        """Positions seen so far: the next chunk starts at this position
+        (a rolling cache may hold fewer)."""
+        return self._seen
+
+    @property
+    def layout(self) -> tuple[int, ...] | None:
+        """The leading axes and each part's width (:attr:`names`), fixed
+        by the first chunk; None while empty."""
+        if self._buf is None:
+            return None
+        return self._buf.shape[:-2] + self._widths
+
+    @property
+    def batch_size(self) -> int | None:
+        return None if self._buf is None else self._buf.shape[0]
+
+    @property
+    def dtype(self) -> np.dtype | None:
+        return None if self._buf is None else self._buf.dtype
+
+    @property
+    def capacity(self) -> int:
+        """Positions allocated (``>= len(self)``)."""
+        return 0 if self._buf is None else self._buf.shape[-1]
+
+    @property
+    def storage(self) -> np.ndarray | None:
+        """The whole transposed buffer, spare capacity included (read it,
+        do not write it)."""
+        return self._buf
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the positions held, not spare capacity or positions
+        already forgotten: what a decode step has to read."""
+        if self._buf is None:
+            return 0
+        lead = math.prod(self._buf.shape[:-2])
+        return lead * sum(self._widths) * self._len * self._buf.itemsize
+
+    def check_chunk(self, x_shape, layout, dtype) -> None:
+        """Raise unless a layer's chunk ``x_chunk`` (of shape ``x_shape``)
+        whose parts have ``layout`` and ``dtype`` fits this cache.
+
+        The layers call this before any work, so a mismatch is reported in
+        terms of ``x_chunk`` and ``kv_cache``, not as a broadcasting error
+        deep inside NumPy.
+        """
+        self._check_fits(layout, dtype, f"x_chunk {tuple(x_shape)}")
+
+    def _check_fits(self, layout, dtype, got: str) -> None:
+        """The one check that a chunk fits: ``ValueError`` for another
+        layout, ``TypeError`` for another dtype."""
+        if self._buf is None:
+            return
+        if tuple(layout) != self.layout:
+            have = ", ".join(
+                f"{n} {x}" for n, x in zip(self.names, self.layout)
+            )
+            want = ", ".join(f"{n} {x}" for n, x in zip(self.names, layout))
+            raise ValueError(
+                f"{got} gives {want}, but kv_cache holds {have}: a cache "
+                f"belongs to one layer and one batch of sequences ({self!r})"
+            )
+        if np.dtype(dtype) != self.dtype:
+            raise TypeError(
+                f"{got} has dtype {np.dtype(dtype)}, but kv_cache holds "
+                f"{self.dtype}; convert it or start a new cache"
+            )
+
+    def append_parts(self, parts: dict) -> None:
+        """Write the chunk's parts ``{name: [*lead, L, width]}`` into the
+        next columns, growing (or, for a rolling cache, shrinking) the
+        buffer first."""
+        names, arrays = " and ".join(parts), list(parts.values())
+        if not all(isinstance(a, np.ndarray) for a in arrays):
+            got = " and ".join(type(a).__name__ for a in arrays)
+            raise TypeError(f"{names} must be NumPy arrays, got {got}")
+        n_lead = len(self.names) - len(parts)
+        lead_names = ("B",) + self.names[1:n_lead]
+        form = "[" + ", ".join(lead_names) + ", L, d]"
+        if (
+            any(a.ndim != n_lead + 2 for a in arrays)
+            or len({a.shape[:-1] for a in arrays}) != 1
+        ):
+            shapes = " and ".join(f"{n} {a.shape}" for n, a in parts.items())
+            raise ValueError(
+                f"{names} must be {form} with the same "
+                f"{', '.join(lead_names)} and L, got {shapes}"
+            )
+        dt = arrays[0].dtype
+        if not np.issubdtype(dt, np.floating) or any(
+            a.dtype != dt for a in arrays
+        ):
+            dts = " and ".join(str(a.dtype) for a in arrays)
+            raise TypeError(
+                f"{names} must share one floating-point dtype, got {dts}"
+            )
+        lead, L = arrays[0].shape[:-2], arrays[0].shape[-2]
+        widths = tuple(a.shape[-1] for a in arrays)
+        if self._buf is None:
+            cap = max(self._initial_capacity, L)
+            if self.window is not None:
+                cap = max(min(cap, self.window), L)
+            self._buf = self._allocate(lead + (sum(widths), cap), dt)
+            self._widths = widths
+        else:
+            shapes = " and ".join(f"{n} {a.shape}" for n, a in parts.items())
+            self._check_fits(lead + widths, dt, shapes)
+        self._evict()
+        need = self._len + L
+        # a rolling cache gives back what a long chunk took
+        small = None if self.window is None else max(need, self.window)
+        if need > self.capacity or (small and self.capacity > 2 * small):
+            # doubling: O(log n) reallocations, O(n) copied in total; a
+            # rolling cache stops at W (or W - 1 + the chunk)
+            cap = max(need, 2 * self.capacity)
+            if small:
+                cap = min(cap, small)
+            new = self._allocate(self._buf.shape[:-1] + (cap,), dt)
+            new[..., : self._len] = self._buf[..., : self._len]
+            self._buf = new
+            self.reallocations += 1
+        row = 0
+        for a, w in zip(arrays, widths):
+            # [*lead, L, w] -> rows row ... row+w-1, columns len ... need-1
+            cols = self._buf[..., row : row + w, self._len : need]
+            cols[...] = a.swapaxes(-1, -2)
+            row += w
+        self._len = need
+        self._seen += L
+
+    def _part(self, i) -> np.ndarray:
+        """Part ``i`` of every held position, ``[*lead, len, width_i]``
+        (a transposed view, no copy)."""
+        if self._buf is None:
+            raise ValueError("the cache is empty: it holds nothing yet")
+        row = sum(self._widths[:i])
+        rows = self._buf[..., row : row + self._widths[i], : self._len]
+        return rows.swapaxes(-1, -2)
+
+    def _evict(self) -> None:
+        """Forget what no later query may attend (a rolling cache)."""
+
+    def _lowest(self) -> int:
+        """The shortest length :meth:`truncate` may go back to."""
+        return 0
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from ``length`` on (keeps the memory; e.g.
+        to reject drafted tokens). A rolling cache can only go back as far
+        as the next query still finds its window held."""
+        lowest = self._lowest()
+        if (
+            isinstance(length, bool)
+            or not isinstance(length, (int, np.integer))
+            or not lowest <= length <= self._seen
+        ):
+            raise ValueError(
+                f"length must be an integer in [{lowest}, {self._seen}] "
+                f"(positions the cache can go back to), got {length!r}"
+            )
+        self._len -= self._seen - int(length)
+        self._seen = int(length)
+
+    def _describe(self) -> str:
+        if self._buf is None:
+            return "empty"
+        have = ", ".join(f"{n}={x}" for n, x in zip(self.names, self.layout))
+        return (
+            f"{have}, seen={self._seen}, held={self._len}, "
+            f"capacity={self.capacity}, dtype={self.dtype}, "
+            f"nbytes={self.nbytes}"
+        )
+
+
+class KVCache(CacheBuffer):
     """Keys and values of the positions seen so far, for one attention layer.
 
     Create it empty and hand it to ``layer.forward(x_chunk,
@@ -55,10 +266,17 @@ class KVCache:
     ``sink_tokens=S`` (``0 <= S < W``) also keeps the first S positions.
     """
 
+    names = ("batch", "n_kv_heads", "d_k", "d_v")
+
     def __init__(
-        self, initial_capacity: int = 16, *, window=None, sink_tokens=0
+        self,
+        initial_capacity: int = 16,
+        *,
+        window=None,
+        sink_tokens=0,
+        allocate=None,
     ):
-        initial_capacity = check_count(initial_capacity, "initial_capacity")
+        super().__init__(initial_capacity, allocate=allocate)
         sink_tokens = check_count(sink_tokens, "sink_tokens", minimum=0)
         if window is not None:
             window = check_positive_int(window, "window")
@@ -69,19 +287,6 @@ class KVCache:
                 f"sink_tokens={sink_tokens} and window={window}"
             )
         self.window, self.sink_tokens = window, sink_tokens
-        self._kt = None  # [B, n_kv_heads, d_k, capacity]: keys, transposed
-        self._vt = None  # [B, n_kv_heads, d_v, capacity]: values, transposed
-        self._len = 0  # positions held
-        self._seen = 0  # positions appended since the start
-        self._initial_capacity = int(initial_capacity)
-        # how many times the buffers were reallocated (amortised growth is
-        # tested on it)
-        self.reallocations = 0
-
-    def __len__(self) -> int:
-        """Positions seen so far: the next chunk starts at this position
-        (a rolling cache may hold fewer)."""
-        return self._seen
 
     def __repr__(self) -> str:
         rolling = (
@@ -89,16 +294,69 @@ class KVCache:
             if self.window is None
             else f"window={self.window}, sink_tokens={self.sink_tokens}, "
         )
-        if self._kt is None:
-            return f"KVCache({rolling}empty)"
-        B, n_kv, d_k, d_v = self.layout
-        return (
-            f"KVCache({rolling}batch={B}, n_kv_heads={n_kv}, d_k={d_k}, "
-            f"d_v={d_v}, seen={self._seen}, held={self._len}, "
-            f"capacity={self.capacity}, dtype={self.dtype}, "
-            f"nbytes={self.nbytes})"
-        )
+        return f"KVCache({rolling}{self._describe()})"
 
+    @property
+    def keys(self) -> np.ndarray:
+        """View of the cached keys, ``[B, n_kv_heads, len, d_k]`` (stored
+        transposed; no copy)."""
+        return self._part(0)
+
+    @property
+    def values(self) -> np.ndarray:
+        """View of the cached values, ``[B, n_kv_heads, len, d_v]`` (stored
+        transposed; no copy)."""
+        return self._part(1)
+
+    def append(
+        self, k: np.ndarray, v: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Add a chunk's keys ``[B, n_kv, L, d_k]`` and values ``[B, n_kv, L,
+        d_v]``.
+
+        Returns views of all cached keys and values, the chunk included.
+        Between reallocations no step copies the cache; a reallocation
+        (``O(log n)`` of them) copies what it holds once.
+        """
+        self.append_parts({"k": k, "v": v})
+        return self.keys, self.values
+
+    def step(self, q, k, v, rotary=None):
+        """A layer's chunk over this cache: ``q [B, n_kv, G, L, d_k]`` and
+        ``k`` rotated at the chunk's positions ``len(self) ...`` (by
+        ``rotary``, a :class:`~attn_np.rope.Rotary`, or not at all), its
+        keys and values appended.
+
+        Returns ``(q, k, v, where)``: the queries, every held key and
+        value (views), and the keywords of
+        :func:`~attn_np.grouped.grouped_attention_forward` that say which
+        keys each query may attend: causal, and for a rolling cache the
+        positions held and the sink tokens (the layer's window equals the
+        cache's).
+        """
+        positions = len(self) + np.arange(k.shape[2])  # the chunk's: [L]
+        where = {}
+        if rotary is not None and self.sink_tokens:
+            k, v = self.append(k, v)  # keys kept unrotated
+            q, k = self.rotate_by_slot(q, k, rotary)
+            where["scale"] = 1.0 / np.sqrt(q.shape[-1] // 2)  # the true d_k
+        else:
+            if rotary is not None:  # chapter 6: keys cached rotated
+                q, k = (
+                    rotary.forward(q, positions)[0],
+                    rotary.forward(k, positions)[0],
+                )
+            k, v = self.append(k, v)
+        where["causal"] = True  # the last query aligned with the last key
+        if self.window is not None:  # a rolling cache: the positions held
+            where.update(
+                q_positions=positions,
+                k_positions=self.positions,
+                sink_tokens=self.sink_tokens,
+            )
+        return q, k, v, where
+
+    # -- chapter 8: rolling caches and StreamingLLM -------------------------
     @property
     def positions(self) -> np.ndarray:
         """Absolute positions of the keys held, in buffer order: ``[held]``
@@ -127,152 +385,11 @@ class KVCache:
             sink_tokens=self.sink_tokens,
         )
 
-    @property
-    def layout(self) -> tuple[int, int, int, int] | None:
-        """``(batch, n_kv_heads, d_k, d_v)`` fixed by the first chunk, or
-        None while empty."""
-        if self._kt is None:
-            return None
-        B, n_kv, d_k, _ = self._kt.shape
-        return B, n_kv, d_k, self._vt.shape[2]
-
-    @property
-    def batch_size(self) -> int | None:
-        return None if self._kt is None else self._kt.shape[0]
-
-    @property
-    def dtype(self) -> np.dtype | None:
-        return None if self._kt is None else self._kt.dtype
-
-    @property
-    def capacity(self) -> int:
-        """Positions allocated (``>= len(self)``)."""
-        return 0 if self._kt is None else self._kt.shape[3]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the keys and values held: ``B * n_kv_heads * len * (d_k +
-        d_v) * itemsize``.
-
-        Positions held, not spare capacity or positions already forgotten:
-        this is what a decode step has to read.
-        """
-        if self._kt is None:
-            return 0
-        B, n_kv, d_k, d_v = self.layout
-        return B * n_kv * self._len * (d_k + d_v) * self._kt.itemsize
-
-    @property
-    def keys(self) -> np.ndarray:
-        """View of the cached keys, ``[B, n_kv_heads, len, d_k]`` (stored
-        transposed; no copy)."""
-        if self._kt is None:
-            raise ValueError("the cache is empty: it holds no keys yet")
-        return self._kt[:, :, :, : self._len].swapaxes(-1, -2)
-
-    @property
-    def values(self) -> np.ndarray:
-        """View of the cached values, ``[B, n_kv_heads, len, d_v]`` (stored
-        transposed; no copy)."""
-        if self._vt is None:
-            raise ValueError("the cache is empty: it holds no values yet")
-        return self._vt[:, :, :, : self._len].swapaxes(-1, -2)
-
-    def check_chunk(
-        self, x_shape, *, batch, n_kv_heads, d_k, d_v, dtype
-    ) -> None:
-        """Raise unless a layer's chunk ``x_chunk`` (of shape ``x_shape``)
-        fits this cache.
-
-        The layers call this before any work, so a mismatch is reported in
-        terms of ``x_chunk`` and ``kv_cache``, not as a broadcasting error
-        deep inside NumPy.
-        """
-        self._check_layout(
-            (batch, n_kv_heads, d_k, d_v), dtype, f"x_chunk {tuple(x_shape)}"
-        )
-
-    def _check_layout(self, layout, dtype, got: str) -> None:
-        """The one check that a chunk fits the cache: ``layout`` is the
-        chunk's ``(batch, n_kv_heads, d_k, d_v)``, ``got`` names it."""
-        if self._kt is None:
-            return
-        if tuple(layout) != self.layout:
-            names = ("batch", "n_kv_heads", "d_k", "d_v")
-            have = ", ".join(f"{n} {x}" for n, x in zip(names, self.layout))
-            want = ", ".join(f"{n} {x}" for n, x in zip(names, layout))
-            raise ValueError(
-                f"{got} gives {want}, but kv_cache holds {have}: a cache "
-                f"belongs to one layer and one batch of sequences ({self!r})"
-            )
-        if np.dtype(dtype) != self.dtype:
-            raise TypeError(
-                f"{got} has dtype {np.dtype(dtype)}, but kv_cache holds "
-                f"{self.dtype}; convert it or start a new cache"
-            )
-
-    def append(
-        self, k: np.ndarray, v: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Add a chunk's keys ``[B, n_kv, L, d_k]`` and values ``[B, n_kv, L,
-        d_v]``.
-
-        Returns views of all cached keys and values, the chunk included.
-        Between reallocations no step copies the cache; a reallocation
-        (``O(log n)`` of them) copies what it holds once.
-        """
-        if not isinstance(k, np.ndarray) or not isinstance(v, np.ndarray):
-            raise TypeError(
-                f"k and v must be NumPy arrays, got {type(k).__name__} and "
-                f"{type(v).__name__}"
-            )
-        if k.ndim != 4 or v.ndim != 4 or k.shape[:3] != v.shape[:3]:
-            raise ValueError(
-                "k and v must be [B, n_kv_heads, L, d] with the same B, "
-                "n_kv_heads and L, "
-                f"got k {k.shape} and v {v.shape}"
-            )
-        if not np.issubdtype(k.dtype, np.floating) or k.dtype != v.dtype:
-            raise TypeError(
-                "k and v must share one floating-point dtype, got "
-                f"{k.dtype} and {v.dtype}"
-            )
-        B, n_kv, L, d_k = k.shape
-        d_v = v.shape[3]
-        if self._kt is None:
-            cap = max(self._initial_capacity, L)
-            if self.window is not None:
-                cap = max(min(cap, self.window), L)
-            self._kt = np.empty((B, n_kv, d_k, cap), dtype=k.dtype)
-            self._vt = np.empty((B, n_kv, d_v, cap), dtype=v.dtype)
-        else:
-            self._check_layout(
-                (B, n_kv, d_k, d_v), k.dtype, f"k {k.shape} and v {v.shape}"
-            )
-        if self.window is not None:
-            self._evict()
-        need = self._len + L
-        # a rolling cache gives back what a long chunk took
-        small = None if self.window is None else max(need, self.window)
-        if need > self.capacity or (small and self.capacity > 2 * small):
-            # doubling: O(log n) reallocations, O(n) copied in total; a
-            # rolling cache stops at W (or W - 1 + the chunk)
-            cap = max(need, 2 * self.capacity)
-            if small:
-                cap = min(cap, small)
-            self._kt = _grow(self._kt, cap, self._len, axis=3)
-            self._vt = _grow(self._vt, cap, self._len, axis=3)
-            self.reallocations += 1
-        # [B, n_kv, d_k, L] and [B, n_kv, d_v, L] into columns len ...
-        self._kt[:, :, :, self._len : need] = k.swapaxes(-1, -2)
-        self._vt[:, :, :, self._len : need] = v.swapaxes(-1, -2)
-        self._len = need
-        self._seen += L
-        return self.keys, self.values
-
     def _evict(self) -> None:
         """Keep the sinks and the last ``W - 1 - S`` other positions: the
         ones the next chunk's first query may still attend."""
+        if self.window is None:
+            return
         n_sink = min(self.sink_tokens, self._seen)  # sinks held, in front
         recent = self._len - n_sink
         keep = min(recent, self.window - 1 - self.sink_tokens)
@@ -280,37 +397,39 @@ class KVCache:
             # move the survivors [len - keep, len) to [n_sink, n_sink+keep)
             src = slice(self._len - keep, self._len)
             dst = slice(n_sink, n_sink + keep)
-            self._kt[..., dst] = self._kt[..., src]  # [B, n_kv, d_k, keep]
-            self._vt[..., dst] = self._vt[..., src]  # [B, n_kv, d_v, keep]
+            self._buf[..., dst] = self._buf[..., src]  # [B, n_kv, d, keep]
             self._len = n_sink + keep
 
-    def truncate(self, length: int) -> None:
-        """Forget every position from ``length`` on (keeps the memory; e.g.
-        to reject drafted tokens). A rolling cache can only go back as far
-        as the next query still finds its window held."""
-        lowest = 0
-        if self._len < self._seen:  # a rolling cache forgot some
-            oldest = int(self.positions[min(self.sink_tokens, self._len)])
-            lowest = oldest + self.window - 1 - self.sink_tokens
-        if (
-            isinstance(length, bool)
-            or not isinstance(length, (int, np.integer))
-            or not lowest <= length <= self._seen
-        ):
-            raise ValueError(
-                f"length must be an integer in [{lowest}, {self._seen}] "
-                f"(positions the cache can go back to), got {length!r}"
-            )
-        self._len -= self._seen - int(length)
-        self._seen = int(length)
+    def _lowest(self) -> int:
+        if self._len == self._seen:  # nothing forgotten
+            return 0
+        oldest = int(self.positions[min(self.sink_tokens, self._len)])
+        return oldest + self.window - 1 - self.sink_tokens
 
+    def rotate_by_slot(self, q, k, rotary):
+        """StreamingLLM's positions inside the cache (Xiao et al. 2023).
 
-def _grow(buf: np.ndarray, cap: int, n: int, axis: int) -> np.ndarray:
-    """A copy of ``buf`` with capacity ``cap`` along ``axis``; its first
-    ``n`` positions are kept."""
-    shape = list(buf.shape)
-    shape[axis] = cap
-    new = np.empty(shape, dtype=buf.dtype)
-    keep = (slice(None),) * axis + (slice(0, n),)
-    new[keep] = buf[keep]
-    return new
+        ``k [B, n_kv, n, d_k]`` holds unrotated keys: the sinks, then a
+        contiguous run ending with the chunk. Key slot ``s`` turns by
+        position ``s``. Query ``i`` (absolute) sees the sinks and the keys
+        ``j > i - (W - S)``, ``min(i + 1, W)`` keys in all, and stands at
+        position ``min(i, W - 1)`` among them: that is its position for
+        the sink columns. For the other columns any common shift will do,
+        so it turns by its own slot, and ``i - j`` is kept. The two query
+        rotations sit side by side, ``[q_sink, q_recent]``, against keys
+        ``[k, 0]`` (sinks) and ``[0, k]`` (the rest): one matmul gives
+        both kinds of scores. ``q [B, n_kv, G, L, d_k]``; returns ``(q2,
+        k2)`` with ``2 d_k`` features.
+        """
+        B, n_kv, G, L, d_k = q.shape
+        n, S = k.shape[2], min(self.sink_tokens, len(self))
+        k, _ = rotary.forward(k, np.arange(n))  # slots 0 ... n-1
+        i = len(self) - L + np.arange(L)  # absolute positions [L]
+        q_sink, _ = rotary.forward(q, np.minimum(i, self.window - 1))
+        q_rest, _ = rotary.forward(q, n - L + np.arange(L))
+        # [B, n_kv, G, L, 2*d_k]
+        q2 = np.concatenate([q_sink, q_rest], axis=-1)
+        k2 = np.zeros((B, n_kv, n, 2 * d_k), dtype=k.dtype)
+        k2[:, :, :S, :d_k] = k[:, :, :S]  # sinks meet q_sink
+        k2[:, :, S:, d_k:] = k[:, :, S:]  # the rest meet q_rest
+        return q2, k2

@@ -7,37 +7,13 @@ key/value head ``i // G``. ``n_kv_heads = n_heads`` is multi-head attention
 (Vaswani et al. 2017), ``n_kv_heads = 1`` is multi-query attention (Shazeer
 2019), anything in between is grouped-query attention (Ainslie et al. 2023).
 
-Layout. The ``G`` query heads of a group are stacked along the query axis, so
-attention sees
-
-    q: [B, n_kv, G*L_q, d_k]
-    k: [B, n_kv, L_k, d_k]
-    v: [B, n_kv, L_k, d_v]
-
-and each key/value head meets *one* contiguous ``[G*L_q, d_k]`` query matrix
-in a single matmul. Keys and values are never copied per query head, and in
-the backward the matmul ``dS^T Q`` over the stacked rows sums the gradients
-of the whole group into its one key/value head. A decode step of a group
-(``G > 1``) with fewer than :attr:`GroupedQueryAttention.min_stacked_rows`
-stacked rows views them as ``[B, n_kv, G, L_q, d_k]`` against ``[B, n_kv,
-1, L_k, d]`` instead: one matrix-vector product per query head, which BLAS
-may stream faster than a product with a handful of rows (chapter 4).
-
-Rotary positions (chapter 6). With ``rope_base`` set, every query and key
-head is rotated (:func:`~attn_np.rope_forward`) after the head split and
-before the scores, at positions ``0 ... L-1``; with a
-:class:`~attn_np.KVCache` a chunk's positions continue from ``len(cache)``,
-and keys are cached after their rotation.
-
-Chapter 8 adds ``window=W`` (sliding-window attention: a query sees the
-last W positions, itself included) and ``sinks=True`` (one learned sink
-logit per query head, ``params["sinks"]``, as in gpt-oss).
-
-With ``flash=True`` (chapter 9) the same layer runs FlashAttention's tiled
-kernels instead: the stacked queries are viewed as ``[B, n_kv, G, L_q, d_k]``
-and the keys and values as ``[B, n_kv, 1, L_k, d]`` (free reshapes), so the
-kernels see each query row's own position, and the ``[L_q, L_k]`` attention
-weights are never built, nor kept.
+The forward is four steps, each with a backward twin: :meth:`project` (x ->
+q, k, v), :meth:`position` (RoPE, chapter 6), :meth:`attend` (the grouped
+core, :mod:`attn_np.grouped`: how a group meets its key/value head, the
+mask, chapter 8's window and sinks, chapter 9's tiles) and :meth:`output`
+(merge the heads, ``W_o``). With a :class:`~attn_np.KVCache` the cache
+takes the chunk (:meth:`~attn_np.KVCache.step`, chapter 4). A variant
+overrides a step in a subclass; it never adds a branch to the forward.
 """
 
 from __future__ import annotations
@@ -46,20 +22,26 @@ import numpy as np
 
 from ._checks import (
     as_float_array,
-    check_finite,
+    check_flag,
     check_float_dtype,
     check_head_dims,
-    check_mask,
-)
-from .attention import (
-    attention_backward,
-    attention_forward,
-    causal_mask,
+    check_layer_input,
     check_window,
 )
-from .flash import flash_attention_backward, flash_attention_forward
+from .grouped import (
+    MIN_STACKED_ROWS,
+    group_mask,
+    grouped_attention_backward,
+    grouped_attention_forward,
+    per_head_rows,
+)
+from .heads import flat, merge_groups, merge_heads, split_groups, split_heads
 from .kv_cache import KVCache
-from .rope import check_rope_settings, rope_backward, rope_forward
+from .rope import Rotary, check_rope_settings
+from .softmax import masked_softmax
+
+# the chapter-2 names of the key/value head split (kept for old imports)
+split_kv, merge_kv = split_heads, merge_heads
 
 
 class GroupedQueryAttention:
@@ -79,19 +61,15 @@ class GroupedQueryAttention:
     ``sinks=True`` adds ``sinks [n_heads]``, one sink logit per query head,
     starting at 0.
 
-    ``flash=True`` computes attention with
-    :func:`~attn_np.flash_attention_forward` and its backward: the same
+    ``flash=True`` computes attention with FlashAttention's tiled kernels
+    (:func:`~attn_np.flash_attention_forward`) and their backward: the same
     outputs and gradients in O(L) memory, but no ``attention_weights``,
     no ``mask`` and no sinks (``causal`` and ``window`` only).
     """
 
-    # A chunk decoded with a KVCache stacks its G*L query rows per key/value
-    # head into one matrix product only from this many rows on; below, a
-    # group of G > 1 heads makes one product per query head (L rows each:
-    # matrix-vector products in a decode step), which BLAS may stream
-    # faster than one product with very few rows (``python -m
-    # attn_np.bench decode --levers`` measures it).
-    min_stacked_rows = 8
+    # a chunk decoded with a KVCache stacks a group's G*L query rows into
+    # one product from this many rows on (the grouped core's rule)
+    min_stacked_rows = MIN_STACKED_ROWS
 
     def __init__(
         self,
@@ -115,18 +93,22 @@ class GroupedQueryAttention:
         self.rope_base, self.rope_layout, self.rope_dim = (
             check_rope_settings(rope_base, rope_layout, rope_dim, d_k)
         )
+        self.rotary = (  # chapter 6's rotation, or None
+            None
+            if self.rope_base is None
+            else Rotary(self.rope_base, self.rope_layout, self.rope_dim)
+        )
         self.d_model, self.n_heads = d_model, n_heads
         self.n_kv_heads, self.d_k, self.d_v = n_kv_heads, d_k, d_v
         self.group_size = n_heads // n_kv_heads
         self.dtype = dtype = check_float_dtype(dtype)
-        if not isinstance(flash, (bool, np.bool_)):
-            raise TypeError(f"flash must be True or False, got {flash!r}")
-        if flash and sinks:
+        self.flash = check_flag(flash, "flash")
+        if check_flag(sinks, "sinks") and self.flash:
             raise ValueError(
                 "sinks=True is not supported with flash=True: the tiled "
                 "kernels have no sink column; use flash=False"
             )
-        self.flash = bool(flash)
+        self.window = check_window(window)
         rng = np.random.default_rng(seed)
         shapes = {
             "W_q": (d_model, n_heads * d_k),
@@ -142,36 +124,46 @@ class GroupedQueryAttention:
             )
             for name, shape in shapes.items()
         }
-        self.window = check_window(window)
         if sinks:  # a logit per query head, 0: the sink starts as one key
             self.params["sinks"] = np.zeros(n_heads, dtype=dtype)
         self.grads = {
             name: np.zeros_like(p) for name, p in self.params.items()
         }
-        # [B, n_heads, L_q, L_k] after each forward (not with flash=True)
-        self._weights = None
-        self.sink_weights = None  # [B, n_heads, L_q]: mass on the sink
-        self._cache = None
+        self._att = None  # the core's cache of the last forward
+        self._cache = None  # what backward needs (None after decoding)
 
     def __repr__(self) -> str:
         extra = "" if self.window is None else f", window={self.window}"
         extra += ", sinks=True" if "sinks" in self.params else ""
         extra += ", flash=True" if self.flash else ""
+        rope = (
+            ""
+            if self.rope_base is None
+            else f", rope_base={self.rope_base:g}, rope_layout="
+            f"{self.rope_layout!r}, rope_dim={self.rope_dim}"
+        )
         return (
             f"{type(self).__name__}(d_model={self.d_model}, "
             f"n_heads={self.n_heads}, "
             f"n_kv_heads={self.n_kv_heads}, d_k={self.d_k}, "
-            f"d_v={self.d_v}, dtype={self.dtype}{self._rope_repr()}"
-            f"{extra})"
+            f"d_v={self.d_v}, dtype={self.dtype}{rope}{extra})"
         )
 
-    def _rope_repr(self) -> str:
-        if self.rope_base is None:
-            return ""
-        return (
-            f", rope_base={self.rope_base:g}, "
-            f"rope_layout={self.rope_layout!r}, rope_dim={self.rope_dim}"
-        )
+    @property
+    def options(self) -> dict:
+        """The constructor keywords that rebuild this layer's kind (not
+        its weights): sizes, dtype, RoPE, window, sinks, flash."""
+        return {
+            "d_k": self.d_k,
+            "d_v": self.d_v,
+            "dtype": self.dtype,
+            "rope_base": self.rope_base,
+            "rope_layout": self.rope_layout,
+            "rope_dim": self.rope_dim,
+            "window": self.window,
+            "sinks": "sinks" in self.params,
+            "flash": self.flash,
+        }
 
     @property
     def attention_weights(self):
@@ -184,11 +176,24 @@ class GroupedQueryAttention:
                 "(that is their point); use a layer with flash=False, or "
                 "attn_np.attention_forward, to look at them"
             )
-        return self._weights
+        return _head_view(self._att, "weights", self.n_heads)
+
+    @property
+    def sink_weights(self):
+        """``[B, n_heads, L_q]``: each query's mass on its sink in the last
+        forward (None without sinks)."""
+        p = _head_view(self._att, "sink_weights", self.n_heads)
+        return None if p is None else p[..., 0]
 
     @property
     def n_params(self) -> int:
         return sum(p.size for p in self.params.values())
+
+    def per_head_rows(self, L) -> bool:
+        """Whether a cached chunk of ``L`` positions makes one product per
+        query head (the grouped core's rule,
+        :func:`~attn_np.grouped.per_head_rows`)."""
+        return per_head_rows(self.group_size, L, self.min_stacked_rows)
 
     # ------------------------------------------------------------------
     # forward
@@ -200,122 +205,84 @@ class GroupedQueryAttention:
         ``[B, n_heads, L_q, L_k]``. With ``kv_cache`` (a
         :class:`~attn_np.KVCache`), ``x`` is the next chunk: it attends
         causally over every cached position plus itself, and its keys and
-        values are added to the cache. A window layer needs
-        ``causal=True`` and a cache with the same window.
+        values are added to the cache.
         """
-        x3, unbatched = self._check_x(
-            x, "x" if kv_cache is None else "x_chunk"
+        x3, unbatched = check_layer_input(x, self.d_model, _name(kv_cache))
+        self.check_cache(kv_cache, x3)
+        # [B, n_kv, G, L, d_k], [B, n_kv, L, d_k], [B, n_kv, L, d_v]
+        q, k, v = self.project(x3)
+        rope = None
+        if kv_cache is None:  # one whole sequence, positions 0 ... L-1
+            q, k, rope = self.position(q, k, np.arange(x3.shape[1]))
+            where = {"causal": causal}
+        else:  # chapter 4: the next chunk, over every cached position
+            q, k, v, where = kv_cache.step(q, k, v, self.rotary)
+        # [B, n_kv, G, L, d_v]
+        o, self._att = self.attend(q, k, v, mask=mask, **where)
+        y, out = self.output(o, x3)  # [B, L, d_model]
+        self._cache = (
+            None
+            if kv_cache is not None
+            else (x3, out, self._att, rope, unbatched)
         )
-        B, L, _ = x3.shape
-        h, n_kv, d_k, d_v = self.n_heads, self.n_kv_heads, self.d_k, self.d_v
-        W = self.params
-        start = 0  # the position of the chunk's first token
-        if kv_cache is not None:
-            if not isinstance(kv_cache, KVCache):
-                raise TypeError(
-                    "kv_cache must be an attn_np.KVCache, got "
-                    f"{type(kv_cache).__name__}"
-                )
-            # the dtype of the keys and values
-            dtype = np.result_type(x3.dtype, W["W_k"].dtype)
-            kv_cache.check_chunk(
-                x3.shape,
-                batch=B,
-                n_kv_heads=n_kv,
-                d_k=d_k,
-                d_v=d_v,
-                dtype=dtype,
-            )
-            if kv_cache.window != self.window:
-                raise ValueError(
-                    f"kv_cache has window={kv_cache.window} but the layer "
-                    f"has window={self.window}: give the layer a "
-                    "KVCache(window=layer.window)"
-                )
-            if self.flash and kv_cache.sink_tokens:
-                raise ValueError(
-                    "a StreamingLLM cache (sink_tokens > 0) is not "
-                    "supported with flash=True: its keys are rotated by "
-                    "slot, which the tiled kernels do not do"
-                )
-            # the chunk attends over the cache and causally over itself
-            causal = True
-            start = len(kv_cache)
-        elif self.window is not None and not causal:
+        return y[0] if unbatched else y
+
+    def project(self, x3):
+        """Step 1: ``x [B, L, d_model]`` -> ``q [B, n_kv, G, L, d_k]``, ``k
+        [B, n_kv, L, d_k]``, ``v [B, n_kv, L, d_v]``."""
+        W, n_kv, G = self.params, self.n_kv_heads, self.group_size
+        # the B*L positions as the rows of one matrix: one BLAS call each
+        xf = flat(x3)  # [B*L, d_model]
+        B, L = x3.shape[:2]
+        # [B*L, d_model] @ [d_model, h*d_k] -> [B, L, h*d_k] -> heads
+        q = split_groups(
+            (xf @ W["W_q"]).reshape(B, L, -1), n_kv, G, self.d_k
+        )
+        k = split_heads((xf @ W["W_k"]).reshape(B, L, -1), n_kv, self.d_k)
+        v = split_heads((xf @ W["W_v"]).reshape(B, L, -1), n_kv, self.d_v)
+        return q, k, v
+
+    def position(self, q, k, positions):
+        """Step 2 (chapter 6): rotate ``q`` and ``k`` by their positions
+        ``[L]`` (RoPE), or leave them; ``(q, k, saved)``."""
+        if self.rotary is None:
+            return q, k, None
+        q, q_rope = self.rotary.forward(q, positions)  # [B, n_kv, G, L, d_k]
+        k, k_rope = self.rotary.forward(k, positions)  # [B, n_kv, L, d_k]
+        return q, k, (q_rope, k_rope)
+
+    def attend(self, q, k, v, *, mask=None, **where):
+        """Step 3: the grouped core with this layer's mask, window, sinks
+        and kernels; ``(o [B, n_kv, G, L_q, d_v], cache)``."""
+        if self.window is not None and not where.get("causal"):
             raise ValueError(
                 f"a window layer (window={self.window}) is causal: call "
                 "forward(x, causal=True)"
             )
-
-        # the B*L positions as the rows of one matrix: one BLAS call per
-        # projection (a stacked [B, L, d] product costs more per step)
-        xf = _flat(x3)  # [B*L, d_model]
-        # [B*L, d_model] @ [d_model, h*d_k] -> [B, L, h*d_k]
-        q = (xf @ W["W_q"]).reshape(B, L, h * d_k)
-        # [B*L, d_model] @ [d_model, n_kv*d_k] -> [B, L, n_kv*d_k]
-        k = (xf @ W["W_k"]).reshape(B, L, n_kv * d_k)
-        # [B*L, d_model] @ [d_model, n_kv*d_v] -> [B, L, n_kv*d_v]
-        v = (xf @ W["W_v"]).reshape(B, L, n_kv * d_v)
-        # [B, L, h*d_k] -> [B, n_kv, G*L, d_k]
-        q = self._split_queries(q, d_k)
-        k = split_kv(k, n_kv, d_k)  # [B, L, n_kv*d_k] -> [B, n_kv, L, d_k]
-        v = split_kv(v, n_kv, d_v)  # [B, L, n_kv*d_v] -> [B, n_kv, L, d_v]
-        rope, scale = None, None
-        # StreamingLLM caches keys before rotation (see _rope_in_cache)
-        in_cache = kv_cache is not None and kv_cache.sink_tokens > 0
-        if self.rope_base is not None and not in_cache:
-            # rotate q and k by their positions
-            q, k, rope = self._rope_forward(q, k, start)
-        if kv_cache is not None:
-            # views of the cache: [B, n_kv, L_cached + L, d_k], [.., d_v]
-            k, v = kv_cache.append(k, v)
-        if self.rope_base is not None and in_cache:
-            # [B, n_kv, G*L, 2*d_k] and [B, n_kv, L_k, 2*d_k]
-            q, k = self._rope_in_cache(q, k, kv_cache)
-            scale = 1.0 / np.sqrt(d_k)  # of the true d_k, not 2*d_k
-        L_k = k.shape[2]
-
-        if self.flash:  # chapter 9: the tiled kernels keep no weights
-            # [B, n_kv, G*L, d_v]
-            o, att = self._flash_forward(q, k, v, mask, causal, scale)
-        else:
-            # None or [..., G*L, L_k]
-            allowed = self._group_mask(mask, causal, B, L, L_k, kv_cache)
-            # None or [n_kv, G*L, 1]: head kv*G + g owns rows g*L ...
-            sinks = self._sink_rows(L)
-            if kv_cache is not None and self.per_head_rows(L):
-                # a few query rows per key/value head (a decode step):
-                # one matrix-vector product per query head, [B, n_kv, G,
-                # L, d] against [B, n_kv, 1, L_k, d] (free reshapes)
-                q, k, v, allowed, sinks = self._per_head(
-                    q, k, v, allowed, sinks
-                )
-            # [B, n_kv, G*L, d_v], weights [B, n_kv, G*L, L_k] (or
-            # [B, n_kv, G, L, ...] per head); x was checked finite once,
-            # in _check_x
-            o, att = attention_forward(
-                q,
-                k,
-                v,
-                mask=allowed,
-                sinks=sinks,
-                scale=scale,
-                check_finite=False,
-            )
-            o = o.reshape(B, n_kv, self.group_size * L, d_v)
-            # head i = kv*G + g
-            self._weights = att.weights.reshape(B, h, L, L_k)
-            if sinks is not None:  # [B, n_kv, G*L, 1] -> [B, h, L]
-                self.sink_weights = att.sink_weights.reshape(B, h, L)
-        # [B, n_kv, G*L, d_v] -> [B, L, h*d_v]
-        o = self._merge_heads(o, L, d_v)
-        # [B*L, h*d_v] @ [h*d_v, d_model] -> [B, L, d_model]
-        y = (_flat(o) @ W["W_o"]).reshape(B, L, self.d_model)
-
-        self._cache = (
-            None if kv_cache is not None else (x3, o, att, rope, unbatched)
+        B, n_kv, G, L_q, _ = q.shape
+        sinks = self.params.get("sinks")  # [h] -> [n_kv, G, 1, 1]
+        return grouped_attention_forward(
+            q,
+            k,
+            v,
+            allowed=group_mask(mask, B, self.n_heads, n_kv, L_q, k.shape[2]),
+            window=self.window,
+            sinks=None if sinks is None else sinks.reshape(n_kv, G, 1, 1),
+            tiled=self.flash,
+            min_stacked_rows=self.min_stacked_rows,
+            check_finite=False,  # x was checked once
+            **where,
         )
-        return y[0] if unbatched else y
+
+    def output(self, o, x3):
+        """Step 4: ``o [B, n_kv, G, L, d_v]`` -> heads concatenated, times
+        ``W_o``: ``(y [B, L, d_model], saved)``. (``x3``, the layer's
+        input, is for a step that reads it, such as an output gate.)"""
+        o = merge_groups(o)  # [B, L, h*d_v]
+        B, L, _ = o.shape
+        # [B*L, h*d_v] @ [h*d_v, d_model] -> [B, L, d_model]
+        y = (flat(o) @ self.params["W_o"]).reshape(B, L, self.d_model)
+        return y, o
 
     # -----------------------------------------------------------------
     # backward
@@ -329,246 +296,129 @@ class GroupedQueryAttention:
             )
         x3, o, att, rope, unbatched = self._cache
         B, L, _ = x3.shape
-        dy = as_float_array(dy, "dy")
         want = (L, self.d_model) if unbatched else (B, L, self.d_model)
+        dy = as_float_array(dy, "dy")
         if dy.shape != want:
             raise ValueError(
                 f"dy must have the shape of the layer's output {want}, got "
                 f"{dy.shape}"
             )
-        dy3 = dy[None] if unbatched else dy
-        W, d_k, d_v = self.params, self.d_k, self.d_v
-
-        # [h*d_v, B*L] @ [B*L, d_model] -> [h*d_v, d_model]
-        self.grads["W_o"] = _flat(o).T @ _flat(dy3)
-        # [B, L, d_model] @ [d_model, h*d_v] -> [B, L, h*d_v]
-        do = dy3 @ W["W_o"].T
-        do = self._split_queries(do, d_v)  # -> [B, n_kv, G*L, d_v]
-        # dk, dv already summed over each group's query heads
-        if self.flash:
-            dq, dk, dv = self._flash_backward(do, att)
-            dsinks = ()
-        else:
-            dq, dk, dv, *dsinks = attention_backward(do, att)
-        if dsinks:  # [n_kv, G*L, 1] -> [h, L] -> [h]
-            ds = dsinks[0].reshape(self.n_heads, L).sum(axis=1)
-            self.grads["sinks"] = ds
-        if rope is not None:  # rotate the gradients back: by -theta
-            dq, dk = self._rope_backward(dq, dk, rope)
-        # [B, n_kv, G*L, d_k] -> [B, L, h*d_k]
-        dq = self._merge_heads(dq, L, d_k)
-        dk = merge_kv(dk)  # [B, n_kv, L, d_k] -> [B, L, n_kv*d_k]
-        dv = merge_kv(dv)  # [B, n_kv, L, d_v] -> [B, L, n_kv*d_v]
-        xf = _flat(x3)  # [B*L, d_model]
-        # [d_model, B*L] @ [B*L, h*d_k] -> [d_model, h*d_k]
-        self.grads["W_q"] = xf.T @ _flat(dq)
-        self.grads["W_k"] = xf.T @ _flat(dk)  # -> [d_model, n_kv*d_k]
-        self.grads["W_v"] = xf.T @ _flat(dv)  # -> [d_model, n_kv*d_v]
-        # three paths into x: [B, L, d_model]
-        dx = dq @ W["W_q"].T + dk @ W["W_k"].T + dv @ W["W_v"].T
+        do, dx_out = self.output_backward(dy.reshape(B, L, self.d_model), o)
+        g = grouped_attention_backward(do, att)  # dk, dv summed per group
+        for name in g.keys() - {"q", "k", "v"}:  # sinks, score mods' params
+            self.grads[name] = g[name].reshape(self.params[name].shape)
+        dq, dk = self.position_backward(g["q"], g["k"], rope)
+        dx = self.project_backward(x3, dq, dk, g["v"])
+        if dx_out is not None:  # an output step that reads x
+            dx = dx + dx_out
         return dx[0] if unbatched else dx
 
+    def output_backward(self, dy3, o):
+        """The twin of :meth:`output`: fills ``dW_o``; returns ``(do [B,
+        n_kv, G, L, d_v], dx)``, ``dx`` None (the step reads no ``x``)."""
+        # [h*d_v, B*L] @ [B*L, d_model] -> [h*d_v, d_model]
+        self.grads["W_o"] = flat(o).T @ flat(dy3)
+        # [B, L, d_model] @ [d_model, h*d_v] -> [B, L, h*d_v] -> heads
+        do = dy3 @ self.params["W_o"].T
+        G, d_v = self.group_size, self.d_v
+        return split_groups(do, self.n_kv_heads, G, d_v), None
+
+    def position_backward(self, dq, dk, rope):
+        """The twin of :meth:`position`: rotate the gradients back, by
+        ``-theta``."""
+        if rope is None:
+            return dq, dk
+        q_rope, k_rope = rope
+        return self.rotary.backward(dq, q_rope), self.rotary.backward(
+            dk, k_rope
+        )
+
+    def project_backward(self, x3, dq, dk, dv):
+        """The twin of :meth:`project`: ``dW_q``, ``dW_k``, ``dW_v`` and
+        ``dx [B, L, d_model]`` (three paths into x)."""
+        W = self.params
+        dq = merge_groups(dq)  # [B, n_kv, G, L, d_k] -> [B, L, h*d_k]
+        dk = merge_heads(dk)  # [B, n_kv, L, d_k] -> [B, L, n_kv*d_k]
+        dv = merge_heads(dv)  # [B, n_kv, L, d_v] -> [B, L, n_kv*d_v]
+        xf = flat(x3)  # [B*L, d_model]
+        # [d_model, B*L] @ [B*L, h*d_k] -> [d_model, h*d_k]
+        self.grads["W_q"] = xf.T @ flat(dq)
+        self.grads["W_k"] = xf.T @ flat(dk)  # -> [d_model, n_kv*d_k]
+        self.grads["W_v"] = xf.T @ flat(dv)  # -> [d_model, n_kv*d_v]
+        return dq @ W["W_q"].T + dk @ W["W_k"].T + dv @ W["W_v"].T
+
     # ------------------------------------------------------------------
-    # helpers
-    def _check_x(self, x, name):
-        x = as_float_array(x, name)
-        check_finite(x, name)
-        if x.ndim not in (2, 3) or x.shape[-1] != self.d_model:
-            raise ValueError(
-                f"{name} must have shape [L, d_model] or [B, L, d_model] "
-                f"with d_model={self.d_model}, "
-                f"got {x.shape}"
+    def check_cache(self, kv_cache, x3):
+        """Raise unless ``kv_cache`` (None, or a :class:`~attn_np.KVCache`)
+        can take ``x3``'s chunk from this layer."""
+        if kv_cache is None:
+            return
+        if not isinstance(kv_cache, KVCache):
+            raise TypeError(
+                "kv_cache must be an attn_np.KVCache, got "
+                f"{type(kv_cache).__name__}"
             )
-        if x.shape[-2] == 0:
+        B = x3.shape[0]
+        layout = (B, self.n_kv_heads, self.d_k, self.d_v)
+        # the dtype of the keys and values
+        dtype = np.result_type(x3.dtype, self.params["W_k"].dtype)
+        kv_cache.check_chunk(x3.shape, layout, dtype)
+        if kv_cache.window != self.window:
             raise ValueError(
-                f"{name} must hold at least one position, got shape "
-                f"{x.shape}"
+                f"kv_cache has window={kv_cache.window} but the layer "
+                f"has window={self.window}: give the layer a "
+                "KVCache(window=layer.window)"
             )
-        return (x[None], True) if x.ndim == 2 else (x, False)
+        if self.flash and kv_cache.sink_tokens:
+            raise ValueError(
+                "a StreamingLLM cache (sink_tokens > 0) is not "
+                "supported with flash=True: its keys are rotated by "
+                "slot, which the tiled kernels do not do"
+            )
 
-    def _rope_forward(self, q, k, start):
-        """Rotate query heads ``[B, n_kv, G*L, d_k]`` and key heads ``[B,
-        n_kv, L, d_k]`` at positions ``start ... start+L-1``."""
-        B, n_kv, GL, d_k = q.shape
-        L = k.shape[2]
-        positions = start + np.arange(L)  # [L]
-        kw = dict(
-            base=self.rope_base,
-            layout=self.rope_layout,
-            rotary_dim=self.rope_dim,
-        )
-        # [B, n_kv, G*L, d_k] -> [B, n_kv, G, L, d_k]: a view, one head a row
-        q, q_cache = rope_forward(
-            q.reshape(B, n_kv, self.group_size, L, d_k), positions, **kw
-        )
-        k, k_cache = rope_forward(k, positions, **kw)  # [B, n_kv, L, d_k]
-        # -> [B, n_kv, G*L, d_k]
-        return q.reshape(B, n_kv, GL, d_k), k, (q_cache, k_cache)
+    def step_parts(self, x_chunk, kv_cache) -> dict:
+        """The parts of this layer's decode step of ``x_chunk [B, L,
+        d_model]`` over ``kv_cache``, to be timed alone (the decode
+        benchmark): ``{"weights": fn, "attention": fn, "softmax": fn}``.
 
-    def _rope_in_cache(self, q, k, cache):
-        """StreamingLLM's positions inside the cache (Xiao et al. 2023).
-
-        ``k [B, n_kv, n, d_k]`` holds unrotated keys: the sinks, then a
-        contiguous run ending with the chunk. Key slot ``s`` turns by
-        position ``s``. Query ``i`` (absolute) sees the sinks and the keys
-        ``j > i - (W - S)``, ``min(i + 1, W)`` keys in all, and stands at
-        position ``min(i, W - 1)`` among them: that is its position for
-        the sink columns. For the other columns any common shift will do,
-        so it turns by its own slot, and ``i - j`` is kept. The two query
-        rotations sit side by side, ``[q_sink, q_recent]``, against keys
-        ``[k, 0]`` (sinks) and ``[0, k]`` (the rest): one matmul gives
-        both kinds of scores. Returns ``(q2, k2)`` with ``2 d_k``
-        features.
+        ``weights`` makes the four products with the projection matrices
+        (:meth:`project`'s and :meth:`output`'s), ``attention`` runs
+        :meth:`attend` over the cached keys and values (its softmax
+        included) and ``softmax`` the softmax alone over scores of that
+        shape. The cache is read, never changed.
         """
-        B, n_kv, GL, d_k = q.shape
-        n, G = k.shape[2], self.group_size
-        L, S = GL // G, min(cache.sink_tokens, len(cache))
-        kw = dict(
-            base=self.rope_base,
-            layout=self.rope_layout,
-            rotary_dim=self.rope_dim,
-        )
-        k, _ = rope_forward(k, np.arange(n), **kw)  # slots 0 ... n-1
-        q = q.reshape(B, n_kv, G, L, d_k)  # one head a row
-        i = len(cache) - L + np.arange(L)  # absolute positions [L]
-        q_sink, _ = rope_forward(q, np.minimum(i, cache.window - 1), **kw)
-        q_rest, _ = rope_forward(q, n - L + np.arange(L), **kw)
-        # [B, n_kv, G, L, 2*d_k] -> [B, n_kv, G*L, 2*d_k]
-        q2 = np.concatenate([q_sink, q_rest], axis=-1).reshape(
-            B, n_kv, GL, 2 * d_k
-        )
-        k2 = np.zeros((B, n_kv, n, 2 * d_k), dtype=k.dtype)
-        k2[:, :, :S, :d_k] = k[:, :, :S]  # sinks meet q_sink
-        k2[:, :, S:, d_k:] = k[:, :, S:]  # the rest meet q_rest
-        return q2, k2
+        x3, _ = check_layer_input(x_chunk, self.d_model, "x_chunk")
+        self.check_cache(kv_cache, x3)
+        B, L, _ = x3.shape
+        q, _, _ = self.project(x3)
+        k, v = kv_cache.keys, kv_cache.values  # [B, n_kv, n, d]
+        xf, W = flat(x3), self.params
+        o = np.zeros((B * L, self.n_heads * self.d_v), dtype=q.dtype)
+        # the scores' shape in the core: [B, n_kv, G, L, n]
+        s = np.zeros(q.shape[:-1] + (k.shape[2],), dtype=q.dtype)
+        where = {"causal": True}  # the queries at the last L positions
 
-    def _rope_backward(self, dq, dk, rope):
-        """The backward of :meth:`_rope_forward`: ``R(-theta)`` on ``dq``
-        and ``dk``."""
-        q_cache, k_cache = rope
-        # [B, n_kv, G*L, d_k] -> [B, n_kv, G, L, d_k] -> back
-        dq5 = rope_backward(dq.reshape(q_cache.shape), q_cache)
-        return dq5.reshape(dq.shape), rope_backward(dk, k_cache)
-
-    def _split_queries(self, t, d):
-        """[B, L, h*d] -> [B, n_kv, G*L, d]: query head kv*G + g goes to
-        group kv, rows g*L ... g*L+L-1."""
-        B, L, _ = t.shape
-        # head index = kv*G + g
-        t = t.reshape(B, L, self.n_kv_heads, self.group_size, d)
-        t = t.transpose(0, 2, 3, 1, 4)  # [B, n_kv, G, L, d]
-        return np.ascontiguousarray(t).reshape(
-            B, self.n_kv_heads, self.group_size * L, d
-        )
-
-    def _merge_heads(self, t, L, d):
-        """[B, n_kv, G*L, d] -> [B, L, h*d], the inverse of
-        :meth:`_split_queries` (concatenate heads)."""
-        B = t.shape[0]
-        # [B, L, n_kv, G, d]
-        t = t.reshape(B, self.n_kv_heads, self.group_size, L, d).transpose(
-            0, 3, 1, 2, 4
-        )
-        return t.reshape(B, L, self.n_heads * d)
-
-    def per_head_rows(self, L) -> bool:
-        """Whether a cached chunk of ``L`` positions makes one product per
-        query head: a group (``G > 1``) with fewer than
-        :attr:`min_stacked_rows` stacked rows ``G * L``."""
-        G = self.group_size
-        return 1 < G and G * L < self.min_stacked_rows
-
-    def _per_head(self, q, k, v, allowed, sinks):
-        """The stacked layout split by query head: ``q [B, n_kv, G, L,
-        d_k]``, ``k [B, n_kv, 1, L_k, d_k]``, ``v [B, n_kv, 1, L_k, d_v]``
-        (views), the mask ``[..., G, L, L_k]`` and sinks ``[n_kv, G, L,
-        1]``. Row ``g*L + l`` becomes ``[g, l]``: the same numbers, each
-        query head its own product with its group's keys and values."""
-        B, n_kv, GL, d_k = q.shape
-        G = self.group_size
-        L = GL // G
-        q = q.reshape(B, n_kv, G, L, d_k)
-        k, v = k[:, :, None], v[:, :, None]  # [B, n_kv, 1, L_k, d]
-        if allowed is not None:  # [..., G*L, L_k] -> [..., G, L, L_k]
-            allowed = allowed.reshape(
-                allowed.shape[:-2] + (G, L, allowed.shape[-1])
+        def weights():  # [B*L, d] @ [d, n] three times, [B*L, h*d_v] @ W_o
+            return (
+                xf @ W["W_q"],
+                xf @ W["W_k"],
+                xf @ W["W_v"],
+                o @ W["W_o"],
             )
-        if sinks is not None:  # [n_kv, G*L, 1] -> [n_kv, G, L, 1]
-            sinks = sinks.reshape(n_kv, G, L, 1)
-        return q, k, v, allowed, sinks
 
-    def _flash_forward(self, q, k, v, mask, causal, scale):
-        """The tiled kernels on the stacked layout: ``(o, cache)``."""
-        if mask is not None:
-            raise ValueError(
-                "mask is not supported with flash=True: the tiled kernels "
-                "take causal=True/False and the layer's window only; use a "
-                "layer with flash=False"
-            )
-        B, n_kv, GL, d_k = q.shape
-        G = self.group_size
-        # [B, n_kv, G*L, d_k] -> [B, n_kv, G, L, d_k]: row g*L + l is
-        # query head kv*G + g at position l (a view, no copy)
-        q5 = q.reshape(B, n_kv, G, GL // G, q.shape[-1])
-        # [B, n_kv, L_k, d] -> [B, n_kv, 1, L_k, d]: broadcast over G
-        k5, v5 = k[:, :, None], v[:, :, None]
-        o, cache = flash_attention_forward(
-            q5,
-            k5,
-            v5,
-            causal=causal,
-            scale=scale,
-            window=self.window,
-            check_finite=False,
-        )
-        return o.reshape(B, n_kv, GL, v.shape[-1]), cache  # [B,n_kv,G*L,d_v]
+        def attention():
+            return self.attend(q, k, v, **where)
 
-    def _flash_backward(self, do, cache):
-        """``(dq, dk, dv)`` in the stacked layout, by the tiled backward."""
-        B, n_kv, GL, d_v = do.shape
-        do5 = do.reshape(
-            B, n_kv, self.group_size, GL // self.group_size, d_v
-        )
-        dq, dk, dv = flash_attention_backward(do5, cache)
-        # [B, n_kv, G, L, d_k] -> [B, n_kv, G*L, d_k]; dk, dv: drop the 1
-        return dq.reshape(B, n_kv, GL, -1), dk[:, :, 0], dv[:, :, 0]
+        def softmax():
+            # in place: s holds probabilities after the first call, still
+            # finite, and the work per call is the same
+            return masked_softmax(s, None, -1, overwrite=True)
 
-    def _sink_rows(self, L):
-        """``params["sinks"] [h]`` laid out like the stacked query rows:
-        ``[n_kv, G*L, 1]`` (each head's logit repeated for its L rows)."""
-        if "sinks" not in self.params:
-            return None
-        rows = np.repeat(self.params["sinks"], L)  # [h*L], head-major
-        return rows.reshape(self.n_kv_heads, self.group_size * L, 1)
-
-    def _group_mask(self, mask, causal, B, L_q, L_k, kv_cache=None):
-        """Combine the caller's mask and the causal (or window) mask into
-        one for the stacked query rows."""
-        G, h, n_kv = self.group_size, self.n_heads, self.n_kv_heads
-        allowed = None
-        if mask is not None:
-            full = (B, h, L_q, L_k)
-            m = check_mask(mask, full, "[B, n_heads, L_q, L_k]")
-            # the same mask for every head: repeat it for the G heads of a
-            # group
-            if m.ndim <= 2:
-                # [G*L_q, L_k]
-                allowed = np.tile(np.broadcast_to(m, (L_q, L_k)), (G, 1))
-            # per-batch or per-head masks: lay them out like the stacked
-            # queries
-            else:
-                m = np.broadcast_to(m, full).reshape(B, n_kv, G, L_q, L_k)
-                allowed = m.reshape(B, n_kv, G * L_q, L_k)
-        c = None
-        if kv_cache is not None and kv_cache.window is not None:
-            # a rolling cache knows which positions it holds: [L_q, L_k]
-            c = kv_cache.attention_mask(L_q)
-        elif causal and (L_q > 1 or self.window is not None):
-            c = causal_mask(L_q, L_k, window=self.window)  # [L_q, L_k]
-        if c is not None:
-            c = np.tile(c, (G, 1))  # [G*L_q, L_k]
-            allowed = c if allowed is None else allowed & c
-        return allowed
+        return {
+            "weights": weights,
+            "attention": attention,
+            "softmax": softmax,
+        }
 
 
 class MultiHeadAttention(GroupedQueryAttention):
@@ -611,18 +461,15 @@ class MultiQueryAttention(GroupedQueryAttention):
         )
 
 
-def split_kv(t, n_kv, d):
-    B, L, _ = t.shape
-    # [B, n_kv, L, d]
-    return np.ascontiguousarray(
-        t.reshape(B, L, n_kv, d).transpose(0, 2, 1, 3)
-    )
+def _name(kv_cache):
+    return "x" if kv_cache is None else "x_chunk"
 
 
-def merge_kv(t):
-    B, n_kv, L, d = t.shape
-    return t.transpose(0, 2, 1, 3).reshape(B, L, n_kv * d)  # [B, L, n_kv*d]
-
-
-def _flat(t):
-    return t.reshape(-1, t.shape[-1])  # [B, L, n] -> [B*L, n]
+def _head_view(att, field, n_heads):
+    """A core cache's ``[B, n_kv, G, L_q, n]`` field as ``[B, n_heads, L_q,
+    n]`` (head ``kv*G + g``), or None."""
+    a = None if att is None else getattr(att, field)
+    if a is None:
+        return None
+    B, _, _, L_q, n = a.shape
+    return a.reshape(B, n_heads, L_q, n)

@@ -260,3 +260,26 @@ def check_rope_settings(base, layout, rotary_dim, d_k):
     except ValueError as e:
         raise ValueError(f"rope_dim: {e}") from None
     return base, layout, r
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """A layer's RoPE settings, ready to turn its heads: ``forward(x,
+    positions) -> (y, cache)`` and ``backward(dy, cache) -> dx`` are
+    :func:`rope_forward` and :func:`rope_backward` with them."""
+
+    base: float
+    layout: str = "half"
+    rotary_dim: int | None = None
+
+    def forward(self, x, positions):
+        return rope_forward(
+            x,
+            positions,
+            base=self.base,
+            layout=self.layout,
+            rotary_dim=self.rotary_dim,
+        )
+
+    def backward(self, dy, cache):
+        return rope_backward(dy, cache)

@@ -270,30 +270,6 @@ def test_unbroadcast_sums_over_added_and_stretched_axes():
     np.testing.assert_array_equal(unbroadcast(g, (2, 3, 4)), g)
 
 
-# --------------------------------------------------------------------------- causal masks
-def test_causal_mask_square_is_the_lower_triangle():
-    np.testing.assert_array_equal(
-        causal_mask(4, 4), np.tril(np.ones((4, 4), bool))
-    )
-
-
-def test_causal_mask_aligns_the_last_query_with_the_last_key():
-    expected = np.array(
-        [
-            [1, 1, 1, 0, 0],  # query 0 sits at position 2 of 5
-            [1, 1, 1, 1, 0],
-            [1, 1, 1, 1, 1],  # the last query sees every key
-        ],
-        bool,
-    )
-    np.testing.assert_array_equal(causal_mask(3, 5), expected)
-    np.testing.assert_array_equal(causal_mask(1, 5), np.ones((1, 5), bool))
-    # more queries than keys: the first queries come before every key and see nothing
-    np.testing.assert_array_equal(
-        causal_mask(3, 2), np.array([[0, 0], [1, 0], [1, 1]], bool)
-    )
-
-
 @given(st.integers(1, 6), st.integers(0, 6), st.integers(0, 2**32 - 1))
 def test_causal_chunk_equals_the_last_rows_of_full_causal_attention(
     L_q, n_cached, seed

@@ -31,6 +31,10 @@ from attn_np.flash import (
     flash_attention_forward,
 )
 from attn_np.instruments.measure import measure_peak_bytes
+from attn_np.windows import (
+    window_attention_backward,
+    window_attention_forward,
+)
 
 EXACT = (
     1e-12  # float64: the tiled and the dense kernels differ only by rounding
@@ -526,17 +530,19 @@ def test_layer_flash_subclasses_and_errors():
     "L_q, L_k, window", [(32, 32, 5), (7, 40, 9), (40, 23, 4), (16, 16, 64)]
 )
 def test_window_equals_attention_forward_window(L_q, L_k, window):
-    """The same semantics as chapter 8's attention_forward(window=W)."""
+    """The same semantics as chapter 8's window_attention_forward(window=W)."""
     q, k, v = qkv(
         np.random.default_rng(L_q + window), (2, 2), (2, 1), L_q, L_k
     )
     dout = np.random.default_rng(17).standard_normal((2, 2, L_q, 3))
-    o_ref, c_ref = attention_forward(q, k, v, causal=True, window=window)
+    o_ref, c_ref = window_attention_forward(
+        q, k, v, causal=True, window=window
+    )
     o, g = flash(
         q, k, v, dout, causal=True, window=window, block_q=6, block_k=8
     )
     assert np.abs(o - o_ref).max() < EXACT
-    for a, b in zip(g, attention_backward(dout, c_ref)):
+    for a, b in zip(g, window_attention_backward(dout, c_ref)):
         assert np.abs(a - b).max() < EXACT
 
 

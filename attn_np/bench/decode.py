@@ -40,15 +40,10 @@ import argparse
 import os
 import textwrap
 import time
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from attn_np import attention as _attention
-from attn_np import multihead as _multihead
-from attn_np.attention import attention_forward
 from attn_np.costs.decode import decode_step_cost
 from attn_np.costs.latent import latent_decode_step_cost
 from attn_np.instruments.blas import blas_threads
@@ -95,7 +90,14 @@ def cpu_cache_sizes() -> dict:
 
 
 def decode_setup(
-    d_model, n_heads, n_kv_heads, context, batch=1, seed=0, spare=1
+    d_model,
+    n_heads,
+    n_kv_heads,
+    context,
+    batch=1,
+    seed=0,
+    spare=1,
+    allocate=None,
 ):
     """A float32 layer, a cache filled with ``context`` random positions, and
     a one-token step.
@@ -103,13 +105,14 @@ def decode_setup(
     ``step()`` decodes one token and then forgets it again
     (:meth:`KVCache.truncate`), so every call sees the same context and
     nothing is reallocated (the cache is preallocated ``spare >= 1``
-    positions longer).
+    positions longer). ``allocate`` is the cache's buffer maker
+    (:class:`~attn_np.KVCache`'s keyword).
     """
     layer = GroupedQueryAttention(
         d_model, n_heads, n_kv_heads, seed=seed, dtype=np.float32
     )
     rng = np.random.default_rng(seed)
-    cache = KVCache(initial_capacity=context + spare)
+    cache = KVCache(initial_capacity=context + spare, allocate=allocate)
     shape = (batch, n_kv_heads, context)
     cache.append(
         rng.standard_normal(shape + (layer.d_k,), dtype=np.float32),
@@ -134,49 +137,17 @@ def undone_step(layer, cache, x):
 
 def step_parts(layer, cache, seed=0) -> dict:
     """The parts of a decode step of ``layer`` over ``cache``, to be timed
-    alone: ``{"weights": fn, "attention": fn, "softmax": fn}``.
-
-    * ``weights``: the four products with the projection matrices, as the
-      layer makes them (one ``[B, d] @ [d, n]`` product each);
-    * ``attention``: :func:`~attn_np.attention_forward` over the cached
-      keys and values, as the layer calls it (its softmax included): the
-      ``G`` query rows of each key/value head stacked, or one product per
-      query head where ``layer.per_head_rows(1)``;
-    * ``softmax``: the softmax over a score array of that shape.
+    alone: the layer's own :meth:`~GroupedQueryAttention.step_parts` (or
+    :meth:`~attn_np.MultiHeadLatentAttention.step_parts`) for one random
+    token, ``{"weights": fn, "attention": fn, "softmax": fn}``.
 
     Inputs are random: the times do not depend on the values.
     """
     rng = np.random.default_rng(seed)
-    W, dtype = layer.params, layer.dtype
-    B = cache.batch_size
-    n_kv, G = layer.n_kv_heads, layer.group_size
-    h, d_k, d_v = layer.n_heads, layer.d_k, layer.d_v
-    x = rng.standard_normal((B, layer.d_model), dtype=dtype)  # [B, d]
-    o = rng.standard_normal((B, h * d_v), dtype=dtype)  # [B, h*d_v]
-    q = rng.standard_normal((B, n_kv, G, d_k), dtype=dtype)
-    k, v = cache.keys, cache.values  # [B, n_kv, n, d_k], [.., d_v]
-    # [B, n_kv, G, n]
-    s = rng.standard_normal((B, n_kv, G, k.shape[2]), dtype=dtype)
-    if layer.per_head_rows(1):  # one product per query head
-        q = q[:, :, :, None]  # [B, n_kv, G, 1, d_k]
-        k, v = k[:, :, None], v[:, :, None]  # [B, n_kv, 1, n, d]
-        s = s[:, :, :, None]  # [B, n_kv, G, 1, n]
-
-    def weights():
-        # [B, d] @ [d, h*d_k], [d, n_kv*d_k], [d, n_kv*d_v];
-        # [B, h*d_v] @ [h*d_v, d]
-        return (x @ W["W_q"], x @ W["W_k"], x @ W["W_v"], o @ W["W_o"])
-
-    def attention():
-        # [B, n_kv, G, d_v]
-        return attention_forward(q, k, v, check_finite=False)
-
-    def softmax():
-        # in place: s holds probabilities after the first call, still
-        # finite, and the work per call is the same
-        return masked_softmax(s, None, -1, overwrite=True)
-
-    return {"weights": weights, "attention": attention, "softmax": softmax}
+    x = rng.standard_normal(
+        (cache.batch_size, 1, layer.d_model), dtype=layer.dtype
+    )  # [B, 1, d]
+    return layer.step_parts(x, cache)
 
 
 # -- the levers of a decode step, measured one at a time -------------------
@@ -186,72 +157,24 @@ LEVERS = {
     "stacked products": "a group's G query rows in one product against "
     "its keys and values (min_stacked_rows = 1), not one product per query "
     "head",
-    "softmax not in place": "the softmax writes a new array "
-    "(overwrite=False) instead of the score array",
-    "softmax on 2 threads": "the softmax's rows split between two Python "
-    "threads (NumPy releases the GIL in its loops)",
     "1 BLAS thread": "the whole step on one BLAS thread",
     "1 BLAS thread, attention": "the two products over the cache on one "
     "BLAS thread, the projections on all",
-    "cache rows on 64 B": "the stored K^T and V^T copied into buffers "
-    "whose rows each start on a 64-byte line (aligned_rows), instead of "
-    "np.empty's, rows context + 1 positions apart",
-    "no temporaries": "the step's arithmetic alone: no checks or "
-    "head-split copies, outputs into arrays allocated once",
+    "cache rows on 64 B": "the stored K^T and V^T in a buffer whose rows "
+    "each start on a 64-byte line (KVCache(allocate=aligned_rows)), "
+    "instead of np.empty's, rows context + 1 positions apart",
+    "no temporaries": "the step's arithmetic alone, on a copy of the "
+    "cache's buffer: no checks or head-split copies, outputs into arrays "
+    "allocated once",
 }
-
-
-@contextmanager
-def _patched(owner, name, value):
-    """``owner.name = value`` (a module's function, an object's attribute)
-    for the duration of the block; then as it was."""
-    had = name in vars(owner)
-    old = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        if had:
-            setattr(owner, name, old)
-        else:  # it came from the class: drop the instance's own
-            delattr(owner, name)
-
-
-def _softmax_copy(x, mask, axis, overwrite=False):
-    """The library's softmax, never in place."""
-    return masked_softmax(x, mask, axis, overwrite=False)
-
-
-_POOL = None
-
-
-def _softmax_threads(x, mask, axis, overwrite=False):
-    """The library's softmax over the last axis, its rows in two halves on
-    two threads (in place when allowed, as the library's call is)."""
-    global _POOL
-    if mask is not None or axis not in (-1, x.ndim - 1):
-        return masked_softmax(x, mask, axis, overwrite=overwrite)
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(2)
-    s = x if overwrite else x.copy()
-    rows = s.reshape(-1, s.shape[-1])  # [rows, L_k], a view
-    half = rows.shape[0] // 2
-    parts = (rows[:half], rows[half:])
-    done = [
-        _POOL.submit(masked_softmax, r, None, -1, overwrite=True)
-        for r in parts
-        if r.shape[0]
-    ]
-    for f in done:
-        f.result()
-    return s
 
 
 def aligned_rows(shape, dtype, alignment=64) -> np.ndarray:
     """``np.empty(shape, dtype)``, except that every row (the last axis)
     starts on an ``alignment``-byte boundary: the rows are padded to whole
     lines and the first is placed on one (a view into a slightly larger
-    buffer). For the ``cache rows on 64 B`` lever."""
+    buffer). For the ``cache rows on 64 B`` lever: ``KVCache(allocate=
+    aligned_rows)``."""
     dtype = np.dtype(dtype)
     per_line = max(1, alignment // dtype.itemsize)
     padded = -(-shape[-1] // per_line) * per_line  # round up
@@ -267,12 +190,14 @@ def no_temporaries_step(layer, cache, x):
     that computes what :meth:`~GroupedQueryAttention.forward` computes
     and nothing else: no checks, no head-split copies, each output into
     an array allocated once. It is a yardstick for the rest of a step,
-    not a second implementation: it appends to the cache's buffers
-    directly and is timed, never used."""
+    not a second implementation: it works on its own copy of the cache's
+    buffer (:attr:`~attn_np.KVCache.storage`), the same layout and bytes,
+    and is timed, never used."""
     W = layer.params
     n_kv, G, d_k = layer.n_kv_heads, layer.group_size, layer.d_k
     n = len(cache)  # the step's own position
-    kt, vt = cache._kt[0], cache._vt[0]  # [n_kv, d_k, cap], [n_kv, d_v, ..]
+    buf = cache.storage[0].copy()  # [n_kv, d_k + d_v, cap], a copy
+    kt, vt = buf[:, :d_k], buf[:, d_k:]  # [n_kv, d_k, cap], [n_kv, d_v, ..]
     q = np.empty((1, layer.n_heads * d_k), dtype=layer.dtype)
     s = np.empty((n_kv, G, 1, n + 1), dtype=layer.dtype)
     o = np.empty((n_kv, G, 1, layer.d_v), dtype=layer.dtype)
@@ -329,39 +254,41 @@ def lever_steps(d_model, n_heads, n_kv_heads, context, seed=0) -> dict:
 
         return run
 
-    def attention_one_thread(*a, **kw):
-        with blas_threads(1):
-            return attention_forward(*a, **kw)
-
-    aligned = decode_setup(d_model, n_heads, n_kv_heads, context, seed=seed)
-    # the same cache, each row of its buffers on a 64-byte line
-    for name in ("_kt", "_vt"):
-        buf = getattr(aligned[1], name)
-        copy = aligned_rows(buf.shape, buf.dtype)
-        copy[...] = buf
-        setattr(aligned[1], name, copy)
+    # the same weights (the same seed), another rule or another step
+    stacked = GroupedQueryAttention(
+        d_model, n_heads, n_kv_heads, seed=seed, dtype=np.float32
+    )
+    stacked.min_stacked_rows = 1
+    one_thread = _AttendOnOneThread(
+        d_model, n_heads, n_kv_heads, seed=seed, dtype=np.float32
+    )
+    aligned = decode_setup(
+        d_model,
+        n_heads,
+        n_kv_heads,
+        context,
+        seed=seed,
+        allocate=aligned_rows,
+    )
     return {
         "library": step,
         "nothing (A/A)": step,
-        "stacked products": within(
-            lambda: _patched(layer, "min_stacked_rows", 1)
-        ),
-        "softmax not in place": within(
-            lambda: _patched(_attention, "masked_softmax", _softmax_copy)
-        ),
-        "softmax on 2 threads": within(
-            lambda: _patched(_attention, "masked_softmax", _softmax_threads)
-        ),
+        "stacked products": undone_step(stacked, cache, x),
         "1 BLAS thread": within(lambda: blas_threads(1)),
-        "1 BLAS thread, attention": within(
-            lambda: _patched(
-                _multihead, "attention_forward", attention_one_thread
-            )
-        ),
+        "1 BLAS thread, attention": undone_step(one_thread, cache, x),
         "cache rows on 64 B": aligned[2],
         "no temporaries": no_temporaries_step(layer, cache, x),
         "_keep": (layer, cache, aligned),
     }
+
+
+class _AttendOnOneThread(GroupedQueryAttention):
+    """The layer with its attention step (:meth:`attend`) on one BLAS
+    thread, the projections on all: a subclass overriding one step."""
+
+    def attend(self, q, k, v, **kw):
+        with blas_threads(1):
+            return super().attend(q, k, v, **kw)
 
 
 def run_levers(
@@ -484,48 +411,12 @@ def latent_decode_setup(d_model, n_heads, context, batch=1, seed=0):
 
 
 def latent_step_parts(layer, cache, seed=0) -> dict:
-    """:func:`step_parts` for the absorbed MLA step: ``weights`` (every
-    product with a weight matrix, as the layer makes them: ``x W_q``, ``x
-    W_qr``, ``x W_dkv``, ``x W_kr``, the queries times ``W_uk`` per head,
-    the latent outputs times ``W_uv`` per head, and ``W_o``), ``attention``
-    (:func:`~attn_np.attention_forward` of the ``h`` stacked latent
-    queries over the cached rows ``[c_KV ; k_R]``, values ``c_KV``) and
-    ``softmax``."""
-    rng = np.random.default_rng(seed)
-    W, dtype = layer.params, layer.dtype
-    B, h = cache.layout[0], layer.n_heads
-    d_h, d_c, d_v = layer.d_head, layer.d_latent_kv, layer.d_head_v
-    x = rng.standard_normal((B, layer.d_model), dtype=dtype)  # [B, d]
-    q_c = rng.standard_normal((B, h, 1, d_h), dtype=dtype)
-    o_lat = rng.standard_normal((B, h, 1, d_c), dtype=dtype)
-    o = rng.standard_normal((B, h * d_v), dtype=dtype)  # [B, h*d_v]
-    w_uk = W["W_uk"].reshape(d_c, h, d_h).transpose(1, 2, 0)  # [h, d_h, d_c]
-    w_uv = W["W_uv"].reshape(d_c, h, d_v).transpose(1, 0, 2)  # [h, d_c, d_v]
-    rows = cache.rows[:, None]  # [B, 1, n, d_c + d_R]: one key for all
-    q = rng.standard_normal((B, 1, h, rows.shape[-1]), dtype=dtype)
-    s = rng.standard_normal((B, 1, h, rows.shape[2]), dtype=dtype)
-
-    def weights():
-        return (
-            x @ W["W_q"],  # [B, d] @ [d, h*d_h]
-            x @ W["W_qr"],  # [B, d] @ [d, h*d_R]
-            x @ W["W_dkv"],  # [B, d] @ [d, d_c]
-            x @ W["W_kr"],  # [B, d] @ [d, d_R]
-            q_c @ w_uk,  # [B, h, 1, d_h] @ [h, d_h, d_c]
-            o_lat @ w_uv,  # [B, h, 1, d_c] @ [h, d_c, d_v]
-            o @ W["W_o"],  # [B, h*d_v] @ [h*d_v, d]
-        )
-
-    def attention():
-        # [B, 1, h, d_c]
-        return attention_forward(
-            q, rows, rows[..., :d_c], scale=layer.scale, check_finite=False
-        )
-
-    def softmax():
-        return masked_softmax(s, None, -1, overwrite=True)
-
-    return {"weights": weights, "attention": attention, "softmax": softmax}
+    """:func:`step_parts` for the absorbed MLA step: the layer's own
+    :meth:`~attn_np.MultiHeadLatentAttention.step_parts`, ``weights``
+    (every product with a weight matrix, as the layer makes them),
+    ``attention`` (the grouped core of the ``h`` latent queries over the
+    cached rows ``[c_KV ; k_R]``, values ``c_KV``) and ``softmax``."""
+    return step_parts(layer, cache, seed)
 
 
 def families(n_heads) -> dict:
@@ -682,9 +573,18 @@ def run(
     }
 
 
+def _ms(seconds, sign="") -> str:
+    """Milliseconds in five characters: two decimals, fewer when a busy
+    machine makes the number too wide for its column."""
+    for decimals in (2, 1, 0):
+        text = f"{seconds * 1e3:{sign}5.{decimals}f}"
+        if len(text) <= 5:
+            return text
+    return text
+
+
 def table(r) -> list[str]:
-    """The lines of the printed table (at most 77 characters each, unless
-    a busy machine makes a number wider than its column)."""
+    """The lines of the printed table, at most 77 characters each."""
     out = [
         f"{'':35}{'of':>4}{'':12}  time - bytes/ref, ms",
         f"{'':4}{'n_kv':>4}{'bytes':>9}{'time':>9}{'GiB/s':>7}"
@@ -698,12 +598,12 @@ def table(r) -> list[str]:
         out.append(
             f"{fam:4}{row['n_kv_heads'] or '-':>4}"
             f" {row['step_bytes'] / 2**20:4.0f} MiB"
-            f" {row['time'] * 1e3:5.2f} ms"
+            f" {_ms(row['time'])} ms"
             f" {row['bytes_per_s'] / 2**30:6.1f}"
             f" {row['fraction']:5.2f} {row['roof']:5.2f}"
             f" {row['best']:5.2f} |"
             + "".join(
-                f" {x * 1e3:{'' if k == 2 else '+'}5.2f}"
+                f" {_ms(x, '' if k == 2 else '+')}"
                 for k, x in enumerate(gaps)
             )
         )

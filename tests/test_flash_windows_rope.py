@@ -11,10 +11,12 @@ from hypothesis import strategies as st
 from attn_np import (
     GroupedQueryAttention,
     KVCache,
-    attention_backward,
-    attention_forward,
     flash_attention_backward,
     flash_attention_forward,
+)
+from attn_np.windows import (
+    window_attention_backward,
+    window_attention_forward,
 )
 
 EXACT = 1e-12
@@ -37,14 +39,15 @@ def test_flash_window_equals_attention_window(
     k = rng.standard_normal((1, 3, L_k, 4))  # broadcast over the first axis
     v = rng.standard_normal((2, 3, L_k, 5))
     kw = dict(causal=True, window=window)
-    o_d, c_d = attention_forward(q, k, v, **kw)
+    o_d, c_d = window_attention_forward(q, k, v, **kw)
     o_f, c_f = flash_attention_forward(
         q, k, v, block_q=block_q, block_k=block_k, **kw
     )
     assert np.max(np.abs(o_d - o_f)) < EXACT
     dout = rng.standard_normal(o_d.shape)
     for a, b in zip(
-        attention_backward(dout, c_d), flash_attention_backward(dout, c_f)
+        window_attention_backward(dout, c_d),
+        flash_attention_backward(dout, c_f),
     ):
         assert a.shape == b.shape and np.max(np.abs(a - b)) < EXACT
 

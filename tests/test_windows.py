@@ -1,4 +1,4 @@
-"""Chapter 8: sliding windows and learned sink logits in attention_forward and the layers.
+"""Chapter 8: sliding windows and learned sink logits in window_attention_forward (attn_np.windows) and the layers.
 
 The window's semantics (query at absolute position i attends key j iff i - W < j <= i) against
 their definition and the two published conventions; sink logits against the gpt-oss reference
@@ -16,12 +16,13 @@ from attn_np import (
     GroupedQueryAttention,
     MultiHeadAttention,
     MultiQueryAttention,
-    attention_backward,
-    attention_forward,
     causal_mask,
     check_gradients,
     check_layer_gradients,
-    position_mask,
+)
+from attn_np.windows import (
+    window_attention_backward,
+    window_attention_forward,
 )
 
 
@@ -35,22 +36,6 @@ def window_by_definition(L_q, L_k, W):
     return m
 
 
-def flash_window(L_q, L_k, left, right):
-    """FlashAttention's window_size=(left, right) (docstring of flash_attn_func): query i attends
-    keys in [i - left, i + right] inclusive, bottom-right aligned like our causal mask."""
-    i = np.arange(L_q)[:, None] + L_k - L_q
-    j = np.arange(L_k)[None, :]
-    return (j >= i - left) & (j <= i + right)
-
-
-def hf_sliding_window(L, sliding_window):
-    """Hugging Face's eager mask for sliding_window (AttentionMaskConverter, issue #29623): causal
-    and kv_idx > q_idx - sliding_window."""
-    q = np.arange(L)[:, None]
-    kv = np.arange(L)[None, :]
-    return (kv <= q) & (kv > q - sliding_window)
-
-
 def sink_reference(q, k, v, sinks, allowed, scale):
     """gpt-oss's sdpa: softmax over the scores with the sink logit appended, last column dropped."""
     s = (q @ k.swapaxes(-1, -2)) * scale
@@ -62,55 +47,11 @@ def sink_reference(q, k, v, sinks, allowed, scale):
     return w @ v, w
 
 
-# --------------------------------------------------------------------------- the window's semantics
-@pytest.mark.parametrize(
-    "L_q, L_k, W",
-    [
-        (6, 6, 1),
-        (6, 6, 3),
-        (6, 6, 6),
-        (6, 6, 9),
-        (2, 9, 4),
-        (9, 4, 2),
-        (1, 7, 3),
-    ],
-)
-def test_window_mask_is_the_definition(L_q, L_k, W):
-    m = causal_mask(L_q, L_k, window=W)
-    np.testing.assert_array_equal(m, window_by_definition(L_q, L_k, W))
-    # FlashAttention's window_size = (W - 1, 0) is the same mask; (W, 0) is one key wider
-    np.testing.assert_array_equal(m, flash_window(L_q, L_k, W - 1, 0))
-    if W < L_k:
-        assert not np.array_equal(m, flash_window(L_q, L_k, W, 0))
-
-
-@pytest.mark.parametrize("W", [1, 2, 5, 12])
-def test_window_equals_hugging_face_sliding_window(W):
-    np.testing.assert_array_equal(
-        causal_mask(12, 12, window=W), hf_sliding_window(12, W)
-    )
-    # every row sees min(i + 1, W) keys, itself included
-    np.testing.assert_array_equal(
-        causal_mask(12, 12, window=W).sum(axis=1),
-        np.minimum(np.arange(12) + 1, W),
-    )
-
-
-def test_position_mask_with_sinks_is_streaming_llm():
-    """StreamingLLM: positions < S always visible, plus the last W - S, so W keys in all."""
-    W, S, L = 5, 2, 11
-    m = position_mask(np.arange(L), np.arange(L), window=W, sink_tokens=S)
-    for i in range(L):
-        want = {j for j in range(i + 1) if j < S or j > i - (W - S)}
-        assert set(np.flatnonzero(m[i])) == want
-        assert m[i].sum() == min(i + 1, W)
-
-
 def test_window_longer_than_the_keys_is_causal():
     rng = np.random.default_rng(0)
     q, k, v = (rng.standard_normal((2, n, 3)) for n in (4, 7, 7))
-    a, _ = attention_forward(q, k, v, causal=True, window=7)
-    b, _ = attention_forward(q, k, v, causal=True)
+    a, _ = window_attention_forward(q, k, v, causal=True, window=7)
+    b, _ = window_attention_forward(q, k, v, causal=True)
     np.testing.assert_array_equal(a, b)
 
 
@@ -122,9 +63,9 @@ def test_a_single_query_is_windowed_too():
         rng.standard_normal((9, 3)),
         rng.standard_normal((9, 2)),
     )
-    out, cache = attention_forward(q, k, v, causal=True, window=4)
+    out, cache = window_attention_forward(q, k, v, causal=True, window=4)
     np.testing.assert_array_equal(cache.weights[0, :5], 0.0)
-    ref, _ = attention_forward(q, k[5:], v[5:])
+    ref, _ = window_attention_forward(q, k[5:], v[5:])
     np.testing.assert_allclose(out, ref, rtol=0, atol=1e-15)
 
 
@@ -145,8 +86,8 @@ def window_cases(draw):
 def test_window_equals_the_explicit_mask(case):
     q, k, v, W = case
     mask = window_by_definition(q.shape[-2], k.shape[-2], W)
-    a, ca = attention_forward(q, k, v, causal=True, window=W)
-    b, cb = attention_forward(q, k, v, mask=mask)
+    a, ca = window_attention_forward(q, k, v, causal=True, window=W)
+    b, cb = window_attention_forward(q, k, v, mask=mask)
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-14)
     np.testing.assert_allclose(ca.weights, cb.weights, rtol=0, atol=1e-15)
 
@@ -156,8 +97,8 @@ def test_window_equals_the_explicit_mask(case):
 def test_window_gradient_check(case):
     q, k, v, W = case
     errors = check_gradients(
-        attention_forward,
-        attention_backward,
+        window_attention_forward,
+        window_attention_backward,
         {"q": q, "k": k, "v": v},
         seed=2,
         causal=True,
@@ -172,13 +113,13 @@ def test_bad_window_is_named(window):
     with pytest.raises(
         ValueError, match="window must be a positive integer"
     ):
-        attention_forward(q, q, q, causal=True, window=window)
+        window_attention_forward(q, q, q, causal=True, window=window)
 
 
 def test_window_without_causal_is_an_error():
     q = np.ones((3, 2))
     with pytest.raises(ValueError, match=r"window=2 needs causal=True"):
-        attention_forward(q, q, q, window=2)
+        window_attention_forward(q, q, q, window=2)
 
 
 # --------------------------------------------------------------------------- sink logits
@@ -205,7 +146,7 @@ def test_sinks_equal_the_gpt_oss_reference(case):
     q, k, v, sinks, W = case
     L_q, L_k = q.shape[-2], k.shape[-2]
     allowed = causal_mask(L_q, L_k, window=W)
-    out, cache = attention_forward(
+    out, cache = window_attention_forward(
         q, k, v, causal=True, window=W, sinks=sinks
     )
     ref, w = sink_reference(q, k, v, sinks, allowed, 1 / math.sqrt(3))
@@ -224,8 +165,8 @@ def test_sinks_equal_the_gpt_oss_reference(case):
 def test_sink_gradient_check(case):
     q, k, v, sinks, W = case
     errors = check_gradients(
-        attention_forward,
-        attention_backward,
+        window_attention_forward,
+        window_attention_backward,
         {"q": q, "k": k, "v": v, "sinks": sinks},
         seed=3,
         causal=True,
@@ -243,9 +184,9 @@ def test_sink_gradient_is_minus_p_sink_times_rowsum():
         rng.standard_normal((6, 3)),
     )
     a = rng.standard_normal((5, 1))
-    out, cache = attention_forward(q, k, v, causal=True, sinks=a)
+    out, cache = window_attention_forward(q, k, v, causal=True, sinks=a)
     dout = rng.standard_normal(out.shape)
-    *_, da = attention_backward(dout, cache)
+    *_, da = window_attention_backward(dout, cache)
     np.testing.assert_allclose(
         da,
         -cache.sink_weights * np.sum(dout * out, axis=-1, keepdims=True),
@@ -256,8 +197,8 @@ def test_sink_gradient_is_minus_p_sink_times_rowsum():
 def test_a_very_negative_sink_is_no_sink():
     rng = np.random.default_rng(5)
     q, k, v = (rng.standard_normal((2, 4, 3)) for _ in range(3))
-    a, _ = attention_forward(q, k, v, causal=True, sinks=-800.0)
-    b, _ = attention_forward(q, k, v, causal=True)
+    a, _ = window_attention_forward(q, k, v, causal=True, sinks=-800.0)
+    b, _ = window_attention_forward(q, k, v, causal=True)
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-15)
 
 
@@ -266,10 +207,12 @@ def test_a_row_with_no_key_gives_everything_to_the_sink():
     q, k, v = (rng.standard_normal((3, 2)) for _ in range(3))
     mask = np.ones((3, 3), bool)
     mask[1] = False
-    out, cache = attention_forward(q, k, v, mask=mask, sinks=np.ones((3, 1)))
+    out, cache = window_attention_forward(
+        q, k, v, mask=mask, sinks=np.ones((3, 1))
+    )
     np.testing.assert_array_equal(out[1], 0.0)
     assert cache.sink_weights[1, 0] == 1.0
-    dq, dk, dv, da = attention_backward(np.ones_like(out), cache)
+    dq, dk, dv, da = window_attention_backward(np.ones_like(out), cache)
     assert np.all(np.isfinite(da)) and da[1, 0] == 0.0 and np.all(dq[1] == 0)
 
 
@@ -278,7 +221,9 @@ def test_huge_logits_do_not_overflow_with_a_sink():
     k = np.array([[1.0, 0.0], [0.5, 0.0]])
     v = np.array([[1.0], [2.0]])
     for a in (-900.0, 0.0, 900.0):
-        out, cache = attention_forward(q, k, v, scale=1.0, sinks=np.array(a))
+        out, cache = window_attention_forward(
+            q, k, v, scale=1.0, sinks=np.array(a)
+        )
         assert np.all(np.isfinite(out)) and np.all(
             np.isfinite(cache.sink_weights)
         )
@@ -298,7 +243,7 @@ def test_huge_logits_do_not_overflow_with_a_sink():
 def test_bad_sinks_are_named(sinks, match):
     q = np.ones((2, 3, 4))
     with pytest.raises(ValueError, match=match):
-        attention_forward(q, q, q, sinks=sinks)
+        window_attention_forward(q, q, q, sinks=sinks)
 
 
 def test_integer_sinks_are_a_type_error():
@@ -306,7 +251,7 @@ def test_integer_sinks_are_a_type_error():
     with pytest.raises(
         TypeError, match="sinks must be a floating-point array"
     ):
-        attention_forward(q, q, q, sinks=np.zeros((3, 1), int))
+        window_attention_forward(q, q, q, sinks=np.zeros((3, 1), int))
 
 
 # --------------------------------------------------------------------------- layers

@@ -5,7 +5,12 @@ probes, and the parts of a step it times alone."""
 import numpy as np
 import pytest
 
-from attn_np import GroupedQueryAttention, KVCache, attention_forward
+from attn_np import (
+    GroupedQueryAttention,
+    KVCache,
+    attention_forward,
+    grouped_attention_forward,
+)
 from attn_np.bench import decode as bench
 from attn_np.instruments.measure import read_probes
 
@@ -182,16 +187,16 @@ def test_cache_keeps_keys_and_values_transposed():
 
 @pytest.mark.parametrize("G, L_q", [(1, 1), (4, 1), (16, 1), (3, 7)])
 def test_values_product_is_the_same_in_either_layout(G, L_q):
-    """attention_forward computes P V as (V^T P^T)^T when V is stored
+    """The grouped core computes P V as (V^T P^T)^T when V is stored
     transposed (a cache): the same numbers, to rounding, in float64."""
     rng = np.random.default_rng(G + L_q)
-    q = rng.standard_normal((2, 3, G * L_q, 8))
+    q = rng.standard_normal((2, 3, G, L_q, 8))
     k = rng.standard_normal((2, 3, 50, 8))
     v = rng.standard_normal((2, 3, 50, 5))
     v_t = np.ascontiguousarray(v.swapaxes(-1, -2)).swapaxes(-1, -2)
     assert v_t.strides[-2] == v_t.itemsize and np.array_equal(v_t, v)
-    out, att = attention_forward(q, k, v)
-    out_t, att_t = attention_forward(q, k, v_t)
+    out, att = grouped_attention_forward(q, k, v)
+    out_t, att_t = grouped_attention_forward(q, k, v_t)
     np.testing.assert_allclose(out_t, out, rtol=0, atol=1e-12)
     np.testing.assert_array_equal(att_t.weights, att.weights)
 
@@ -244,8 +249,8 @@ def test_lever_steps_compute_the_step_and_leave_the_cache(n_kv):
     assert layer.min_stacked_rows == 8
     # the aligned lever's cache: the same keys, rows on 64-byte lines
     np.testing.assert_array_equal(aligned[1].keys, before)
-    assert aligned[1]._kt.ctypes.data % 64 == 0
-    assert aligned[1]._kt.strides[-2] % 64 == 0
+    assert aligned[1].storage.ctypes.data % 64 == 0
+    assert aligned[1].storage.strides[-2] % 64 == 0
 
 
 def test_levers_table(capsys):
@@ -284,7 +289,7 @@ def test_latent_setup_and_parts_are_the_steps_work():
     parts = bench.latent_step_parts(layer, cache)
     assert set(parts) == set(bench.PARTS)
     out, att = parts["attention"]()
-    assert out.shape == (1, 1, H, layer.d_latent_kv)
+    assert out.shape == (1, 1, H, 1, layer.d_latent_kv)
     np.testing.assert_allclose(att.weights.sum(-1), 1, rtol=1e-5)
     assert len(parts["weights"]()) == 7
     # the absorbed step is the layer's default with a cache

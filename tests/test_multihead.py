@@ -1,4 +1,5 @@
-"""Multi-head attention (chapter 2): gradients, an independent reference, bad input, and its costs."""
+"""attn_np.multihead (chapter 2): gradients, an independent reference, bad input, costs, and a
+subclass that adds a score mod and an output gate by overriding steps."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from attn_np import (
     costs,
 )
 from attn_np.bench.mha import naive_mha_backward, naive_mha_forward
+from attn_np.heads import flat, merge_groups, split_groups
 from attn_np.instruments import measure_memory, measure_peak_bytes
 from attn_np.instruments.gradcheck import TOLERANCE, check_layer_gradients
 
@@ -445,3 +447,61 @@ def test_formula_matches_tracemalloc(dtype, causal, B, L):
         formula,
     )
     assert formula <= m.peak <= 1.10 * formula + 16 * 1024, (m.peak, formula)
+
+
+# ----------------------------------------------- the seams later chapters use
+class SoftCap:
+    """A score mod (Gemma 2's soft cap, s -> c tanh(s / c)) with its twin."""
+
+    def __init__(self, cap):
+        self.cap = cap
+
+    def forward(self, s, ctx):
+        t = np.tanh(s / self.cap)
+        return self.cap * t, t
+
+    def backward(self, ds, t):
+        return ds * (1 - t * t)
+
+
+class GatedCappedAttention(GroupedQueryAttention):
+    """A chapter-10 style variant, by overriding steps only: a score mod in
+    attend, and an output gate y = (o * sigmoid(x W_g)) W_o in output."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        shape = (self.d_model, self.n_heads * self.d_v)
+        self.params["W_g"] = np.random.default_rng(9).standard_normal(shape)
+        self.grads["W_g"] = np.zeros(shape)
+
+    def attend(self, q, k, v, **where):
+        return super().attend(q, k, v, score_mods=(SoftCap(2.0),), **where)
+
+    def output(self, o, x3):
+        o = merge_groups(o)  # [B, L, h*d_v]
+        g = 1 / (1 + np.exp(-(x3 @ self.params["W_g"])))  # [B, L, h*d_v]
+        return (o * g) @ self.params["W_o"], (o, g, x3)
+
+    def output_backward(self, dy3, saved):
+        o, g, x3 = saved
+        self.grads["W_o"] = flat(o * g).T @ flat(dy3)
+        d_og = dy3 @ self.params["W_o"].T  # [B, L, h*d_v]
+        d_pre = d_og * o * g * (1 - g)  # through the sigmoid
+        self.grads["W_g"] = flat(x3).T @ flat(d_pre)
+        do = split_groups(
+            d_og * g, self.n_kv_heads, self.group_size, self.d_v
+        )
+        return do, d_pre @ self.params["W_g"].T
+
+
+def test_a_subclass_adds_a_score_mod_and_an_output_gate_through_the_steps():
+    layer = GatedCappedAttention(8, 4, 2, d_k=3, d_v=2, seed=1)
+    x = np.random.default_rng(2).standard_normal((2, 5, 8))
+    plain = GroupedQueryAttention(8, 4, 2, d_k=3, d_v=2, seed=1)
+    assert not np.allclose(
+        layer.forward(x, causal=True), plain.forward(x, causal=True)
+    )
+    errors = check_layer_gradients(layer, x, seed=3, causal=True)
+    assert set(errors) == {"x", "W_q", "W_k", "W_v", "W_o", "W_g"}
+    assert all(np.isfinite(e) for e in errors.values()), errors
+    assert max(errors.values()) < TOLERANCE, errors

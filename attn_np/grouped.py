@@ -1,0 +1,348 @@
+"""The grouped attention core: how query heads meet their key/value heads
+(chapters 2 to 4, 8 and 9; every layer calls it).
+
+``n_kv`` key/value heads each serve a group of ``G`` query heads::
+
+    q [B, n_kv, G, L_q, d_k]   k [B, n_kv, L_k, d_k]   v [B, n_kv, L_k, d_v]
+    S = q k^T * scale          -> [B, n_kv, G, L_q, L_k]
+    S = mod(S, ctx)            each score mod, in order (chapter 10)
+    P = softmax(S, allowed)    (or with a sink column, chapter 8)
+    O = P v                    -> [B, n_kv, G, L_q, d_v]
+
+Keys and values are never copied per query head. The core picks how the
+products are made: the group's ``G * L_q`` query rows stacked into one
+``[G*L_q, d_k]`` matrix per key/value head (one matmul; the backward's
+``dS^T Q`` sums the group's gradients into its key/value head), or, for a
+decode step with few rows (:func:`per_head_rows`), one product per query
+head against ``k [B, n_kv, 1, L_k, d_k]``, which BLAS may stream faster;
+``tiled=True`` runs FlashAttention's kernels (:mod:`attn_np.flash`).
+With ``causal=True`` the mask comes from positions
+(:func:`~attn_np.position_mask`: the causal rule, windows and sink tokens).
+
+A **score mod** changes the scaled scores before the mask and softmax: an
+object with ``forward(s, ctx) -> (s2, saved)`` and ``backward(ds2, saved)
+-> ds`` (or ``(ds, {name: grad})`` for a mod with parameters), where
+``s`` is ``[B, n_kv, G, L_q, L_k]`` and ``ctx`` a :class:`ScoreContext`.
+``s2`` may be ``s`` changed in place; nothing saved may alias ``s2``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._checks import (
+    as_float_array,
+    check_finite,
+    check_flag,
+    check_mask,
+    check_same_shape,
+    check_scale,
+    check_sinks,
+    check_window,
+)
+from .attention import unbroadcast
+from .flash import (
+    BLOCK_K,
+    BLOCK_Q,
+    flash_attention_backward,
+    flash_attention_forward,
+)
+from .masks import position_mask
+from .softmax import masked_softmax, sink_softmax
+
+# a group stacks its G * L_q query rows into one product from this many
+# rows on; below, one product per query head (``python -m attn_np.bench
+# decode --levers`` measures it)
+MIN_STACKED_ROWS = 8
+
+
+@dataclass(frozen=True)
+class ScoreContext:
+    """What a score mod may read: absolute positions and the head layout.
+    Query head ``kv * group_size + g`` sits at ``[:, kv, g]`` of ``s``."""
+
+    q_positions: np.ndarray  # [L_q] ints
+    k_positions: np.ndarray  # [L_k] ints
+    n_kv_heads: int
+    group_size: int
+
+
+@dataclass
+class GroupedCache:
+    """What :func:`grouped_attention_backward` needs."""
+
+    q: np.ndarray  # [B, n_kv, G, L_q, d_k]
+    k: np.ndarray  # [B, n_kv, L_k, d_k]
+    v: np.ndarray  # [B, n_kv, L_k, d_v]
+    out: np.ndarray  # [B, n_kv, G, L_q, d_v]
+    weights: np.ndarray | None  # [B, n_kv, G, L_q, L_k] (None if tiled)
+    scale: float
+    sinks: np.ndarray | None = None  # broadcasts to [B, n_kv, G, L_q, 1]
+    sink_weights: np.ndarray | None = None  # [B, n_kv, G, L_q, 1]
+    mods: list = field(default_factory=list)  # [(mod, saved), ...]
+    tiled: object = None  # the FlashCache with tiled=True
+
+
+def per_head_rows(group_size, L_q, min_stacked_rows=MIN_STACKED_ROWS):
+    """Whether a group (``G > 1``) makes one product per query head: when
+    its stacked rows ``G * L_q`` are fewer than ``min_stacked_rows``."""
+    return 1 < group_size and group_size * L_q < min_stacked_rows
+
+
+def grouped_attention_forward(
+    q,
+    k,
+    v,
+    *,
+    allowed=None,
+    causal=False,
+    window=None,
+    sink_tokens=0,
+    q_positions=None,
+    k_positions=None,
+    scale=None,
+    sinks=None,
+    score_mods=(),
+    tiled=False,
+    block_q=BLOCK_Q,
+    block_k=BLOCK_K,
+    min_stacked_rows=MIN_STACKED_ROWS,
+    check_finite=True,
+):
+    """Attention of ``G`` query heads per key/value head; ``(o, cache)``.
+
+    ``allowed`` (bool, True = may attend) broadcasts to ``[B, n_kv, G,
+    L_q, L_k]``. ``causal=True`` adds :func:`~attn_np.position_mask` of
+    ``q_positions [L_q]`` and ``k_positions [L_k]`` (default: the last
+    query aligned with the last key) with ``window`` and ``sink_tokens``.
+    ``sinks`` (broadcastable to ``[B, n_kv, G, L_q, 1]``) are sink logits.
+    ``score_mods`` change the scaled scores (module docstring).
+    ``tiled=True`` runs FlashAttention's kernels: no weights kept, and only
+    ``causal`` and ``window`` (no mask, sinks or mods). ``check_finite``
+    refuses NaN or inf in ``q``, ``k`` and ``v``; a layer checks its input
+    once and passes False (a decode step would re-read its whole cache).
+    A query with no key to attend gets zeros (with a sink: all mass on it).
+    """
+    q, k, v, scale = _check_qkv(q, k, v, scale, check_finite)
+    B, n_kv, G, L_q, d_k = q.shape
+    L_k = k.shape[2]
+    window = check_window(window, check_flag(causal, "causal"))
+    pos = None  # None: the last query at the last key's position
+    if q_positions is not None or k_positions is not None:
+        pos = _positions(q_positions, k_positions, L_q, L_k)  # [L_q], [L_k]
+    if check_flag(tiled, "tiled"):  # chapter 9: by tiles, O(L) memory
+        check_tiled(allowed, sinks, score_mods, sink_tokens, pos)
+        return grouped_tiled_forward(
+            q, k, v, causal, window, scale, block_q, block_k
+        )
+    full = (B, n_kv, G, L_q, L_k)
+    if allowed is not None:
+        allowed = check_mask(allowed, full, "[B, n_kv, G, L_q, L_k]")
+    if causal:  # the causal rule, from positions: [L_q, L_k] or None
+        c = _causal(pos, L_q, L_k, window, sink_tokens)
+        if c is not None:
+            allowed = c if allowed is None else allowed & c
+    per_head = per_head_rows(G, L_q, min_stacked_rows)
+    qs = q * scale  # [B, n_kv, G, L_q, d_k]
+    if per_head:  # one product per query head, k broadcast over G:
+        # [.., G, L_q, d_k] @ [.., 1, d_k, L_k] -> [.., G, L_q, L_k]
+        s = qs @ k[:, :, None].swapaxes(-1, -2)
+    else:  # a group's rows stacked, one product per key/value head:
+        # [.., G*L_q, d_k] @ [.., d_k, L_k] -> [.., G*L_q, L_k]
+        s = qs.reshape(B, n_kv, G * L_q, d_k) @ k.swapaxes(-1, -2)
+        s = s.reshape(full)  # a view: [B, n_kv, G, L_q, L_k]
+    mods = []
+    if score_mods:  # chapter 10: soft caps, biases, ...
+        pos = pos or _positions(None, None, L_q, L_k)
+        ctx = ScoreContext(*pos, n_kv, G)
+    for mod in score_mods:
+        s, saved = mod.forward(s, ctx)
+        mods.append((mod, saved))
+    p_sink = None
+    if sinks is None:  # [B, n_kv, G, L_q, L_k], in the scores' memory
+        p = masked_softmax(s, allowed, -1, overwrite=True)
+    else:  # chapter 8: one more softmax column per row, without a value
+        sinks = check_sinks(sinks, full[:-1] + (1,), "[B, n_kv, G, L_q, 1]")
+        p, p_sink = sink_softmax(s, sinks, allowed, overwrite=True)
+    o = _weighted_values(p, v, per_head)  # [B, n_kv, G, L_q, d_v]
+    cache = GroupedCache(q, k, v, o, p, scale, sinks, p_sink, mods)
+    return o, cache
+
+
+def grouped_attention_backward(do, cache: GroupedCache) -> dict:
+    """``{"q", "k", "v"}`` gradients with their inputs' shapes (``dk``,
+    ``dv`` summed over each group), plus ``"sinks"`` and every score mod's
+    parameter gradients when present. The stacked products throughout."""
+    c = cache
+    do = as_float_array(do, "do")
+    check_same_shape(do, "do", c.out.shape, "the attention output")
+    if c.tiled is not None:  # FlashAttention's backward, by tiles
+        dq, dk, dv = flash_attention_backward(do, c.tiled)
+        return {"q": dq, "k": dk[:, :, 0], "v": dv[:, :, 0]}
+    B, n_kv, G, L_q, d_k = c.q.shape
+    L_k, d_v = c.k.shape[2], c.v.shape[3]
+    p = c.weights.reshape(B, n_kv, G * L_q, L_k)  # a view
+    do4 = do.reshape(B, n_kv, G * L_q, d_v)
+    # [.., L_k, G*L_q] @ [.., G*L_q, d_v] -> [.., L_k, d_v]: the group summed
+    dv = p.swapaxes(-1, -2) @ do4
+    # dP: [.., G*L_q, d_v] @ [.., d_v, L_k] -> [.., G*L_q, L_k]
+    ds = do4 @ c.v.swapaxes(-1, -2)
+    # rowsum(P*dP) = rowsum(dO*O): [B, n_kv, G*L_q, 1]
+    inner = np.sum(do4 * c.out.reshape(do4.shape), axis=-1, keepdims=True)
+    ds -= inner
+    ds *= p  # dS = P * (dP - rowsum), zero wherever P is zero
+    grads = {}
+    ds5 = ds.reshape(B, n_kv, G, L_q, L_k)
+    for mod, saved in reversed(c.mods):
+        ds5 = mod.backward(ds5, saved)
+        if isinstance(ds5, tuple):  # a mod with parameters
+            ds5, mod_grads = ds5
+            grads.update(mod_grads)
+    ds = ds5.reshape(B, n_kv, G * L_q, L_k)
+    # [.., G*L_q, L_k] @ [.., L_k, d_k] -> [B, n_kv, G, L_q, d_k]
+    dq = ((ds @ c.k) * c.scale).reshape(c.q.shape)
+    # [.., L_k, G*L_q] @ [.., G*L_q, d_k] -> [.., L_k, d_k]: the group summed
+    dk = (ds.swapaxes(-1, -2) @ c.q.reshape(B, n_kv, G * L_q, d_k)) * c.scale
+    grads.update(q=dq, k=dk, v=dv)
+    if c.sinks is not None:  # da = p_sink * (0 - rowsum): [.., G, L_q, 1]
+        da = -c.sink_weights * inner.reshape(B, n_kv, G, L_q, 1)
+        grads["sinks"] = unbroadcast(da, c.sinks.shape)
+    return grads
+
+
+def group_mask(mask, B, n_heads, n_kv, L_q, L_k):
+    """A layer's ``mask`` (broadcastable to ``[B, n_heads, L_q, L_k]``) laid
+    out for the core, ``[.., n_kv, G, L_q, L_k]`` (views, no copy); None
+    stays None."""
+    if mask is None:
+        return None
+    m = check_mask(mask, (B, n_heads, L_q, L_k), "[B, n_heads, L_q, L_k]")
+    if m.ndim <= 2:  # the same for every head: broadcasts as it is
+        return m
+    m = m.reshape((1,) * (4 - m.ndim) + m.shape)  # [B|1, h|1, L_q, L_k]
+    if m.shape[1] == 1:  # the same for every head of a batch row
+        return m[:, :, None]  # [B|1, 1, 1, L_q, L_k]
+    # head i = kv*G + g: [B|1, n_kv, G, L_q, L_k]
+    return m.reshape(m.shape[0], n_kv, n_heads // n_kv, *m.shape[2:])
+
+
+def _weighted_values(p, v, per_head):
+    """``O = P V`` for ``p [B, n_kv, G, L_q, L_k]``; with ``V`` stored
+    transposed (a KV cache) as ``(V^T P^T)^T``, the same numbers: with few
+    rows in P (a decode step) BLAS streams the rows of V^T far faster."""
+    B, n_kv, G, L_q, L_k = p.shape
+    if v.strides[-2] == v.itemsize:  # V stored transposed
+        vt = v.swapaxes(-1, -2)  # [B, n_kv, d_v, L_k], contiguous rows
+        if per_head:
+            # [.., 1, d_v, L_k] @ [.., G, L_k, L_q] -> [.., G, d_v, L_q]
+            return (vt[:, :, None] @ p.swapaxes(-1, -2)).swapaxes(-1, -2)
+        p4 = p.reshape(B, n_kv, G * L_q, L_k)
+        # [.., d_v, L_k] @ [.., L_k, G*L_q] -> [.., d_v, G*L_q], transposed
+        o = (vt @ p4.swapaxes(-1, -2)).swapaxes(-1, -2)
+        return o.reshape(B, n_kv, G, L_q, -1)  # a view
+    if per_head:
+        # [.., G, L_q, L_k] @ [.., 1, L_k, d_v] -> [.., G, L_q, d_v]
+        return p @ v[:, :, None]
+    # [.., G*L_q, L_k] @ [.., L_k, d_v] -> [.., G*L_q, d_v]
+    o = p.reshape(B, n_kv, G * L_q, L_k) @ v
+    return o.reshape(B, n_kv, G, L_q, -1)
+
+
+def check_tiled(allowed, sinks, score_mods, sink_tokens, positions):
+    """Refuse what the tiled kernels cannot do, naming it."""
+    unsupported = {
+        "mask": allowed is not None,
+        "sinks": sinks is not None,
+        "score_mods": len(score_mods) > 0,
+        "sink_tokens (a StreamingLLM cache)": sink_tokens != 0,
+        "positions that skip (keys) or end elsewhere (queries)": (
+            positions is not None and not _consecutive(*positions)
+        ),
+    }
+    for what, bad in unsupported.items():
+        if bad:
+            raise ValueError(
+                f"{what} is not supported with flash=True (the core's "
+                "tiled=True): the tiled kernels take causal=True/False and "
+                "a window only"
+            )
+
+
+def grouped_tiled_forward(q, k, v, causal, window, scale, block_q, block_k):
+    """Chapter 9's kernels on the grouped layout: ``q [B, n_kv, G, L_q,
+    d_k]`` against ``k, v [B, n_kv, 1, L_k, d]`` (views, no copy)."""
+    o, fc = flash_attention_forward(
+        q,
+        k[:, :, None],
+        v[:, :, None],
+        causal=causal,
+        scale=scale,
+        window=window,
+        block_q=block_q,
+        block_k=block_k,
+        check_finite=False,
+    )  # [B, n_kv, G, L_q, d_v]
+    return o, GroupedCache(q, k, v, o, None, scale, tiled=fc)
+
+
+def _causal(pos, L_q, L_k, window, sink_tokens):
+    """:func:`~attn_np.position_mask` of the positions ``pos`` (None: the
+    last query at the last key's), ``[L_q, L_k]``, or None where it allows
+    every key (one query at the last key and no window cutting in)."""
+    if pos is None and L_q == 1 and (window is None or window >= L_k):
+        return None  # a decode step needs no mask
+    q_pos, k_pos = pos or _positions(None, None, L_q, L_k)
+    c = position_mask(q_pos, k_pos, window=window, sink_tokens=sink_tokens)
+    return None if c.all() else c
+
+
+def _consecutive(q_pos, k_pos):
+    """Keys at consecutive positions, the last query at the last key's."""
+    want_k = k_pos[0] + np.arange(len(k_pos))
+    want_q = want_k[-1] + 1 - len(q_pos) + np.arange(len(q_pos))
+    return np.array_equal(k_pos, want_k) and np.array_equal(q_pos, want_q)
+
+
+def _positions(q_positions, k_positions, L_q, L_k):
+    """Absolute positions ``[L_q]`` and ``[L_k]``; by default the last
+    query sits at the last key's position."""
+    k_pos = np.arange(L_k) if k_positions is None else k_positions
+    if q_positions is None:
+        q_positions = np.arange(L_q) + (k_pos[-1] + 1 - L_q)
+    q_pos, k_pos = np.asarray(q_positions), np.asarray(k_pos)
+    for name, pos, n in (
+        ("q_positions", q_pos, L_q),
+        ("k_positions", k_pos, L_k),
+    ):
+        if pos.shape != (n,) or not np.issubdtype(pos.dtype, np.integer):
+            raise ValueError(
+                f"{name} must be {n} integer positions, got "
+                f"{pos.dtype} of shape {pos.shape}"
+            )
+    return q_pos, k_pos
+
+
+def _check_qkv(q, k, v, scale, finite):
+    """``q [B, n_kv, G, L_q, d_k]``, ``k [B, n_kv, L_k, d_k]``, ``v [B,
+    n_kv, L_k, d_v]`` that fit together, and the scale."""
+    q = as_float_array(q, "q")
+    k = as_float_array(k, "k")
+    v = as_float_array(v, "v")
+    ok = (
+        q.ndim == 5
+        and k.ndim == v.ndim == 4
+        and q.shape[:2] == k.shape[:2] == v.shape[:2]
+        and q.shape[-1] == k.shape[-1] > 0
+        and k.shape[2] == v.shape[2] > 0
+    )
+    if not ok:
+        raise ValueError(
+            "q, k and v must be [B, n_kv, G, L_q, d_k], [B, n_kv, L_k, "
+            "d_k] and [B, n_kv, L_k, d_v] with L_k, d_k >= 1, got q "
+            f"{q.shape}, k {k.shape} and v {v.shape}"
+        )
+    for name, t in (("q", q), ("k", k), ("v", v)) if finite else ():
+        check_finite(t, name)
+    return q, k, v, check_scale(scale, q.shape[-1])

@@ -1,0 +1,46 @@
+"""Heads: split a projection into heads and merge them back (chapters 2, 3
+and 7).
+
+Head ``i`` owns columns ``i*d:(i+1)*d`` of a projection. Grouped layouts
+number query head ``kv*G + g``: group ``kv`` (the key/value head it reads),
+member ``g``. Every split returns a contiguous array, so that the matrices
+that meet in a matmul are contiguous (a strided 4-D view can fall off BLAS).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def split_heads(t, n, d):
+    """``[B, L, n*d] -> [B, n, L, d]``: head ``i`` is columns ``i*d ...``."""
+    B, L, _ = t.shape
+    # [B, L, n, d] -> [B, n, L, d]
+    return np.ascontiguousarray(t.reshape(B, L, n, d).transpose(0, 2, 1, 3))
+
+
+def merge_heads(t):
+    """``[B, n, L, d] -> [B, L, n*d]``: concatenate heads, the inverse of
+    :func:`split_heads`."""
+    B, n, L, d = t.shape
+    return t.transpose(0, 2, 1, 3).reshape(B, L, n * d)  # [B, L, n*d]
+
+
+def split_groups(t, n_kv, G, d):
+    """``[B, L, n_kv*G*d] -> [B, n_kv, G, L, d]``: query head ``kv*G + g``
+    is member ``g`` of group ``kv``."""
+    B, L, _ = t.shape
+    # [B, n_kv*G, L, d] -> [B, n_kv, G, L, d], a view
+    return split_heads(t, n_kv * G, d).reshape(B, n_kv, G, L, d)
+
+
+def merge_groups(t):
+    """``[B, n_kv, G, L, d] -> [B, L, n_kv*G*d]``, the inverse of
+    :func:`split_groups`."""
+    B, n_kv, G, L, d = t.shape
+    return merge_heads(t.reshape(B, n_kv * G, L, d))  # [B, L, h*d]
+
+
+def flat(t):
+    """``[B, L, n] -> [B*L, n]``: positions as the rows of one matrix."""
+    return t.reshape(-1, t.shape[-1])

@@ -1,0 +1,51 @@
+"""RMSNorm, forward and backward (chapter 5; MLA's latent norm in chapter 7).
+
+Zhang & Sennrich (2019), over the last axis, with a learned gain ``g``::
+
+    y = g * x * r,        r = 1 / sqrt(mean(x^2) + eps)
+    dx = r * (u - x * r^2 * mean(u * x)),   u = dy * g
+    dg = sum_rows dy * x * r
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._checks import as_float_array, check_upstream
+
+
+@dataclass
+class RMSNormCache:
+    x: np.ndarray  # [..., d]
+    r: np.ndarray  # [..., 1]: 1 / rms(x)
+    g: np.ndarray  # [d]
+
+
+def rmsnorm_forward(x, g, *, eps: float = 1e-6):
+    """RMSNorm (Zhang & Sennrich 2019): ``y = g * x / sqrt(mean(x^2) + eps)``
+    over the last axis."""
+    x = as_float_array(x, "x", min_ndim=1)
+    g = as_float_array(g, "g", min_ndim=1)
+    if g.shape != x.shape[-1:]:
+        raise ValueError(
+            f"g must have shape {x.shape[-1:]} (the last axis of x "
+            f"{x.shape}), got {g.shape}"
+        )
+    # [..., d] -> [..., 1]
+    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    y = x * r * g  # [..., d] * [..., 1] * [d] -> [..., d]
+    return y, RMSNormCache(x=x, r=r, g=g)
+
+
+def rmsnorm_backward(dy, cache: RMSNormCache):
+    """``(dx, dg)``. With ``u = dy * g``: ``dx = r * (u - x * r^2 * mean(u *
+    x))``, ``dg = sum dy * x * r``."""
+    x, r, g = cache.x, cache.r, cache.g
+    dy = check_upstream(dy, "dy", x.shape, "the RMSNorm output")
+    u = dy * g  # dL/d(x r): [..., d]
+    # [..., d]
+    dx = r * (u - x * (r * r) * np.mean(u * x, axis=-1, keepdims=True))
+    dg = (dy * x * r).reshape(-1, x.shape[-1]).sum(axis=0)  # [N, d] -> [d]
+    return dx, dg
