@@ -185,7 +185,6 @@ class MultiHeadLatentAttention:
                 self.params["g_q"] = np.ones(d_cq, dtype=dtype)
             self.params["g_kv"] = np.ones(d_c, dtype=dtype)
         self.grads = {k: np.zeros_like(p) for k, p in self.params.items()}
-        self.rotary = Rotary(rope_base, rope_layout)  # chapter 6's turn
         self._att = None  # the core's cache of the last forward
         self._cache = None
 
@@ -201,6 +200,12 @@ class MultiHeadLatentAttention:
     @property
     def n_params(self) -> int:
         return sum(p.size for p in self.params.values())
+
+    @property
+    def rotary(self):
+        """Chapter 6's rotation with this layer's RoPE settings (read each
+        time, as for the other layers)."""
+        return Rotary(self.rope_base, self.rope_layout)
 
     @property
     def attention_weights(self):

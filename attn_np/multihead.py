@@ -93,11 +93,6 @@ class GroupedQueryAttention:
         self.rope_base, self.rope_layout, self.rope_dim = (
             check_rope_settings(rope_base, rope_layout, rope_dim, d_k)
         )
-        self.rotary = (  # chapter 6's rotation, or None
-            None
-            if self.rope_base is None
-            else Rotary(self.rope_base, self.rope_layout, self.rope_dim)
-        )
         self.d_model, self.n_heads = d_model, n_heads
         self.n_kv_heads, self.d_k, self.d_v = n_kv_heads, d_k, d_v
         self.group_size = n_heads // n_kv_heads
@@ -164,6 +159,15 @@ class GroupedQueryAttention:
             "sinks": "sinks" in self.params,
             "flash": self.flash,
         }
+
+    @property
+    def rotary(self):
+        """Chapter 6's rotation with this layer's RoPE settings (read each
+        time, so that changing ``rope_base`` or ``rope_layout`` takes
+        effect), or None without RoPE."""
+        if self.rope_base is None:
+            return None
+        return Rotary(self.rope_base, self.rope_layout, self.rope_dim)
 
     @property
     def attention_weights(self):
@@ -306,9 +310,9 @@ class GroupedQueryAttention:
         do, dx_out = self.output_backward(dy.reshape(B, L, self.d_model), o)
         g = grouped_attention_backward(do, att)  # dk, dv summed per group
         for name in g.keys() - {"q", "k", "v"}:  # sinks, score mods' params
-            self.grads[name] = g[name].reshape(self.params[name].shape)
-        dq, dk = self.position_backward(g["q"], g["k"], rope)
-        dx = self.project_backward(x3, dq, dk, g["v"])
+            self.grads[name] = g.pop(name).reshape(self.params[name].shape)
+        self.position_backward(g, rope)  # g["q"], g["k"] turned back
+        dx = self.project_backward(x3, g)  # consumes g
         if dx_out is not None:  # an output step that reads x
             dx = dx + dx_out
         return dx[0] if unbatched else dx
@@ -323,23 +327,25 @@ class GroupedQueryAttention:
         G, d_v = self.group_size, self.d_v
         return split_groups(do, self.n_kv_heads, G, d_v), None
 
-    def position_backward(self, dq, dk, rope):
-        """The twin of :meth:`position`: rotate the gradients back, by
-        ``-theta``."""
+    def position_backward(self, g, rope):
+        """The twin of :meth:`position`: rotate the gradients ``g["q"]``
+        and ``g["k"]`` back, by ``-theta`` (in ``g``, so that the old
+        arrays are freed at once)."""
         if rope is None:
-            return dq, dk
+            return
         q_rope, k_rope = rope
-        return self.rotary.backward(dq, q_rope), self.rotary.backward(
-            dk, k_rope
-        )
+        g["q"] = self.rotary.backward(g["q"], q_rope)
+        g["k"] = self.rotary.backward(g["k"], k_rope)
 
-    def project_backward(self, x3, dq, dk, dv):
+    def project_backward(self, x3, g):
         """The twin of :meth:`project`: ``dW_q``, ``dW_k``, ``dW_v`` and
-        ``dx [B, L, d_model]`` (three paths into x)."""
+        ``dx [B, L, d_model]`` (three paths into x), from the gradients
+        ``g`` of q, k and v (taken out of ``g`` as they are used)."""
         W = self.params
-        dq = merge_groups(dq)  # [B, n_kv, G, L, d_k] -> [B, L, h*d_k]
-        dk = merge_heads(dk)  # [B, n_kv, L, d_k] -> [B, L, n_kv*d_k]
-        dv = merge_heads(dv)  # [B, n_kv, L, d_v] -> [B, L, n_kv*d_v]
+        # [B, n_kv, G, L, d_k] -> [B, L, h*d_k]; k, v: [B, n_kv, L, d] ->
+        # [B, L, n_kv*d]
+        dq = merge_groups(g.pop("q"))
+        dk, dv = merge_heads(g.pop("k")), merge_heads(g.pop("v"))
         xf = flat(x3)  # [B*L, d_model]
         # [d_model, B*L] @ [B*L, h*d_k] -> [d_model, h*d_k]
         self.grads["W_q"] = xf.T @ flat(dq)
