@@ -26,7 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import check_positive_int, check_upstream
+from ._checks import (
+    check_count,
+    check_flag,
+    check_positive_int,
+    check_upstream,
+)
 from .attention import (
     _check_inputs,
     check_window,
@@ -66,7 +71,11 @@ def block_plan(L_q, L_k, block_q, block_k, *, causal=False, window=None):
     query aligns with the last key) and may attend key ``c`` iff
     ``c <= p`` (causal) and ``c > p - window`` (window).
     """
-    window = check_window(window, causal)
+    L_q = check_count(L_q, "L_q", minimum=0)
+    L_k = check_count(L_k, "L_k")
+    block_q, block_k, window = _check_tiles(
+        L_q, L_k, block_q, block_k, causal, window
+    )
     r0 = np.arange(0, L_q, block_q)[:, None]  # first row of a tile
     r1 = np.minimum(r0 + block_q, L_q) - 1  # last row of a tile
     c0 = np.arange(0, L_k, block_k)[None, :]  # first key of a tile
@@ -103,6 +112,13 @@ def flash_attention_flops(
     (chapter 1) compute every pair: ``2 L_q L_k (d_k + d_v)`` forward
     and twice that backward. ``batch`` multiplies everything.
     """
+    L_q = check_count(L_q, "L_q", minimum=0)
+    L_k = check_count(L_k, "L_k")
+    d_k, d_v = check_count(d_k, "d_k"), check_count(d_v, "d_v")
+    batch = check_count(batch, "batch")
+    block_q, block_k, window = _check_tiles(
+        L_q, L_k, block_q, block_k, causal, window
+    )
     plan = block_plan(
         L_q, L_k, block_q, block_k, causal=causal, window=window
     )
@@ -147,9 +163,9 @@ def flash_attention_forward(
     q, k, v, _, scale = _check_inputs(
         q, k, v, None, False, scale, check_finite
     )
-    window = check_window(window, causal)
-    block_q = check_positive_int(block_q, "block_q")
-    block_k = check_positive_int(block_k, "block_k")
+    block_q, block_k, window = _check_tiles(
+        q.shape[-2], k.shape[-2], block_q, block_k, causal, window
+    )
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     L_q, L_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     dt = np.result_type(q, k, v)
@@ -258,6 +274,18 @@ def flash_attention_backward(dout, cache: FlashCache):
         dv[..., c0:c1, :] = unbroadcast(dv_j, v.shape[:-2] + (c1 - c0, d_v))
     dq *= scale  # dQ = dS K * scale
     return unbroadcast(dq, q.shape), dk, dv
+
+
+def _check_tiles(L_q, L_k, block_q, block_k, causal, window):
+    """Checked tile sizes and window, each cut to what the scores hold
+    (a tile or window larger than them means the same thing, and a Python
+    int beyond int64 such as ``2**63`` never reaches NumPy)."""
+    window = check_window(window, check_flag(causal, "causal"))
+    block_q = min(check_positive_int(block_q, "block_q"), max(L_q, 1))
+    block_k = min(check_positive_int(block_k, "block_k"), max(L_k, 1))
+    if window is not None:
+        window = min(window, L_q + L_k)
+    return block_q, block_k, window
 
 
 def _tile_mask(r0, r1, c0, c1, L_q, L_k, window):
