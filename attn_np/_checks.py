@@ -300,17 +300,25 @@ def check_layer_input(x, d_model: int, name: str = "x"):
     return (x[None], True) if x.ndim == 2 else (x, False)
 
 
-def check_scores(s: np.ndarray, scale: float, what: str = "scores") -> None:
+def check_scores(
+    s: np.ndarray, scale: float, what: str = "scores q k^T * scale"
+) -> None:
     """Refuse scores that overflowed: finite ``q``, ``k`` and ``scale``
     whose products exceed the dtype's range give inf, and softmax turns
     inf into NaN. Named with the scale and the dtype's largest number."""
-    if not np.all(np.isfinite(s)):
+    if not all_finite(s):
         big = np.finfo(s.dtype).max
         raise ValueError(
-            f"the {what} q k^T * scale overflowed (inf or NaN) in "
+            f"the {what} overflowed (inf or NaN) in "
             f"{s.dtype} (largest {big:.3g}) with scale={scale!r}: scale "
             "the queries and keys down, or use float64"
         )
+
+
+def all_finite(a: np.ndarray) -> bool:
+    """No NaN or inf in ``a``, found by two reductions that allocate
+    nothing as large as ``a`` (NaN propagates through max and min)."""
+    return a.size == 0 or bool(np.isfinite(a.max()) and np.isfinite(a.min()))
 
 
 def fingerprint(*arrays) -> tuple:
@@ -335,3 +343,13 @@ def check_unchanged(saved: tuple, arrays: dict, where: str) -> None:
                 "reads the arrays the forward saw (they are not copied); "
                 "copy them before changing them, or run the forward again"
             )
+
+
+def check_overflow(a: np.ndarray, what: str, cause: str) -> None:
+    """Refuse a result that overflowed to inf or NaN from finite inputs,
+    naming it, the dtype and the input that was too large (``cause``)."""
+    if not all_finite(a):
+        raise ValueError(
+            f"{what} overflowed (inf or NaN) in {a.dtype} (largest "
+            f"{np.finfo(a.dtype).max:.3g}): {cause}"
+        )
