@@ -92,8 +92,9 @@ def attention_forward(q, k, v, *, mask=None, causal=False, scale=None):
     kept), instead of returning wrong gradients.
     """
     q, k, v, allowed, scale = _check_inputs(q, k, v, mask, causal, scale)
-    # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]
-    scores = (q * scale) @ k.swapaxes(-1, -2)
+    with np.errstate(over="ignore", invalid="ignore"):  # checked below
+        # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]
+        scores = (q * scale) @ k.swapaxes(-1, -2)
     check_scores(scores, scale)
     # [..., L_q, L_k]: the scores' own memory becomes P
     p = masked_softmax(scores, allowed, -1, overwrite=True)

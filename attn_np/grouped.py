@@ -136,11 +136,13 @@ def grouped_attention_forward(
     """
     finite = check_flag(check_finite, "check_finite")
     q, k, v, scale = _check_qkv(q, k, v, scale, finite)
-    o, cache = _forward(
-        q, k, v, allowed, causal, window, sink_tokens, q_positions,
-        k_positions, scale, sinks, score_mods, tiled, block_q, block_k,
-        min_stacked_rows,
-    )  # fmt: skip
+    # overflow is not a warning but a ValueError naming the scores
+    with np.errstate(over="ignore", invalid="ignore"):
+        o, cache = _forward(
+            q, k, v, allowed, causal, window, sink_tokens, q_positions,
+            k_positions, scale, sinks, score_mods, tiled, block_q, block_k,
+            min_stacked_rows,
+        )  # fmt: skip
     check_scores(o, scale, "output P v (of the scores q k^T * scale)")
     o.flags.writeable = False  # the cache's own: not to be changed
     if finite:

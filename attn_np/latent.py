@@ -274,7 +274,8 @@ class MultiHeadLatentAttention:
                 q_c, q_r, rows[..., :d_c], rows[..., d_c:], where
             )
         o = merge_heads(o)  # [B, h, L, d_v] -> [B, L, h*d_v]
-        y = o @ self.params["W_o"]  # [B, L, h*d_v] @ [h*d_v, d] -> [B, L, d]
+        with np.errstate(over="ignore", invalid="ignore"):  # checked:
+            y = o @ self.params["W_o"]  # [B, L, h*d_v] @ [h*d_v, d]
         check_overflow(y, "y", "x or the weights are too large")
         self._cache = None  # the absorbed and cached paths: inference only
         if not absorb and kv_cache is None:

@@ -233,7 +233,8 @@ class GroupedQueryAttention:
             q, k, v, where = kv_cache.step(q, k, v, self.rotary)
         # [B, n_kv, G, L, d_v]
         o, self._att = self.attend(q, k, v, mask=mask, **where)
-        y, out = self.output(o, x3)  # [B, L, d_model]
+        with np.errstate(over="ignore", invalid="ignore"):  # checked:
+            y, out = self.output(o, x3)  # [B, L, d_model]
         check_overflow(y, "y", "x or the weights are too large")
         self._cache = (
             None

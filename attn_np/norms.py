@@ -43,7 +43,8 @@ def rmsnorm_forward(x, g, *, eps: float = 1e-6):
             f"{x.shape}), got {g.shape}"
         )
     # [..., d] -> [..., 1]
-    ms = np.mean(x * x, axis=-1, keepdims=True) + eps
+    with np.errstate(over="ignore"):  # checked below
+        ms = np.mean(x * x, axis=-1, keepdims=True) + eps
     check_overflow(ms, "mean(x^2)", "x is too large for the dtype")
     r = 1.0 / np.sqrt(ms)
     y = x * r * g  # [..., d] * [..., 1] * [d] -> [..., d]

@@ -86,7 +86,8 @@ def rope_forward(
     _check_layout(layout)
     p = _check_positions(positions, L, x.shape)
     theta = rope_frequencies(r, base=base)  # [r/2]
-    angles = p[:, None] * theta[None, :]  # [L, 1] * [1, r/2] -> [L, r/2]
+    with np.errstate(over="ignore"):  # checked below
+        angles = p[:, None] * theta[None, :]  # [L, 1] * [1, r/2] -> [L, r/2]
     if not np.all(np.isfinite(angles)):
         raise ValueError(
             f"positions times the frequencies of base={base!r} overflow "

@@ -47,8 +47,9 @@ def window_attention_forward(
     q, k, v, allowed, scale = _check_inputs(
         q, k, v, mask, causal, scale, window=window
     )
-    # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]
-    scores = (q * scale) @ k.swapaxes(-1, -2)
+    with np.errstate(over="ignore", invalid="ignore"):  # checked below
+        # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]
+        scores = (q * scale) @ k.swapaxes(-1, -2)
     check_scores(scores, scale)
     p_sink = None
     if sinks is None:
