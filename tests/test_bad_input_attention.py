@@ -429,3 +429,14 @@ def test_shapes_either_fit_or_are_named(L_q, L_k, d_q, d_k):
     else:
         with pytest.raises(ValueError, match="q and k|k and v"):
             attention_forward(q, k, v)
+
+
+def test_head_helpers_name_the_shape_they_need():
+    from attn_np.heads import merge_groups, merge_heads, split_heads
+
+    with pytest.raises(ValueError, match="t must be \\[B, L, n\\*d\\]"):
+        split_heads(np.ones((1, 3, 7)), 2, 4)
+    with pytest.raises(ValueError, match="t must be \\[B, n, L, d\\]"):
+        merge_heads(np.ones((3, 4)))
+    with pytest.raises(ValueError, match="t must be \\[B, n_kv, G, L, d\\]"):
+        merge_groups(np.ones((1, 3, 4)))
