@@ -166,6 +166,8 @@ def flash_attention_forward(
     block_q, block_k, window = _check_tiles(
         q.shape[-2], k.shape[-2], block_q, block_k, causal, window
     )
+    if check_finite:  # the caller's own call (the core checks its output)
+        _check_score_bound(q, k, scale)
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     L_q, L_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     dt = np.result_type(q, k, v)
@@ -286,6 +288,20 @@ def _check_tiles(L_q, L_k, block_q, block_k, causal, window):
     if window is not None:
         window = min(window, L_q + L_k)
     return block_q, block_k, window
+
+
+def _check_score_bound(q, k, scale):
+    """Refuse inputs whose scores could overflow inside the tiles, where
+    no check looks: ``|s| <= scale * d_k * max|q| * max|k|``."""
+    big = np.finfo(np.result_type(q, k)).max
+    mq = max(abs(float(q.max(initial=0))), abs(float(q.min(initial=0))))
+    mk = max(abs(float(k.max(initial=0))), abs(float(k.min(initial=0))))
+    if scale * q.shape[-1] * mq * mk >= big:
+        raise ValueError(
+            f"the scores q k^T * scale may overflow in {q.dtype} (largest "
+            f"{big:.3g}) with scale={scale!r}, max|q|={mq:.3g} and "
+            f"max|k|={mk:.3g}: scale the queries and keys down"
+        )
 
 
 def _tile_mask(r0, r1, c0, c1, L_q, L_k, window):

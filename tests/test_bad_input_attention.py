@@ -440,3 +440,11 @@ def test_head_helpers_name_the_shape_they_need():
         merge_heads(np.ones((3, 4)))
     with pytest.raises(ValueError, match="t must be \\[B, n_kv, G, L, d\\]"):
         merge_groups(np.ones((1, 3, 4)))
+
+
+def test_flash_refuses_scores_that_may_overflow():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="scores q k\\^T \\* scale may"):
+        flash_attention_forward(q * 1e200, k * 1e200, v)
+    out, _ = flash_attention_forward(q * 1e100, k * 1e-100, v)
+    assert np.isfinite(out).all()
