@@ -9,6 +9,7 @@ the reader.
 from __future__ import annotations
 
 import math
+import zlib
 
 import numpy as np
 
@@ -20,8 +21,15 @@ def as_float_array(x, name: str, *, min_ndim: int = 0) -> np.ndarray:
     are refused with a ``TypeError`` because silently promoting them hides
     bugs (integer attention weights are always a mistake).
     """
-    arr = np.asarray(x)
-    if not np.issubdtype(arr.dtype, np.floating):
+    try:
+        arr = np.asarray(x)
+    except ValueError:  # a ragged list
+        raise ValueError(
+            f"{name} must be a rectangular array, got a ragged "
+            f"{type(x).__name__} (rows of different lengths)"
+        ) from None
+    if arr.dtype not in (np.float32, np.float64):
+        # float16's largest number is 65504: its scores overflow at once
         raise TypeError(
             f"{name} must be a floating-point array (float32 or float64), "
             f"got dtype {arr.dtype}"
@@ -109,7 +117,7 @@ def check_positive_number(value, name: str) -> float:
     """A positive finite real number, or raise naming ``name``."""
     try:
         x = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # 10**400 too
         x = float("nan")
     if isinstance(value, bool) or not (math.isfinite(x) and x > 0):
         raise ValueError(
@@ -170,6 +178,7 @@ def check_upstream(dout, name: str, expected, what: str) -> np.ndarray:
     to (``what``), or raise naming both shapes."""
     dout = as_float_array(dout, name)
     check_same_shape(dout, name, expected, what)
+    check_finite(dout, name)
     return dout
 
 
@@ -227,10 +236,14 @@ def check_scale(scale, d_k: int) -> float:
     else a positive finite number."""
     if scale is None:
         return 1.0 / math.sqrt(d_k)
+    try:  # a Python int beyond float range is not a scale either
+        x = float(scale)
+    except (TypeError, ValueError, OverflowError):
+        x = float("nan")
     if (
         isinstance(scale, bool)
         or not isinstance(scale, (int, float, np.floating, np.integer))
-        or not (math.isfinite(scale) and scale > 0)
+        or not (math.isfinite(x) and x > 0)
     ):
         raise ValueError(
             f"scale must be a positive finite number, got {scale!r}"
@@ -285,3 +298,58 @@ def check_layer_input(x, d_model: int, name: str = "x"):
             f"{name} must hold at least one position, got shape {x.shape}"
         )
     return (x[None], True) if x.ndim == 2 else (x, False)
+
+
+def check_scores(
+    s: np.ndarray, scale: float, what: str = "scores q k^T * scale"
+) -> None:
+    """Refuse scores that overflowed: finite ``q``, ``k`` and ``scale``
+    whose products exceed the dtype's range give inf, and softmax turns
+    inf into NaN. Named with the scale and the dtype's largest number."""
+    if not all_finite(s):
+        big = np.finfo(s.dtype).max
+        raise ValueError(
+            f"the {what} overflowed (inf or NaN) in "
+            f"{s.dtype} (largest {big:.3g}) with scale={scale!r}: scale "
+            "the queries and keys down, or use float64"
+        )
+
+
+def all_finite(a: np.ndarray) -> bool:
+    """No NaN or inf in ``a``, found by two reductions that allocate
+    nothing as large as ``a`` (NaN propagates through max and min)."""
+    return a.size == 0 or bool(np.isfinite(a.max()) and np.isfinite(a.min()))
+
+
+def fingerprint(*arrays) -> tuple:
+    """A cheap checksum of arrays a cache keeps without copying (one
+    pass, Adler-32 of their bytes), so that a backward can tell whether
+    the caller changed them in place after the forward."""
+    out = []
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        out.append(zlib.adler32(a.view(np.uint8).reshape(-1)))
+    return tuple(out)
+
+
+def check_unchanged(saved: tuple, arrays: dict, where: str) -> None:
+    """Raise naming the array a caller changed in place between the
+    forward and ``where`` (a backward), which would make it wrong."""
+    now = fingerprint(*arrays.values())
+    for name, a, b in zip(arrays, saved, now):
+        if a != b:
+            raise ValueError(
+                f"{name} was changed in place after the forward: {where} "
+                "reads the arrays the forward saw (they are not copied); "
+                "copy them before changing them, or run the forward again"
+            )
+
+
+def check_overflow(a: np.ndarray, what: str, cause: str) -> None:
+    """Refuse a result that overflowed to inf or NaN from finite inputs,
+    naming it, the dtype and the input that was too large (``cause``)."""
+    if not all_finite(a):
+        raise ValueError(
+            f"{what} overflowed (inf or NaN) in {a.dtype} (largest "
+            f"{np.finfo(a.dtype).max:.3g}): {cause}"
+        )

@@ -33,10 +33,14 @@ from ._checks import (
     as_float_array,
     broadcast_shapes,
     check_finite,
+    check_flag,
     check_mask,
-    check_same_shape,
     check_scale,
+    check_scores,
+    check_unchanged,
+    check_upstream,
     check_window,
+    fingerprint,
 )
 from .masks import causal_mask, position_mask
 from .softmax import masked_softmax
@@ -64,6 +68,8 @@ class AttentionCache:
     # [..., L_q, L_k], rows sum to 1 (or are all 0 where nothing is allowed)
     weights: np.ndarray
     scale: float
+    # checksums of q, k and v: the backward refuses them changed in place
+    inputs: tuple = ()
 
 
 def attention_forward(q, k, v, *, mask=None, causal=False, scale=None):
@@ -76,22 +82,44 @@ def attention_forward(q, k, v, *, mask=None, causal=False, scale=None):
     ``causal=True`` also forbids keys after each query (the last query
     aligned with the last key); ``scale`` defaults to ``1 / sqrt(d_k)``
     (Vaswani et al. 2017). A query with no key to attend gets a zero
-    output row and zero gradients.
+    output row and zero gradients. Scores that overflow the dtype (finite
+    inputs whose products exceed it) raise a ``ValueError``.
+
+    The cache keeps ``q``, ``k`` and ``v`` themselves, not copies: the
+    returned ``out`` (and ``cache.weights``) are read-only, and
+    :func:`attention_backward` raises a ``ValueError`` if ``q``, ``k`` or
+    ``v`` were changed in place after the forward (a checksum of each is
+    kept), instead of returning wrong gradients.
     """
     q, k, v, allowed, scale = _check_inputs(q, k, v, mask, causal, scale)
-    # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]
-    scores = (q * scale) @ k.swapaxes(-1, -2)
+    with np.errstate(over="ignore", invalid="ignore"):  # checked below
+        # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]
+        scores = (q * scale) @ k.swapaxes(-1, -2)
+    check_scores(scores, scale)
     # [..., L_q, L_k]: the scores' own memory becomes P
     p = masked_softmax(scores, allowed, -1, overwrite=True)
     out = p @ v  # [..., L_q, L_k] @ [..., L_k, d_v] -> [..., L_q, d_v]
-    return out, AttentionCache(q, k, v, out, p, scale)
+    out.flags.writeable = p.flags.writeable = False
+    saved = fingerprint(q, k, v)
+    return out, AttentionCache(q, k, v, out, p, scale, saved)
 
 
 def attention_backward(dout, cache: AttentionCache):
     """Gradients ``(dq, dk, dv)``, each with the shape of its input
     (broadcast axes summed)."""
-    dout = as_float_array(dout, "dout")
-    check_same_shape(dout, "dout", cache.out.shape, "the attention output")
+    if not isinstance(cache, AttentionCache):
+        raise TypeError(
+            "cache must be the AttentionCache of attention_forward, got "
+            f"{type(cache).__name__}"
+        )
+    dout = check_upstream(
+        dout, "dout", cache.out.shape, "the attention output"
+    )
+    check_unchanged(
+        cache.inputs,
+        {"q": cache.q, "k": cache.k, "v": cache.v},
+        "attention_backward",
+    )
     p, q, k, v, scale = cache.weights, cache.q, cache.k, cache.v, cache.scale
     # [..., L_k, L_q] @ [..., L_q, d_v] -> [..., L_k, d_v]
     dv = p.swapaxes(-1, -2) @ dout
@@ -121,6 +149,22 @@ def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     (one key/value head read by several query heads) receives the sum of
     their gradients.
     """
+    grad = as_float_array(grad, "grad")
+    try:
+        shape = tuple(int(n) for n in shape)
+    except TypeError:
+        raise TypeError(
+            f"shape must be a tuple of ints, got {shape!r}"
+        ) from None
+    try:
+        fits = np.broadcast_shapes(shape, grad.shape) == grad.shape
+    except ValueError:
+        fits = False
+    if not fits or min(shape, default=0) < 0:
+        raise ValueError(
+            f"shape {shape} must broadcast to the shape of grad "
+            f"{grad.shape} (the input's shape before broadcasting)"
+        )
     extra = grad.ndim - len(shape)
     if extra:
         grad = grad.sum(axis=tuple(range(extra)))
@@ -136,6 +180,7 @@ def _check_inputs(q, k, v, mask, causal, scale, finite=True, window=None):
     """The checks of :func:`attention_forward` (and of chapter 8's and 9's
     kernels, which take the same inputs): ``(q, k, v, allowed, scale)``
     with the causal (or window) rule folded into ``allowed``."""
+    causal = check_flag(causal, "causal")
     q = as_float_array(q, "q", min_ndim=2)
     k = as_float_array(k, "k", min_ndim=2)
     v = as_float_array(v, "v", min_ndim=2)

@@ -28,7 +28,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import check_positive_int, check_upstream
+from ._checks import (
+    check_count,
+    check_flag,
+    check_positive_int,
+    check_upstream,
+)
 from .attention import (
     _check_inputs,
     check_window,
@@ -69,7 +74,11 @@ def block_plan(L_q, L_k, block_q, block_k, *, causal=False, window=None):
     query aligns with the last key) and may attend key ``c`` iff
     ``c <= p`` (causal) and ``c > p - window`` (window).
     """
-    window = check_window(window, causal)
+    L_q = check_count(L_q, "L_q", minimum=0)
+    L_k = check_count(L_k, "L_k")
+    block_q, block_k, window = _check_tiles(
+        L_q, L_k, block_q, block_k, causal, window
+    )
     r0 = np.arange(0, L_q, block_q)[:, None]  # first row of a tile
     r1 = np.minimum(r0 + block_q, L_q) - 1  # last row of a tile
     c0 = np.arange(0, L_k, block_k)[None, :]  # first key of a tile
@@ -106,6 +115,13 @@ def flash_attention_flops(
     (chapter 1) compute every pair: ``2 L_q L_k (d_k + d_v)`` forward
     and twice that backward. ``batch`` multiplies everything.
     """
+    L_q = check_count(L_q, "L_q", minimum=0)
+    L_k = check_count(L_k, "L_k")
+    d_k, d_v = check_count(d_k, "d_k"), check_count(d_v, "d_v")
+    batch = check_count(batch, "batch")
+    block_q, block_k, window = _check_tiles(
+        L_q, L_k, block_q, block_k, causal, window
+    )
     plan = block_plan(
         L_q, L_k, block_q, block_k, causal=causal, window=window
     )
@@ -151,9 +167,11 @@ def flash_attention_forward(
     q, k, v, _, scale = _check_inputs(
         q, k, v, None, False, scale, check_finite
     )
-    window = check_window(window, causal)
-    block_q = check_positive_int(block_q, "block_q")
-    block_k = check_positive_int(block_k, "block_k")
+    block_q, block_k, window = _check_tiles(
+        q.shape[-2], k.shape[-2], block_q, block_k, causal, window
+    )
+    if check_finite:  # the caller's own call (the core checks its output)
+        _check_score_bound(q, k, scale)
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     L_q, L_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     dt = np.result_type(q, k, v)
@@ -358,6 +376,32 @@ class Tiles:
         """``[n_q, n_k]`` bool, True where the query may not attend, or
         ``None`` where it may attend every key of the tile."""
         return self._hidden.get((i, j))
+
+
+def _check_tiles(L_q, L_k, block_q, block_k, causal, window):
+    """Checked tile sizes and window, each cut to what the scores hold
+    (a tile or window larger than them means the same thing, and a Python
+    int beyond int64 such as ``2**63`` never reaches NumPy)."""
+    window = check_window(window, check_flag(causal, "causal"))
+    block_q = min(check_positive_int(block_q, "block_q"), max(L_q, 1))
+    block_k = min(check_positive_int(block_k, "block_k"), max(L_k, 1))
+    if window is not None:
+        window = min(window, L_q + L_k)
+    return block_q, block_k, window
+
+
+def _check_score_bound(q, k, scale):
+    """Refuse inputs whose scores could overflow inside the tiles, where
+    no check looks: ``|s| <= scale * d_k * max|q| * max|k|``."""
+    big = np.finfo(np.result_type(q, k)).max
+    mq = max(abs(float(q.max(initial=0))), abs(float(q.min(initial=0))))
+    mk = max(abs(float(k.max(initial=0))), abs(float(k.min(initial=0))))
+    if scale * q.shape[-1] * mq * mk >= big:
+        raise ValueError(
+            f"the scores q k^T * scale may overflow in {q.dtype} (largest "
+            f"{big:.3g}) with scale={scale!r}, max|q|={mq:.3g} and "
+            f"max|k|={mk:.3g}: scale the queries and keys down"
+        )
 
 
 def _tile_mask(r0, r1, c0, c1, L_q, L_k, window):

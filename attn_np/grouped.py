@@ -34,13 +34,17 @@ import numpy as np
 
 from ._checks import (
     as_float_array,
+    check_count,
     check_finite,
     check_flag,
     check_mask,
-    check_same_shape,
     check_scale,
+    check_scores,
     check_sinks,
+    check_unchanged,
+    check_upstream,
     check_window,
+    fingerprint,
 )
 from .attention import unbroadcast
 from .flash import (
@@ -83,6 +87,8 @@ class GroupedCache:
     sink_weights: np.ndarray | None = None  # [B, n_kv, G, L_q, 1]
     mods: list = field(default_factory=list)  # [(mod, saved), ...]
     tiled: object = None  # the FlashCache with tiled=True
+    # checksums of q, k, v when the caller's own (check_finite=True)
+    inputs: tuple | None = None
 
 
 def per_head_rows(group_size, L_q, min_stacked_rows=MIN_STACKED_ROWS):
@@ -124,11 +130,36 @@ def grouped_attention_forward(
     refuses NaN or inf in ``q``, ``k`` and ``v``; a layer checks its input
     once and passes False (a decode step would re-read its whole cache).
     A query with no key to attend gets zeros (with a sink: all mass on it).
+    Scores that overflow the dtype raise a ``ValueError``. The output is
+    read-only, and with ``check_finite=True`` (the caller's own arrays)
+    the backward refuses ``q``, ``k`` or ``v`` changed in place since.
     """
-    q, k, v, scale = _check_qkv(q, k, v, scale, check_finite)
+    finite = check_flag(check_finite, "check_finite")
+    q, k, v, scale = _check_qkv(q, k, v, scale, finite)
+    # overflow is not a warning but a ValueError naming the scores
+    with np.errstate(over="ignore", invalid="ignore"):
+        o, cache = _forward(
+            q, k, v, allowed, causal, window, sink_tokens, q_positions,
+            k_positions, scale, sinks, score_mods, tiled, block_q, block_k,
+            min_stacked_rows,
+        )  # fmt: skip
+    check_scores(o, scale, "output P v (of the scores q k^T * scale)")
+    o.flags.writeable = False  # the cache's own: not to be changed
+    if finite:
+        cache.inputs = fingerprint(q, k, v)
+    return o, cache
+
+
+def _forward(
+    q, k, v, allowed, causal, window, sink_tokens, q_positions,
+    k_positions, scale, sinks, score_mods, tiled, block_q, block_k,
+    min_stacked_rows,
+):  # fmt: skip
+    """:func:`grouped_attention_forward` after its input checks."""
     B, n_kv, G, L_q, d_k = q.shape
     L_k = k.shape[2]
     window = check_window(window, check_flag(causal, "causal"))
+    sink_tokens = check_count(sink_tokens, "sink_tokens", minimum=0)
     pos = None  # None: the last query at the last key's position
     if q_positions is not None or k_positions is not None:
         pos = _positions(q_positions, k_positions, L_q, L_k)  # [L_q], [L_k]
@@ -160,6 +191,7 @@ def grouped_attention_forward(
     for mod in score_mods:
         s, saved = mod.forward(s, ctx)
         mods.append((mod, saved))
+    check_scores(s, scale)  # after the mods: a soft cap may tame them
     p_sink = None
     if sinks is None:  # [B, n_kv, G, L_q, L_k], in the scores' memory
         p = masked_softmax(s, allowed, -1, overwrite=True)
@@ -176,8 +208,18 @@ def grouped_attention_backward(do, cache: GroupedCache) -> dict:
     ``dv`` summed over each group), plus ``"sinks"`` and every score mod's
     parameter gradients when present. The stacked products throughout."""
     c = cache
-    do = as_float_array(do, "do")
-    check_same_shape(do, "do", c.out.shape, "the attention output")
+    if not isinstance(c, GroupedCache):
+        raise TypeError(
+            "cache must be the GroupedCache of grouped_attention_forward, "
+            f"got {type(c).__name__}"
+        )
+    do = check_upstream(do, "do", c.out.shape, "the attention output")
+    if c.inputs is not None:
+        check_unchanged(
+            c.inputs,
+            {"q": c.q, "k": c.k, "v": c.v},
+            "grouped_attention_backward",
+        )
     if c.tiled is not None:  # FlashAttention's backward, by tiles
         dq, dk, dv = flash_attention_backward(do, c.tiled)
         return {"q": dq, "k": dk[:, :, 0], "v": dv[:, :, 0]}

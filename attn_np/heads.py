@@ -14,6 +14,11 @@ import numpy as np
 
 def split_heads(t, n, d):
     """``[B, L, n*d] -> [B, n, L, d]``: head ``i`` is columns ``i*d ...``."""
+    if np.ndim(t) != 3 or t.shape[-1] != n * d:
+        raise ValueError(
+            f"t must be [B, L, n*d] with n*d = {n}*{d}, got shape "
+            f"{np.shape(t)}"
+        )
     B, L, _ = t.shape
     # [B, L, n, d] -> [B, n, L, d]
     return np.ascontiguousarray(t.reshape(B, L, n, d).transpose(0, 2, 1, 3))
@@ -22,6 +27,7 @@ def split_heads(t, n, d):
 def merge_heads(t):
     """``[B, n, L, d] -> [B, L, n*d]``: concatenate heads, the inverse of
     :func:`split_heads`."""
+    _check_ndim(t, 4, "[B, n, L, d]")
     B, n, L, d = t.shape
     return t.transpose(0, 2, 1, 3).reshape(B, L, n * d)  # [B, L, n*d]
 
@@ -37,6 +43,7 @@ def split_groups(t, n_kv, G, d):
 def merge_groups(t):
     """``[B, n_kv, G, L, d] -> [B, L, n_kv*G*d]``, the inverse of
     :func:`split_groups`."""
+    _check_ndim(t, 5, "[B, n_kv, G, L, d]")
     B, n_kv, G, L, d = t.shape
     return merge_heads(t.reshape(B, n_kv * G, L, d))  # [B, L, h*d]
 
@@ -44,3 +51,8 @@ def merge_groups(t):
 def flat(t):
     """``[B, L, n] -> [B*L, n]``: positions as the rows of one matrix."""
     return t.reshape(-1, t.shape[-1])
+
+
+def _check_ndim(t, n, form):
+    if np.ndim(t) != n:
+        raise ValueError(f"t must be {form}, got shape {np.shape(t)}")

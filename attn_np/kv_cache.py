@@ -39,10 +39,11 @@ last ``W - S - 1`` others. ``len(cache)`` counts every position seen;
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 
-from ._checks import check_count, check_positive_int
+from ._checks import check_count, check_finite, check_positive_int
 from .masks import position_mask
 
 
@@ -69,6 +70,7 @@ class CacheBuffer:
         self._widths = None  # each part's features
         self._len = 0  # positions held
         self._seen = 0  # positions appended since the start
+        self._owner = None  # a weak reference to the layer filling it
         # how many times the buffer was reallocated (amortised growth is
         # tested on it)
         self.reallocations = 0
@@ -124,6 +126,33 @@ class CacheBuffer:
         """
         self._check_fits(layout, dtype, f"x_chunk {tuple(x_shape)}")
 
+    def check_owner(self, layer, keys=("W_k", "W_v")) -> None:
+        """Raise unless ``layer`` is the one that filled this cache (the
+        first to feed it while empty claims it), or makes the same keys
+        and values (equal ``layer.params[key]`` for ``keys`` and the same
+        RoPE: a copy of it, checked once). Two layers of the same shape
+        would otherwise mix their keys and values without a word."""
+        owner = None if self._owner is None else self._owner()
+        if self._seen == 0 or owner is None:
+            self._owner = weakref.ref(layer)
+            self._copies = weakref.WeakSet()
+            return
+        if owner is layer or layer in self._copies:
+            return
+        same = getattr(owner, "rotary", None) == getattr(
+            layer, "rotary", None
+        ) and all(
+            np.array_equal(owner.params[key], layer.params[key])
+            for key in keys
+        )
+        if not same:
+            raise ValueError(
+                f"kv_cache was filled by another layer ({owner!r}) with "
+                f"other {' and '.join(keys)}; a cache belongs to one "
+                f"layer: give each layer its own cache ({self!r})"
+            )
+        self._copies.add(layer)
+
     def _check_fits(self, layout, dtype, got: str) -> None:
         """The one check that a chunk fits: ``ValueError`` for another
         layout, ``TypeError`` for another dtype."""
@@ -172,6 +201,8 @@ class CacheBuffer:
             raise TypeError(
                 f"{names} must share one floating-point dtype, got {dts}"
             )
+        for n, a in parts.items():  # a NaN kept would poison every step
+            check_finite(a, n)
         lead, L = arrays[0].shape[:-2], arrays[0].shape[-2]
         widths = tuple(a.shape[-1] for a in arrays)
         if self._buf is None:

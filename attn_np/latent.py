@@ -36,7 +36,10 @@ from ._checks import (
     check_float_dtype,
     check_latent_dims,
     check_layer_input,
+    check_overflow,
+    check_unchanged,
     check_upstream,
+    fingerprint,
 )
 from .grouped import (
     group_mask,
@@ -233,7 +236,13 @@ class MultiHeadLatentAttention:
         built; inference only), ``False`` builds every head's keys and
         values from the latents. Default: absorbed with a cache,
         expanded without one (training needs the expanded path).
+
+        Finite inputs whose scores or output overflow the dtype raise a
+        ``ValueError``. The layer keeps ``x`` itself for the backward (no
+        copy): :meth:`backward` raises a ``ValueError`` if ``x`` was
+        changed in place after the forward (a checksum is kept).
         """
+        causal = check_flag(causal, "causal")
         name = "x" if kv_cache is None else "x_chunk"
         x3, unbatched = check_layer_input(x, self.d_model, name)
         B, L, _ = x3.shape
@@ -265,7 +274,9 @@ class MultiHeadLatentAttention:
                 q_c, q_r, rows[..., :d_c], rows[..., d_c:], where
             )
         o = merge_heads(o)  # [B, h, L, d_v] -> [B, L, h*d_v]
-        y = o @ self.params["W_o"]  # [B, L, h*d_v] @ [h*d_v, d] -> [B, L, d]
+        with np.errstate(over="ignore", invalid="ignore"):  # checked:
+            y = o @ self.params["W_o"]  # [B, L, h*d_v] @ [h*d_v, d]
+        check_overflow(y, "y", "x or the weights are too large")
         self._cache = None  # the absorbed and cached paths: inference only
         if not absorb and kv_cache is None:
             self._cache = (
@@ -276,6 +287,7 @@ class MultiHeadLatentAttention:
                 o,
                 self._att,
                 unbatched,
+                fingerprint(x3),
             )
         return y[0] if unbatched else y
 
@@ -292,6 +304,7 @@ class MultiHeadLatentAttention:
         dtype = np.result_type(x3.dtype, self.params["W_dkv"].dtype)
         layout = (x3.shape[0], self.d_latent_kv, self.d_rope)
         kv_cache.check_chunk(x3.shape, layout, dtype)
+        kv_cache.check_owner(self, ("W_dkv", "W_kr"))
 
     def _queries(self, x3, pos):
         """``q_C [B, h, L, d_head]``, rotated ``q_R [B, h, L, d_rope]``."""
@@ -428,10 +441,11 @@ class MultiHeadLatentAttention:
                 "with absorb=False (the absorbed and cached paths are "
                 "inference only)"
             )
-        x3, q_keep, kv_keep, c_kv, o, att, unbatched = self._cache
+        x3, q_keep, kv_keep, c_kv, o, att, unbatched, saved = self._cache
         B, L, _ = x3.shape
         want = (L, self.d_model) if unbatched else (B, L, self.d_model)
         dy = check_upstream(dy, "dy", want, "the layer's output")
+        check_unchanged(saved, {"x": x3}, "backward")
         dy3 = dy[None] if unbatched else dy
         W, G, h = self.params, self.grads, self.n_heads
         d_h = self.d_head

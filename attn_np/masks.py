@@ -3,14 +3,17 @@
 Every causal rule in the library is :func:`position_mask`: the chapter-1
 causal mask, chapter 8's sliding window and StreamingLLM's sink tokens,
 the decode step over a cache and the tiles of FlashAttention all ask it.
-Masks are boolean, True where a query may attend a key.
+Masks are boolean, True where a query may attend a key. A query whose
+row of the mask is all False has nothing to attend: its output row is
+zeros and it passes zero gradients to every input (not NaN); with a sink
+logit (chapter 8) all its weight goes to the sink.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._checks import check_window
+from ._checks import check_count, check_window
 
 __all__ = ["causal_mask", "check_window", "position_mask"]
 
@@ -26,6 +29,9 @@ def causal_mask(L_q: int, L_k: int, *, window=None) -> np.ndarray:
     every query also sees the whole cache before the chunk. With
     ``window=W`` it sees only the last ``W`` of them, itself included.
     """
+    L_q = check_count(L_q, "L_q", minimum=0)
+    L_k = check_count(L_k, "L_k", minimum=0)
+    window = check_window(window)
     offset = L_k - L_q
     # query positions [L_q] and key positions [L_k]
     return position_mask(
@@ -43,9 +49,37 @@ def position_mask(q_positions, k_positions, *, window=None, sink_tokens=0):
     (StreamingLLM) positions ``j < S`` stay visible and the window keeps
     the last ``W - S`` keys, so a query still sees at most W keys.
     """
-    i = np.asarray(q_positions)[:, None]  # [L_q, 1]
-    j = np.asarray(k_positions)[None, :]  # [1, L_k]
+    window = check_window(window)
+    sink_tokens = check_count(sink_tokens, "sink_tokens", minimum=0)
+    if window is not None and sink_tokens >= window:
+        raise ValueError(
+            "sink_tokens must be smaller than window (the window holds "
+            f"the sinks and the query itself), got sink_tokens="
+            f"{sink_tokens} and window={window}"
+        )
+    i = _check_positions(q_positions, "q_positions")[:, None]  # [L_q, 1]
+    j = _check_positions(k_positions, "k_positions")[None, :]  # [1, L_k]
     allowed = j <= i  # [L_q, L_k]
-    if window is not None:
-        allowed &= (j > i - (window - sink_tokens)) | (j < sink_tokens)
+    if window is not None and i.size and j.size:
+        # a window wider than every distance cuts nothing (and a Python
+        # int such as 10**30 never meets int64 arithmetic)
+        span = int(i.max()) - int(j.min()) + 1
+        if window - sink_tokens <= span:
+            sinks = min(sink_tokens, int(j.max()) + 1)
+            allowed &= (j > i - (window - sink_tokens)) | (j < sinks)
     return allowed
+
+
+def _check_positions(positions, name):
+    """Integer positions ``[L]``, or raise naming ``name``."""
+    p = np.asarray(positions)
+    if (
+        p.ndim != 1
+        or p.dtype == np.bool_
+        or not np.issubdtype(p.dtype, np.integer)
+    ):
+        raise ValueError(
+            f"{name} must be a 1-D integer array of positions, got "
+            f"{p.dtype} of shape {p.shape}"
+        )
+    return p

@@ -22,11 +22,15 @@ import numpy as np
 
 from ._checks import (
     as_float_array,
+    check_finite,
     check_flag,
     check_float_dtype,
     check_head_dims,
     check_layer_input,
+    check_overflow,
+    check_unchanged,
     check_window,
+    fingerprint,
 )
 from .grouped import (
     MIN_STACKED_ROWS,
@@ -240,7 +244,13 @@ class GroupedQueryAttention:
         :class:`~attn_np.KVCache`), ``x`` is the next chunk: it attends
         causally over every cached position plus itself, and its keys and
         values are added to the cache.
+
+        Finite inputs whose scores or output overflow the dtype raise a
+        ``ValueError``. The layer keeps ``x`` itself for the backward (no
+        copy): :meth:`backward` raises a ``ValueError`` if ``x`` was
+        changed in place after the forward (a checksum is kept).
         """
+        check_flag(causal, "causal")
         x3, unbatched = check_layer_input(x, self.d_model, _name(kv_cache))
         self.check_cache(kv_cache, x3)
         # [B, n_kv, G, L, d_k], [B, n_kv, L, d_k], [B, n_kv, L, d_v]
@@ -253,11 +263,13 @@ class GroupedQueryAttention:
             q, k, v, where = kv_cache.step(q, k, v, self.rotary)
         # [B, n_kv, G, L, d_v]
         o, self._att = self.attend(q, k, v, mask=mask, **where)
-        y, out = self.output(o, x3)  # [B, L, d_model]
+        with np.errstate(over="ignore", invalid="ignore"):  # checked:
+            y, out = self.output(o, x3)  # [B, L, d_model]
+        check_overflow(y, "y", "x or the weights are too large")
         self._cache = (
             None
             if kv_cache is not None
-            else (x3, out, self._att, rope, unbatched)
+            else (x3, out, self._att, rope, unbatched, fingerprint(x3))
         )
         return y[0] if unbatched else y
 
@@ -328,7 +340,7 @@ class GroupedQueryAttention:
                 "backward needs a preceding forward without kv_cache "
                 "(decoding with a cache is inference only)"
             )
-        x3, o, att, rope, unbatched = self._cache
+        x3, o, att, rope, unbatched, saved = self._cache
         B, L, _ = x3.shape
         want = (L, self.d_model) if unbatched else (B, L, self.d_model)
         dy = as_float_array(dy, "dy")
@@ -337,6 +349,8 @@ class GroupedQueryAttention:
                 f"dy must have the shape of the layer's output {want}, got "
                 f"{dy.shape}"
             )
+        check_finite(dy, "dy")
+        check_unchanged(saved, {"x": x3}, "backward")
         do, dx_out = self.output_backward(dy.reshape(B, L, self.d_model), o)
         g = grouped_attention_backward(do, att)  # dk, dv summed per group
         for name in g.keys() - {"q", "k", "v"}:  # sinks, score mods' params
@@ -399,6 +413,7 @@ class GroupedQueryAttention:
         # the dtype of the keys and values
         dtype = np.result_type(x3.dtype, self.params["W_k"].dtype)
         kv_cache.check_chunk(x3.shape, layout, dtype)
+        kv_cache.check_owner(self)
         if kv_cache.window != self.window:
             raise ValueError(
                 f"kv_cache has window={kv_cache.window} but the layer "

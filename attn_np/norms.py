@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import as_float_array, check_upstream
+from ._checks import (
+    as_float_array,
+    check_finite,
+    check_overflow,
+    check_positive_number,
+    check_upstream,
+)
 
 
 @dataclass
@@ -28,13 +34,19 @@ def rmsnorm_forward(x, g, *, eps: float = 1e-6):
     over the last axis."""
     x = as_float_array(x, "x", min_ndim=1)
     g = as_float_array(g, "g", min_ndim=1)
+    check_finite(x, "x")
+    check_finite(g, "g")
+    eps = 0.0 if eps == 0 else check_positive_number(eps, "eps")
     if g.shape != x.shape[-1:]:
         raise ValueError(
             f"g must have shape {x.shape[-1:]} (the last axis of x "
             f"{x.shape}), got {g.shape}"
         )
     # [..., d] -> [..., 1]
-    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    with np.errstate(over="ignore"):  # checked below
+        ms = np.mean(x * x, axis=-1, keepdims=True) + eps
+    check_overflow(ms, "mean(x^2)", "x is too large for the dtype")
+    r = 1.0 / np.sqrt(ms)
     y = x * r * g  # [..., d] * [..., 1] * [d] -> [..., d]
     return y, RMSNormCache(x=x, r=r, g=g)
 

@@ -35,6 +35,7 @@ import numpy as np
 
 from ._checks import (
     as_float_array,
+    check_finite,
     check_positive_int,
     check_positive_number,
     check_upstream,
@@ -90,13 +91,21 @@ def rope_forward(
     ``rotary_dim`` features turn, the rest pass through.
     """
     x = as_float_array(x, "x", min_ndim=2)
+    check_finite(x, "x")
     L, d = x.shape[-2:]
     r = _check_rotary_dim(rotary_dim, d, "the last axis of x")
     base = check_positive_number(base, "base")
     _check_layout(layout)
     p = _check_positions(positions, L, x.shape)
     theta = rope_frequencies(r, base=base)  # [r/2]
-    angles = p[:, None] * theta[None, :]  # [L, 1] * [1, r/2] -> [L, r/2]
+    with np.errstate(over="ignore"):  # checked below
+        angles = p[:, None] * theta[None, :]  # [L, 1] * [1, r/2] -> [L, r/2]
+    if not np.all(np.isfinite(angles)):
+        raise ValueError(
+            f"positions times the frequencies of base={base!r} overflow "
+            f"(largest position {int(np.max(positions))}): use smaller "
+            "positions or a larger base"
+        )
     cos = np.cos(angles).astype(x.dtype)  # [L, r/2]
     sin = np.sin(angles).astype(x.dtype)  # [L, r/2]
     y = rotate_pairs(x, cos, sin, layout=layout)  # [..., L, d]

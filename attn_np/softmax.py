@@ -32,7 +32,9 @@ from ._checks import (
     as_bool_array,
     as_float_array,
     broadcast_shapes,
-    check_same_shape,
+    check_finite,
+    check_mask,
+    check_upstream,
 )
 
 
@@ -53,6 +55,11 @@ def softmax_forward(x, *, axis: int = -1, mask=None):
     """
     x = as_float_array(x, "x", min_ndim=1)
     axis = _normalise_axis(axis, x.ndim)
+    if x.shape[axis] == 0:
+        raise ValueError(
+            f"x must have at least one entry along axis={axis} (the axis "
+            f"the softmax sums over), got shape {x.shape}"
+        )
     if mask is None:
         _check_finite(x, None)
         p = masked_softmax(x, None, axis)
@@ -78,8 +85,7 @@ def softmax(x, *, axis: int = -1, mask=None) -> np.ndarray:
 def softmax_backward(dp, cache: SoftmaxCache) -> np.ndarray:
     """Gradient of the loss with respect to the logits ``x`` given ``dp =
     dL/dp``."""
-    dp = as_float_array(dp, "dp")
-    check_same_shape(dp, "dp", cache.p.shape, "the softmax output")
+    dp = check_upstream(dp, "dp", cache.p.shape, "the softmax output")
     p, axis = cache.p, cache.axis
     # sum_k p_k dp_k: [..., 1, ...]
     inner = np.sum(p * dp, axis=axis, keepdims=True)
@@ -147,7 +153,25 @@ def sink_softmax(
     ``1 - p_sink <= 1``. The sink is finite and always allowed, so the
     shift ``m = max(max_j x_j, a)`` is finite and even a row with every
     entry masked is well defined: all its mass goes to the sink.
+    ``x`` must be finite where it takes part (the layers check it once).
     """
+    x = as_float_array(x, "x", min_ndim=1)
+    sink = as_float_array(sink, "sink")
+    check_finite(sink, "sink")
+    rows = x.shape[:-1] + (1,)
+    try:
+        ok = np.broadcast_shapes(sink.shape, rows) == rows
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"sink must broadcast to [..., 1] = {rows} (one logit per row "
+            f"of x {x.shape}), got sink of shape {sink.shape}"
+        )
+    if x.shape[-1] == 0:
+        raise ValueError(f"x must hold at least one entry, got {x.shape}")
+    if mask is not None:
+        mask = check_mask(mask, x.shape, "the shape of x")
     if overwrite and (
         mask is None or np.broadcast_shapes(mask.shape, x.shape) == x.shape
     ):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import check_sinks
+from ._checks import check_scores, check_sinks, fingerprint
 from .attention import (
     AttentionCache,
     _check_inputs,
@@ -47,8 +47,10 @@ def window_attention_forward(
     q, k, v, allowed, scale = _check_inputs(
         q, k, v, mask, causal, scale, window=window
     )
-    # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]
-    scores = (q * scale) @ k.swapaxes(-1, -2)
+    with np.errstate(over="ignore", invalid="ignore"):  # checked below
+        # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]
+        scores = (q * scale) @ k.swapaxes(-1, -2)
+    check_scores(scores, scale)
     p_sink = None
     if sinks is None:
         p = masked_softmax(scores, allowed, -1, overwrite=True)
@@ -58,7 +60,9 @@ def window_attention_forward(
         # [..., L_q, L_k] and [..., L_q, 1]
         p, p_sink = sink_softmax(scores, sinks, allowed, overwrite=True)
     out = p @ v  # [..., L_q, L_k] @ [..., L_k, d_v] -> [..., L_q, d_v]
-    return out, WindowCache(q, k, v, out, p, scale, sinks, p_sink)
+    out.flags.writeable = p.flags.writeable = False  # the cache's own
+    saved = fingerprint(q, k, v)  # the backward refuses them changed
+    return out, WindowCache(q, k, v, out, p, scale, saved, sinks, p_sink)
 
 
 def window_attention_backward(dout, cache: WindowCache):
