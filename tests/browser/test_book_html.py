@@ -409,113 +409,138 @@ def browse(root: Path) -> BookReport:
     start = time.perf_counter()
     server, base = serve(root)
     report.base = base
-    current = {"page": ""}
+    chromium = ensure_chromium()
 
-    def on_route(route):
-        host = urlsplit(route.request.url).hostname
-        if host in LOCAL_HOSTS:
-            route.continue_()
-        else:
-            report.external.append((current["page"], route.request.url))
-            route.abort()
+    def one_viewport(name: str) -> None:
+        """Every page at one window size, in a browser of its own (the two sizes run side by
+        side, one thread each: Playwright wants one instance per thread)."""
+        width, height = VIEWPORTS[name]
+        phone = name == "phone"
+        current = {"page": ""}
 
-    def on_console(msg):
-        if msg.type == "error":
-            report.console.append(
-                (
-                    current["page"],
-                    f"{msg.text} ({msg.location.get('url', '')})",
+        def on_route(route):
+            host = urlsplit(route.request.url).hostname
+            if host in LOCAL_HOSTS:
+                route.continue_()
+            else:
+                report.external.append((current["page"], route.request.url))
+                route.abort()
+
+        def on_console(msg):
+            if msg.type == "error":
+                report.console.append(
+                    (
+                        current["page"],
+                        f"{msg.text} ({msg.location.get('url', '')})",
+                    )
                 )
-            )
 
-    def on_response(response):
-        if response.status >= 400:
-            report.failed.append(
-                (current["page"], response.url, f"HTTP {response.status}")
-            )
+        def on_response(response):
+            if response.status >= 400:
+                report.failed.append(
+                    (
+                        current["page"],
+                        response.url,
+                        f"HTTP {response.status}",
+                    )
+                )
 
-    def on_failed(request):
-        if urlsplit(request.url).hostname in LOCAL_HOSTS:
-            report.failed.append(
-                (current["page"], request.url, request.failure or "failed")
-            )
+        def on_failed(request):
+            if urlsplit(request.url).hostname in LOCAL_HOSTS:
+                report.failed.append(
+                    (
+                        current["page"],
+                        request.url,
+                        request.failure or "failed",
+                    )
+                )
 
-    try:
         with (
             sync_playwright() as pw,
             tempfile.TemporaryDirectory(
                 prefix="chromium-profile-"
-            ) as profile,
+            ) as profile,  # a fresh --user-data-dir for every run
         ):
-            for name, (width, height) in VIEWPORTS.items():
-                phone = name == "phone"
-                context = pw.chromium.launch_persistent_context(
-                    f"{profile}/{name}",  # a fresh --user-data-dir for every run
-                    executable_path=ensure_chromium(),
-                    headless=True,
-                    args=CHROMIUM_FLAGS,
-                    viewport={"width": width, "height": height},
-                    has_touch=phone,
-                    is_mobile=phone,
-                    service_workers="block",
-                )
-                context.route("**/*", on_route)
-                context.set_default_timeout(
-                    120_000
-                )  # a busy machine is slow, not wrong
-                page = (
-                    context.pages[0] if context.pages else context.new_page()
-                )
-                page.on("console", on_console)
-                page.on(
-                    "pageerror",
-                    lambda err: report.console.append(
-                        (current["page"], f"page error: {err}")
-                    ),
-                )
-                page.on("response", on_response)
-                page.on("requestfailed", on_failed)
-                for rel in html_pages(root):
-                    current["page"] = rel if not phone else f"{rel} (390 px)"
-                    page.goto(base + rel, wait_until="load")
-                    settle(page)
-                    if not phone:
-                        report.pages[rel] = page.evaluate(
-                            PAGE_PROBE, MATH_TIMEOUT_MS
-                        )
-                    view = page.evaluate(page_stats.PROBE, MATH_TIMEOUT_MS)
-                    view["figures"] = page_stats.figure_text(
-                        view["images"], root
-                    )
-                    view["rawMyst"] = page.evaluate(RAW_MYST_PROBE)
-                    report.views[rel, name] = view
-                    settle(page)  # fonts MathJax asked for while typesetting
-                    stem = rel[: -len(".html")].replace("/", "__")
-                    if phone:  # JPEG: a 30,000 px phone page encodes in half the time
-                        page.screenshot(
-                            path=str(SCREENSHOTS / f"{stem}__phone.jpg"),
-                            full_page=True,
-                            type="jpeg",
-                            quality=70,
-                        )
-                    else:
-                        page.screenshot(
-                            path=str(SCREENSHOTS / f"{stem}.png"),
-                            full_page=True,
-                        )
-                current["page"] = f"(navigation at {name})"
-                report.nav[name] = try_navigation(
-                    page, base, nav_page(root), phone
-                )
+            context = pw.chromium.launch_persistent_context(
+                profile,
+                executable_path=chromium,
+                headless=True,
+                args=CHROMIUM_FLAGS,
+                viewport={"width": width, "height": height},
+                has_touch=phone,
+                is_mobile=phone,
+                service_workers="block",
+            )
+            context.route("**/*", on_route)
+            # a busy machine is slow, not wrong
+            context.set_default_timeout(120_000)
+            page = context.pages[0] if context.pages else context.new_page()
+            page.on("console", on_console)
+            page.on(
+                "pageerror",
+                lambda err: report.console.append(
+                    (current["page"], f"page error: {err}")
+                ),
+            )
+            page.on("response", on_response)
+            page.on("requestfailed", on_failed)
+            for rel in html_pages(root):
+                current["page"] = rel if not phone else f"{rel} (390 px)"
+                page.goto(base + rel, wait_until="load")
+                settle(page)
                 if not phone:
-                    current["page"] = (
-                        "(extra probes: MathJax autoload, search)"
+                    report.pages[rel] = page.evaluate(
+                        PAGE_PROBE, MATH_TIMEOUT_MS
                     )
-                    report.extras = extra_probes(page, base, report)
-                context.close()
+                view = page.evaluate(page_stats.PROBE, MATH_TIMEOUT_MS)
+                view["figures"] = page_stats.figure_text(
+                    view["images"], root
+                )
+                view["rawMyst"] = page.evaluate(RAW_MYST_PROBE)
+                report.views[rel, name] = view
+                settle(page)  # fonts MathJax asked for while typesetting
+                stem = rel[: -len(".html")].replace("/", "__")
+                if (
+                    phone
+                ):  # JPEG: a 30,000 px phone page encodes in half the time
+                    page.screenshot(
+                        path=str(SCREENSHOTS / f"{stem}__phone.jpg"),
+                        full_page=True,
+                        type="jpeg",
+                        quality=70,
+                    )
+                else:
+                    page.screenshot(
+                        path=str(SCREENSHOTS / f"{stem}.png"), full_page=True
+                    )
+            current["page"] = f"(navigation at {name})"
+            report.nav[name] = try_navigation(
+                page, base, nav_page(root), phone
+            )
+            if not phone:
+                current["page"] = "(extra probes: MathJax autoload, search)"
+                report.extras = extra_probes(page, base, report)
+            context.close()
+
+    errors = []
+
+    def run(name):
+        try:
+            one_viewport(name)
+        except BaseException as err:  # re-raised below, in the test's thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in VIEWPORTS]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     finally:
         server.shutdown()
         server.server_close()
+    if errors:
+        raise errors[0]
     report.seconds = time.perf_counter() - start
     return report
 
