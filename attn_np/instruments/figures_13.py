@@ -1,0 +1,127 @@
+"""The figures of chapter 13 (sparse attention), drawn for the book's column.
+
+Each function takes what the chapter computed and draws it at the width the
+book shows it (``COLUMN_INCHES``), so no text falls below the legibility
+floor; the chapter calls it and ends its cell with ``plt.show()``.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from .plotting import COLUMN_INCHES, FAMILY_COLOURS
+
+
+def plot_warmup_recall(curves, refs, *, every=25, lr=2e-2, k=8):
+    """Recall curves of the indexer (one per seed) against the references.
+
+    ``curves [n_seeds, n_points]``, ``refs`` a list (one per seed) of dicts
+    ``{name: recall}``; the lines are the references' means over seeds.
+    """
+    fig, ax = plt.subplots(figsize=(COLUMN_INCHES, 4.2))
+    steps = np.arange(curves.shape[1]) * every
+    for i, c in enumerate(curves):
+        ax.plot(
+            steps,
+            c,
+            color=FAMILY_COLOURS["MLA"],
+            alpha=0.9,
+            label=f"indexer ({len(curves)} seeds)" if i == 0 else None,
+        )
+    styles = (":", "--", "-.")
+    for name, style in zip(refs[0], styles):
+        mean = np.mean([r[name] for r in refs])
+        ax.axhline(mean, color="0.3", ls=style, label=name)
+    ax.set_xlabel(f"warm-up steps (Adam, lr {lr:g})")
+    ax.set_ylabel(f"attention mass on the {k} keys")
+    ax.set_ylim(0, 1)
+    ax.set_title("The warm-up KL loss teaches the indexer the heavy keys")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def plot_step_flops(ctx, dense, sparse, crossover, *, k):
+    """FLOPs of one decode step and layer against the context, log-log."""
+    fig, ax = plt.subplots(figsize=(COLUMN_INCHES, 4.2))
+    ax.loglog(
+        ctx, dense, color=FAMILY_COLOURS["MLA"], label="dense MLA (absorbed)"
+    )
+    ax.loglog(
+        ctx, sparse, color=FAMILY_COLOURS["MQA"], label=f"DSA, k = {k:,}"
+    )
+    ax.axvline(
+        crossover, color="0.4", ls=":", label=f"n* = {crossover:,.0f}"
+    )
+    ax.set_xlabel("cached positions n")
+    ax.set_ylabel("FLOPs per step and layer")
+    ax.set_title(
+        "DeepSeek-V3.2's step: dense grows with n, sparse with n/17"
+    )
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_decode_timings(ctx, median, ratio, floor, *, rounds):
+    """The measured decode step: times (top) and paired ratios (bottom).
+
+    ``median[n]`` maps ``"dense"``/``"sparse"`` to seconds; ``ratio[n]``
+    and ``floor[n]`` are the quartiles ``[25, 50, 75]`` of sparse/dense and
+    of dense/dense (the noise floor), taken round by round.
+    """
+    fig, axes = plt.subplots(2, 1, figsize=(COLUMN_INCHES, 7.0), sharex=True)
+    for name, colour in (
+        ("dense", FAMILY_COLOURS["MLA"]),
+        ("sparse", FAMILY_COLOURS["MQA"]),
+    ):
+        axes[0].loglog(
+            ctx,
+            [median[n][name] * 1e3 for n in ctx],
+            "o-",
+            color=colour,
+            label=f"{name} (median of {rounds})",
+        )
+    axes[0].set_ylabel("decode step (ms)")
+    axes[0].set_title("One decode step, measured")
+    axes[0].legend()
+    r = np.array([ratio[n] for n in ctx])
+    a = np.array([floor[n] for n in ctx])
+    axes[1].fill_between(
+        ctx, a[:, 0], a[:, 2], color="0.8", label="A/A quartiles"
+    )
+    axes[1].fill_between(
+        ctx, r[:, 0], r[:, 2], color=FAMILY_COLOURS["MQA"], alpha=0.35
+    )
+    axes[1].semilogx(
+        ctx,
+        r[:, 1],
+        "o-",
+        color=FAMILY_COLOURS["MQA"],
+        label="sparse / dense (quartiles shaded)",
+    )
+    axes[1].axhline(1.0, color="0.3", lw=1)
+    axes[1].set_xlabel("cached positions n")
+    axes[1].set_ylabel("time ratio, round by round")
+    axes[1].set_title("Below 1: sparse is faster")
+    axes[1].legend()
+    fig.tight_layout()
+    return fig
+
+
+def plot_selection_maps(causal, maps):
+    """Attended keys (black), causal but skipped (grey), future (white).
+
+    ``maps`` is a list of ``(mask [L, L], title)``, drawn side by side.
+    """
+    fig, axes = plt.subplots(1, len(maps), figsize=(COLUMN_INCHES, 3.8))
+    for ax, (m, title) in zip(np.atleast_1d(axes), maps):
+        shade = np.where(causal, 0.25, 0.0) + 0.75 * m
+        ax.imshow(shade, cmap="Greys", vmin=0, vmax=1)
+        ax.set_title(title)
+        ax.grid(False)
+        ax.set_xlabel("key position")
+        ax.set_ylabel("query position")
+    fig.tight_layout()
+    return fig
