@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from .costs.catalogue import _language_model, _load, _windows
+from .costs.hf_config import _language_model, _load, _windows
 from .latent import LatentKVCache, MultiHeadLatentAttention
 from .refinements import ALiBi, RefinedAttention, SoftCap, alibi_slopes
 
@@ -370,7 +370,8 @@ def _decoder(cfg, model_type, layer_idx):
         # an older config: the window rule of chapter 8's calculator
         # (sliding_window_pattern, use_sliding_window with
         # max_window_layers, or the model_type's rule)
-        window, types = _windows(cfg, _count(cfg, "num_hidden_layers"))
+        n_layers = _count(cfg, "num_hidden_layers")
+        window, types = _windows(cfg, n_layers, None)
         if types is not None:
             layer_type = types[layer_idx]
             if layer_type != "sliding_attention":
