@@ -29,6 +29,7 @@ import numpy as np
 
 from .costs.catalogue import _language_model, _load, _windows
 from .latent import LatentKVCache, MultiHeadLatentAttention
+from .long_context import ScaledRotary, read_rope_scaling, softmax_scale
 from .refinements import ALiBi, RefinedAttention, SoftCap, alibi_slopes
 
 # Keys that describe the rest of the model (embeddings, MLP, MoE, training,
@@ -194,7 +195,9 @@ def attention_from_hf(
     of Qwen3-Next and Llama 4's attention (chunked and NoPE layers). RoPE
     as ``rope_theta``/``rope_scaling``/``partial_rotary_factor`` at the
     top level or under ``rope_parameters`` (transformers 5; per layer type
-    for Gemma 3); ``rope_type`` ``default`` and ``linear``. The layer's
+    for Gemma 3); ``rope_type`` ``default``, ``linear``, and chapter 11's
+    ``llama3`` and ``yarn`` (Llama 3.1, gpt-oss, DeepSeek-V3: the factor
+    on cos/sin, and ``mscale_all_dim`` in MLA's softmax scale). The layer's
     ``forward(x, kv_cache=layer.new_cache())`` continues positions from the
     cache.
     """
@@ -324,6 +327,46 @@ def rope_settings(cfg, layer_type=None):
     return base, partial, factor
 
 
+# chapter 11's scalings that attention_from_hf builds exactly (checked
+# against HF's llama3 and YaRN fixtures); rope_settings reads the others
+_SCALED = ("llama3", "yarn")
+
+
+def layer_rope(cfg, layer_type=None):
+    """``(base, partial_rotary_factor, linear_factor, rope_scaling)`` of a
+    layer: :func:`rope_settings`, and for ``rope_type`` ``llama3`` or
+    ``yarn`` the scaling dict checked by chapter 11's
+    :func:`~attn_np.long_context.read_rope_scaling` (a YaRN without
+    ``factor`` takes ``max_position_embeddings /
+    original_max_position_embeddings``), else None."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and isinstance(params.get(layer_type), dict):
+        params = params[layer_type]
+    if params is None:
+        params = cfg.get("rope_scaling") or {}
+    kind = "default"
+    if isinstance(params, dict):
+        kind = params.get("rope_type", params.get("type", "default"))
+    if kind not in _SCALED:
+        if kind not in ("default", "linear"):
+            raise ValueError(
+                f"rope_type {kind!r} is not implemented by "
+                "attention_from_hf; it builds 'default', 'linear', "
+                "'llama3' and 'yarn'"
+            )
+        return (*rope_settings(cfg, layer_type), None)
+    base = float(params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    partial = float(
+        params.get(
+            "partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)
+        )
+    )
+    scaling = read_rope_scaling(
+        params, max_position_embeddings=cfg.get("max_position_embeddings")
+    )
+    return base, partial, 1.0, scaling
+
+
 def _heads(cfg):
     d_model = _count(cfg, "hidden_size")
     n_heads = _count(cfg, "num_attention_heads")
@@ -382,7 +425,7 @@ def _decoder(cfg, model_type, layer_idx):
             f"layer {layer_idx} has layer type {layer_type!r}, which "
             "attention_from_hf does not build"
         )
-    base, partial, factor = rope_settings(cfg, layer_type)
+    base, partial, factor, scaling = layer_rope(cfg, layer_type)
     eps = float(cfg.get("rms_norm_eps", 1e-6))
     bias = bool(cfg.get("attention_bias", False))
     kw = dict(
@@ -391,6 +434,7 @@ def _decoder(cfg, model_type, layer_idx):
         rope_base=base,
         rotary_dim=int(head_dim * partial) if partial != 1.0 else None,
         rope_factor=factor,
+        rope_scaling=scaling,
         norm_eps=eps,
     )
     gate_rows = False
@@ -446,12 +490,13 @@ def _falcon(cfg):
         n_kv, fused = 1, "mqa"
     else:
         n_kv, fused = n_heads, "per_head"
-    base, partial, factor = rope_settings(cfg)
+    base, partial, factor, scaling = layer_rope(cfg)
     bias = bool(cfg.get("bias", False))
     kw = dict(
         biases=("q", "k", "v", "o") if bias else (),
         rope_base=base,
         rope_factor=factor,
+        rope_scaling=scaling,
     )
     if cfg.get("alibi"):
         # HF's Falcon adds m_h * j before the 1/sqrt(d) scale
@@ -463,7 +508,31 @@ def _falcon(cfg):
 
 class HFLatentAttention(MultiHeadLatentAttention):
     """Chapter 7's MLA as a Hugging Face decoder layer: causal, and
-    continuing from its cache (the absorbed path) like HF's."""
+    continuing from its cache (the absorbed path) like HF's.
+
+    ``rope_scaling`` (chapter 11) goes through chapter 7's two settings:
+    ``rotary`` turns ``q_R`` and ``k_R`` with the scaled frequencies
+    (:class:`~attn_np.long_context.ScaledRotary`), and ``scale`` is
+    :func:`~attn_np.long_context.softmax_scale` (YaRN's
+    ``mscale(s, mscale_all_dim)^2`` over ``1/sqrt(d_head + d_rope)``, as
+    DeepSeek's and HF's ``softmax_scale``)."""
+
+    def __init__(self, *args, rope_scaling=None, **kw):
+        super().__init__(*args, **kw)
+        self.rope_scaling = (
+            None if rope_scaling is None else read_rope_scaling(rope_scaling)
+        )
+        self.scale = softmax_scale(
+            self.d_head + self.d_rope, self.rope_scaling
+        )
+
+    @property
+    def rotary(self):
+        if self.rope_scaling is None:
+            return super().rotary
+        return ScaledRotary(
+            self.rope_base, self.rope_layout, rope_scaling=self.rope_scaling
+        )
 
     def forward(self, x, causal=True, kv_cache=None):
         if not causal:
@@ -483,7 +552,7 @@ def _latent(cfg, model_type):
         raise ValueError(
             "config key attention_bias=True for MLA is not implemented"
         )
-    base, partial, factor = rope_settings(cfg)
+    base, partial, factor, scaling = layer_rope(cfg)
     if partial != 1.0 or factor != 1.0:
         raise ValueError(
             "MLA with partial_rotary_factor or linear RoPE scaling is not "
@@ -503,6 +572,7 @@ def _latent(cfg, model_type):
         rope_base=base,
         rope_layout="interleaved" if interleave else "half",
         latent_norm=True,
+        rope_scaling=scaling,
     )
     return HFLatentAttention, args, kw, {"kind": "mla"}
 

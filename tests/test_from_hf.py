@@ -39,6 +39,10 @@ BUILT = {
     "falcon_alibi": [0],
     "qwen3_next": [1],
     "llama4": [0, 1],
+    # chapter 11's scaled RoPE
+    "llama31": [0],
+    "gpt_oss_yarn": [0, 1],
+    "deepseek_v3_yarn": [0],
 }
 CASES = [(name, i) for name, layers in BUILT.items() for i in layers]
 
@@ -106,18 +110,73 @@ def test_random_weights_without_a_state_dict():
     assert set(layer.params) >= {"W_q", "b_q", "sinks", "b_o"}
 
 
+def dynamic(cfg):
+    cfg = copy.deepcopy(cfg)
+    cfg["rope_parameters"] = {
+        "rope_type": "dynamic",
+        "factor": 2.0,
+        "rope_theta": 10000.0,
+    }
+    return cfg
+
+
 @pytest.mark.parametrize(
-    "name,match",
+    "cfg,match",
     [
-        ("llama31", "rope_type 'llama3'"),
-        ("gpt_oss_yarn", "rope_type 'yarn'"),
-        ("deepseek_v3_yarn", "rope_type 'yarn'"),
-        ("deepseek_v32", "model_type='deepseek_v32'"),
+        (lambda: dynamic(config_of("llama")), "rope_type 'dynamic'"),
+        (lambda: config_of("deepseek_v32"), "model_type='deepseek_v32'"),
     ],
 )
-def test_unimplemented_rope_and_models_are_refused_by_name(name, match):
+def test_unimplemented_rope_and_models_are_refused_by_name(cfg, match):
     with pytest.raises(ValueError, match=match):
-        attention_from_hf(config_of(name), 0)
+        attention_from_hf(cfg(), 0)
+
+
+def test_a_scaling_key_it_does_not_know_is_refused():
+    cfg = config_of("llama31")
+    cfg["rope_parameters"]["beta_fast"] = 32.0  # a YaRN key
+    with pytest.raises(ValueError, match="'beta_fast' is not used"):
+        attention_from_hf(cfg, 0)
+
+
+def fixture_out(name, i, change):
+    """The layer's forward on the fixture's x after ``change(layer)``,
+    minus HF's output, relative to HF's largest entry."""
+    f = np.load(FIXTURES / f"{name}.npz")
+    pre = f"layer{i}.param."
+    state = {k[len(pre) :]: f[k] for k in f.files if k.startswith(pre)}
+    layer = attention_from_hf(config_of(name), i, state)
+    change(layer)
+    ref = f[f"layer{i}.out"]
+    return np.max(np.abs(layer.forward(f["x"]) - ref)) / np.max(np.abs(ref))
+
+
+@pytest.mark.parametrize(
+    "name,i", [("llama31", 0), ("gpt_oss_yarn", 1), ("deepseek_v3_yarn", 0)]
+)
+def test_the_scaling_matters(name, i):
+    """Plain RoPE in place of the scaled one misses HF by far more than
+    rounding (the frequencies; gpt-oss's factor on cos/sin)."""
+    assert fixture_out(name, i, lambda ly: None) < TOL
+    assert fixture_out(name, i, unscale) > 1e-4
+
+
+def unscale(layer):
+    layer.rope_scaling = None
+
+
+def test_deepseek_yarn_temperature_is_in_the_softmax_scale():
+    """mscale_all_dim enters the scale (HF's softmax_scale), squared;
+    without it the layer misses HF."""
+    cfg = config_of("deepseek_v3_yarn")["rope_parameters"]
+    layer = attention_from_hf(config_of("deepseek_v3_yarn"), 0)
+    m = 0.1 * cfg["mscale_all_dim"] * np.log(cfg["factor"]) + 1.0
+    assert layer.scale == pytest.approx(m * m / np.sqrt(12.0), rel=1e-15)
+
+    def plain(ly):
+        ly.scale = 12**-0.5
+
+    assert fixture_out("deepseek_v3_yarn", 0, plain) > 1e-3
 
 
 def test_linear_attention_layer_is_refused_by_name():
@@ -189,7 +248,8 @@ def test_gemma3_older_rope_spelling():
 
 def test_released_configs_read_or_refused_by_name():
     """The published config.json files of the calculator's tests: every
-    key is known, and what is not implemented is named."""
+    key is known, and what is not implemented is named. With chapter
+    11's scalings (YaRN: DeepSeek-V3, gpt-oss) every one is built."""
     import test_catalogue_hf as published
 
     built = refused = 0
@@ -203,6 +263,6 @@ def test_released_configs_read_or_refused_by_name():
             layer_settings(cfg, 0)
             built += 1
         except ValueError as err:
-            assert "rope_type 'yarn'" in str(err), (name, err)
+            assert "not implemented" in str(err), (name, err)
             refused += 1
-    assert built >= 9 and refused >= 1
+    assert built >= 11 and refused == 0
