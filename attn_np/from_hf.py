@@ -3,8 +3,11 @@
 
 :func:`attention_from_hf` reads a config (a path, a folder or a dict; a
 multimodal config's ``text_config``), picks layer ``layer_idx``'s type
-(sliding or full, chunked, NoPE) and builds a
-:class:`~attn_np.refinements.RefinedAttention` with that layer's details;
+(sliding or full, chunked, NoPE, Qwen3-Next's linear attention) and builds
+a :class:`~attn_np.refinements.RefinedAttention` with that layer's details
+(chapter 7's MLA for DeepSeek, chapter 12's Gated DeltaNet for a
+``linear_attention`` layer; :func:`attention_layers_from_hf` builds them
+all);
 ``state_dict`` (HF's names without the ``model.layers.{i}.self_attn.``
 prefix, ``nn.Linear`` weights ``[out, in]``) fills its weights. The layer's
 ``to_hf(d)`` maps a dict in the layer's keys (``params`` or ``grads``) back
@@ -22,6 +25,7 @@ strip that prefix, and pass them as ``state_dict``.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -29,6 +33,13 @@ import numpy as np
 
 from .costs.catalogue import _language_model, _load, _windows
 from .latent import LatentKVCache, MultiHeadLatentAttention
+from .linear_attention import (
+    HF_LINEAR_KEYS,
+    GatedDeltaNet,
+    StateCache,
+    gated_deltanet_from_hf,
+    gated_deltanet_grads_to_hf,
+)
 from .long_context import ScaledRotary, read_rope_scaling, softmax_scale
 from .refinements import ALiBi, RefinedAttention, SoftCap, alibi_slopes
 
@@ -88,12 +99,6 @@ _ELSEWHERE = {
     "layer_norm_epsilon",
     "num_ln_in_parallel_attn",
     "parallel_attn",
-    # Qwen3-Next's linear-attention layers (chapter 12 builds those)
-    "linear_conv_kernel_dim",
-    "linear_key_head_dim",
-    "linear_value_head_dim",
-    "linear_num_key_heads",
-    "linear_num_value_heads",
     # Qwen2/Qwen3: the window rule is spelled out in layer_types
     "use_sliding_window",
     "max_window_layers",
@@ -161,6 +166,12 @@ _ATTENTION = {
     "qk_head_dim",
     "v_head_dim",
     "rope_interleave",
+    # Qwen3-Next's linear-attention layers (chapter 12's GatedDeltaNet)
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
     "rope_local_base_freq",  # Gemma 3 before transformers 5
     "use_mrope",  # Qwen2.5: refused when true
 }
@@ -191,8 +202,10 @@ def attention_from_hf(
 
     Families: Llama (2, 3.0), Mistral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3,
     OLMo 2, gpt-oss, DeepSeek-V2/V3 (MLA, on chapter 7's layer), Falcon
-    (MQA, ``new_decoder_architecture``, ALiBi), the full-attention layers
-    of Qwen3-Next and Llama 4's attention (chunked and NoPE layers). RoPE
+    (MQA, ``new_decoder_architecture``, ALiBi), Qwen3-Next (its
+    ``linear_attention`` layers are chapter 12's Gated DeltaNet, its
+    weights read by ``gated_deltanet_from_hf``; ``kv_cache`` is then a
+    ``StateCache``) and Llama 4's attention (chunked and NoPE layers). RoPE
     as ``rope_theta``/``rope_scaling``/``partial_rotary_factor`` at the
     top level or under ``rope_parameters`` (transformers 5; per layer type
     for Gemma 3); ``rope_type`` ``default``, ``linear``, and chapter 11's
@@ -204,10 +217,40 @@ def attention_from_hf(
     cls, args, kw, layout = layer_settings(config, layer_idx)
     layer = cls(*args, dtype=dtype, **kw)
     layer.hf_layout = layout
+    if layout["kind"] == "linear":
+        layer.to_hf = lambda d: _linear_to_hf(layer, d)
+        if state_dict is not None:
+            _load_linear(layer, layout, state_dict, dtype)
+        return layer
     layer.to_hf = lambda d: _to_hf(layout, layer, d)
     if state_dict is not None:
         _load_state(layer, layout, state_dict, dtype)
     return layer
+
+
+def attention_layers_from_hf(config, state_dicts=None, dtype=np.float64):
+    """Every layer's attention of a Hugging Face model, in order: one
+    :func:`attention_from_hf` per layer of ``num_hidden_layers`` (a hybrid
+    model such as Qwen3-Next mixes Gated DeltaNet and attention layers).
+    ``state_dicts`` is None (random weights) or a sequence with one state
+    dict per layer (HF's names without the layer's module prefix)."""
+    data, _, _ = _load(config)
+    cfg = _language_model(data)
+    n = _count(cfg, "num_hidden_layers")
+    if state_dicts is not None and len(state_dicts) != n:
+        raise ValueError(
+            f"state_dicts must have one entry per layer "
+            f"(num_hidden_layers={n}), got {len(state_dicts)}"
+        )
+    return [
+        attention_from_hf(
+            cfg,
+            i,
+            None if state_dicts is None else state_dicts[i],
+            dtype=dtype,
+        )
+        for i in range(n)
+    ]
 
 
 def layer_settings(config, layer_idx=0):
@@ -420,6 +463,8 @@ def _decoder(cfg, model_type, layer_idx):
                 window = None
     elif layer_type == "sliding_attention":
         window = cfg.get("sliding_window")
+    elif layer_type == "linear_attention" and model_type == "qwen3_next":
+        return _linear(cfg)
     elif layer_type not in (None, "full_attention", "chunked_attention"):
         raise ValueError(
             f"layer {layer_idx} has layer type {layer_type!r}, which "
@@ -504,6 +549,65 @@ def _falcon(cfg):
         kw.update(use_rope=False, score_mods=(ALiBi(slopes),))
     args = (d_model, n_heads, n_kv, head_dim)
     return RefinedAttention, args, kw, {"kind": "falcon", "fused": fused}
+
+
+class HFGatedDeltaNet(GatedDeltaNet):
+    """Chapter 12's Gated DeltaNet as a Hugging Face decoder layer (a
+    Qwen3-Next ``linear_attention`` layer): the cache of
+    ``forward(x, kv_cache=...)`` is its :class:`~attn_np.StateCache`, so
+    a hybrid stack decodes every layer the same way."""
+
+    def forward(self, x, causal=True, kv_cache=None):
+        return super().forward(x, causal=causal, state_cache=kv_cache)
+
+    def new_cache(self):
+        return StateCache()
+
+
+def _linear(cfg):
+    """Qwen3-Next's Gated DeltaNet layer (chapter 12)."""
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(
+            "config key hidden_act must be 'silu' for a linear_attention "
+            f"layer (its convolution and output gate), got {act!r}"
+        )
+    args = (
+        _count(cfg, "hidden_size"),
+        _count(cfg, "linear_num_value_heads"),
+        _count(cfg, "linear_num_key_heads"),
+    )
+    kw = dict(
+        d_k=_count(cfg, "linear_key_head_dim"),
+        d_v=_count(cfg, "linear_value_head_dim"),
+        conv_size=_count(cfg, "linear_conv_kernel_dim"),
+        eps=float(cfg.get("rms_norm_eps", 1e-6)),
+    )
+    return HFGatedDeltaNet, args, kw, {"kind": "linear", "config": cfg}
+
+
+def _load_linear(layer, layout, state_dict, dtype):
+    """Chapter 12's :func:`~attn_np.gated_deltanet_from_hf` reads the
+    weights; this layer takes them."""
+    if not isinstance(state_dict, dict):
+        raise TypeError(
+            "state_dict must be a dict of arrays, got "
+            f"{type(state_dict).__name__}"
+        )
+    extra = sorted(set(state_dict) - set(HF_LINEAR_KEYS))
+    if extra:
+        raise ValueError(
+            f"state_dict does not fit this layer: unexpected {extra} "
+            "(names without the 'model.layers.{i}.linear_attn.' prefix)"
+        )
+    src = gated_deltanet_from_hf(layout["config"], state_dict, dtype=dtype)
+    layer.params, layer.grads = src.params, src.grads
+
+
+def _linear_to_hf(layer, d):
+    view = copy.copy(layer)  # the same layer, reading d as its grads
+    view.grads = d
+    return gated_deltanet_grads_to_hf(view)
 
 
 class HFLatentAttention(MultiHeadLatentAttention):

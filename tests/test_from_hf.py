@@ -15,7 +15,13 @@ import numpy as np
 import pytest
 
 import attn_np
-from attn_np.from_hf import attention_from_hf, fixture_errors, layer_settings
+from attn_np.from_hf import (
+    attention_from_hf,
+    attention_layers_from_hf,
+    fixture_errors,
+    layer_settings,
+)
+from attn_np.refinements import RefinedAttention
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # float64 rounding: the worst error seen is ~1e-14 of the largest entry
@@ -37,7 +43,7 @@ BUILT = {
     "falcon_mqa": [0],
     "falcon_new": [0],
     "falcon_alibi": [0],
-    "qwen3_next": [1],
+    "qwen3_next": [0, 1],  # 0: chapter 12's Gated DeltaNet
     "llama4": [0, 1],
     # chapter 11's scaled RoPE
     "llama31": [0],
@@ -179,9 +185,12 @@ def test_deepseek_yarn_temperature_is_in_the_softmax_scale():
     assert fixture_out("deepseek_v3_yarn", 0, plain) > 1e-3
 
 
-def test_linear_attention_layer_is_refused_by_name():
-    with pytest.raises(ValueError, match="linear_attention"):
-        attention_from_hf(config_of("qwen3_next"), 0)
+def test_linear_attention_layer_is_refused_outside_qwen3_next():
+    """Only Qwen3-Next's linear_attention layers are chapter 12's Gated
+    DeltaNet; another family's layer of that type is refused by name."""
+    cfg = dict(config_of("llama"), layer_types=["linear_attention"] * 2)
+    with pytest.raises(ValueError, match="'linear_attention'"):
+        attention_from_hf(cfg, 0)
 
 
 def test_unknown_keys_and_bad_state_dicts_are_refused():
@@ -266,3 +275,72 @@ def test_released_configs_read_or_refused_by_name():
             assert "not implemented" in str(err), (name, err)
             refused += 1
     assert built >= 11 and refused == 0
+
+
+def test_a_whole_qwen3_next_stack_from_its_config_and_weights():
+    """Both layer types of the fixture's Qwen3-Next, built in order from
+    its config and state dicts: layer 0 is chapter 12's Gated DeltaNet
+    (built by gated_deltanet_from_hf), layer 1 the gated full attention.
+    Each runs, backpropagates and decodes with its own cache, as HF's."""
+    f = np.load(FIXTURES / "qwen3_next.npz")
+    cfg = config_of("qwen3_next")
+    assert cfg["layer_types"] == ["linear_attention", "full_attention"]
+    states = [
+        {
+            k.split(".param.")[1]: f[k]
+            for k in f.files
+            if k.startswith(f"layer{i}.param.")
+        }
+        for i in range(2)
+    ]
+    layers = attention_layers_from_hf(cfg, states)
+    assert isinstance(layers[0], attn_np.GatedDeltaNet)
+    assert isinstance(layers[1], RefinedAttention)
+    x, dy = f["x"], f["dy"]
+    caches = [layer.new_cache() for layer in layers]
+    assert isinstance(caches[0], attn_np.StateCache)
+    chunks = json.loads(str(f["meta"]))["chunks"]
+    for i, layer in enumerate(layers):
+        ref = f[f"layer{i}.out"]
+        scale = np.max(np.abs(ref))
+        assert np.max(np.abs(layer.forward(x) - ref)) < TOL * scale
+        dx = layer.backward(dy)
+        want = f[f"layer{i}.grad.x"]
+        assert np.max(np.abs(dx - want)) < TOL * np.max(np.abs(want))
+        for name, g in layer.to_hf(layer.grads).items():
+            want = f[f"layer{i}.grad.{name}"]
+            err = np.max(np.abs(g - want)) / np.max(np.abs(want))
+            assert err < TOL, (i, name, err)
+    outs, t = [[], []], 0
+    for n in chunks:  # the stack decodes chunk by chunk, layer by layer
+        for i, layer in enumerate(layers):
+            outs[i].append(
+                layer.forward(x[:, t : t + n], kv_cache=caches[i])
+            )
+        t += n
+    for i in range(2):
+        ref = f[f"layer{i}.decode.out"]
+        got = np.concatenate(outs[i], axis=1)
+        assert np.max(np.abs(got - ref)) < TOL * np.max(np.abs(ref))
+    assert len(caches[0]) == len(caches[1]) == x.shape[1]
+    # a residual stack of the two runs forward and backward
+    h = x + layers[0].forward(x)
+    y = h + layers[1].forward(h)
+    dh = dy + layers[1].backward(dy)
+    dx = dh + layers[0].backward(dh)
+    assert y.shape == dx.shape == x.shape
+    assert np.isfinite(y).all() and np.isfinite(dx).all()
+
+
+def test_random_linear_layer_and_bad_state_dict():
+    cfg = config_of("qwen3_next")
+    layer = attention_from_hf(cfg, 0)
+    x = np.random.default_rng(0).standard_normal((1, 5, 64))
+    assert layer.forward(x).shape == (1, 5, 64)
+    assert {"W_q", "W_z", "A_log", "conv_q"} <= set(layer.params)
+    with pytest.raises(ValueError, match="unexpected"):
+        attention_from_hf(cfg, 0, {"q_proj.weight": np.zeros((4, 64))})
+    with pytest.raises(ValueError, match="hidden_act"):
+        attention_from_hf(dict(cfg, hidden_act="gelu"), 0)
+    with pytest.raises(ValueError, match="one entry per layer"):
+        attention_layers_from_hf(cfg, [{}])
