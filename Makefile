@@ -1,6 +1,6 @@
 # Learning Attention: build the book, run the tests, open the notebooks.
 # Every target is phony: book/ and notebooks/ are folders, and make must never call them up to date.
-.PHONY: book test lint unit nbval book-strict browser figures lab notebooks bench venv clean
+.PHONY: book serve test lint unit nbval book-strict browser figures lab notebooks bench venv clean stats
 
 PYTHON ?= python3
 VENV   := .venv
@@ -20,9 +20,17 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $@
 
 book: venv
-	$(BIN)/jupyter-book build --all . 
+	$(BIN)/jupyter-book build --all .
 	@echo
 	@echo "The book is built. Open: file://$(CURDIR)/_build/html/index.html"
+	@echo "Search needs the book served over http (a browser blocks it on file://): make serve"
+
+# The built book on http://127.0.0.1:$(PORT)/ (search works there, not on file://). Ctrl-C stops it.
+PORT ?= 8000
+serve:
+	@test -f _build/html/index.html || $(MAKE) book
+	@echo "Serving the book on http://127.0.0.1:$(PORT)/ (Ctrl-C stops it)"
+	$(BIN)/python -m http.server $(PORT) --bind 127.0.0.1 --directory _build/html
 
 test: venv lint unit nbval book-strict browser
 	@echo "make test: lint, unit tests, nbval on every notebook, the strict book build and the browser test all passed."
@@ -54,14 +62,22 @@ browser: venv
 figures: venv
 	$(BIN)/python scripts/make_figures.py
 
+# JupyterLab on notebooks/, with jupyterlab-myst (requirements.txt) rendering the book's MyST. Jupyter
+# refuses to run as root unless told: the flag is added only when make runs as root (as CI does).
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: venv
-	$(BIN)/jupyter lab notebooks
+	$(BIN)/jupyter lab $(ALLOW_ROOT) notebooks
 
 notebooks: venv
 	$(BIN)/python scripts/execute_notebooks.py notebooks/*.ipynb
 
 bench: venv
 	$(BIN)/python -m attn_np.bench all
+
+# The reader's view of every page at 1280x900 and 390x844 (height, cut equations, smallest figure
+# text, sideways scrolling, page width, code share): scripts/page_stats.py. Run `make book` first.
+stats: venv
+	$(BIN)/python scripts/page_stats.py
 
 clean:
 	rm -rf _build book/_generated .pytest_cache .hypothesis

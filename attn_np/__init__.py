@@ -18,7 +18,7 @@ ch  chapter                              modules
                                          :mod:`.grouped`,
                                          :mod:`.costs.layer`
 3   multi-query and grouped-query        :mod:`.multihead`, :mod:`.convert`,
-    attention                            :mod:`.costs.catalogue`
+    attention                            :mod:`.costs.model`
 4   incremental decoding, KV cache       :mod:`.kv_cache`,
                                          :mod:`.costs.decode`, :mod:`.bench`
 5   training MHA, GQA and MQA            :mod:`.training`, :mod:`.norms`
@@ -36,7 +36,10 @@ ch  chapter                              modules
     layers, chunked attention
 12  linear attention, DeltaNet, Gated    :mod:`.linear_attention`
     DeltaNet, Kimi Delta Attention
-A1  the KV cache of any model config     :mod:`.costs.catalogue`,
+13  sparse attention on the latent      :mod:`.sparse`
+    cache (DSA's lightning indexer,
+    top-k, block selection)
+A1  the KV cache of any model config     :mod:`.costs.hf_config`,
                                          :mod:`.memory`
 ==  ===================================  ===================================
 
@@ -131,6 +134,19 @@ from .softmax import (
     softmax_backward,
     softmax_forward,
 )
+from .sparse import (
+    IndexedLatentCache,
+    LightningIndexer,
+    SparseLatentAttention,
+    block_top_n_mask,
+    index_scores_backward,
+    index_scores_forward,
+    indexer_kl_backward,
+    indexer_kl_forward,
+    sparse_mqa_backward,
+    sparse_mqa_forward,
+    top_k_mask,
+)
 from .streaming import MarkedCopy, stream_logits
 from .training import (
     Adam,
@@ -148,10 +164,12 @@ __all__ = [
     "FlashCache",
     "GatedDeltaNet",
     "GroupedQueryAttention",
+    "IndexedLatentCache",
     "KVCache",
     "KimiDeltaAttention",
     "LatentKVCache",
     "LongContextAttention",
+    "LightningIndexer",
     "MarkedCopy",
     "MODELS",
     "ModelConfig",
@@ -160,12 +178,14 @@ __all__ = [
     "MultiQueryAttention",
     "RopeCache",
     "SoftmaxCache",
+    "SparseLatentAttention",
     "StateCache",
     "TOLERANCE",
     "Transformer",
     "attention_backward",
     "attention_from_hf",
     "attention_forward",
+    "block_top_n_mask",
     "causal_mask",
     "chunked_mask",
     "check_gradients",
@@ -183,6 +203,10 @@ __all__ = [
     "gated_deltanet_from_hf",
     "grouped_attention_backward",
     "grouped_attention_forward",
+    "index_scores_backward",
+    "index_scores_forward",
+    "indexer_kl_backward",
+    "indexer_kl_forward",
     "instruments",
     "kv_bytes_per_token",
     "kv_cache_bytes",
@@ -204,7 +228,10 @@ __all__ = [
     "softmax_backward",
     "softmax_forward",
     "softmax_scale",
+    "sparse_mqa_backward",
+    "sparse_mqa_forward",
     "stream_logits",
+    "top_k_mask",
     "training",
     "unbroadcast",
 ]

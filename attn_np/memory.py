@@ -22,33 +22,66 @@ import argparse
 import os
 import re
 import sys
+from fractions import Fraction
 
-from .costs.catalogue import (
+from .costs import (
     CATALOGUE,
     ModelConfig,
+    cache_bytes,
     from_hf_config,
+    indexer_cache_bytes,
     kv_bytes_per_token,
     kv_cache_bytes,
     max_context,
+    state_bytes,
 )
+from .costs.model import CHUNKED, FULL, LINEAR, SLIDING
 from .instruments.plotting import format_bytes
 
-UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9}
-UNITS |= {"tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-UNITS |= {"tib": 2**40}
+# units are case-sensitive in their last letter: B is a byte, b a bit
+UNITS = {"B": 1, "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+UNITS |= {"TB": 10**12, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
+UNITS |= {"TiB": 2**40, "": 1}
+#: The largest number the command line takes (a budget in bytes, a
+#: length, a batch): 2**80, a yobibyte, more than any machine holds.
+LIMIT = 2**80
 
 
 def parse_bytes(text: str) -> int:
     """``"80GiB" -> 85899345920``, ``"80 GB" -> 80000000000``: a size in
     bytes, with an optional decimal (kB, MB, GB, TB) or binary (KiB, MiB,
-    GiB, TiB) unit."""
+    GiB, TiB) unit.
+
+    Exact (no float rounding), refused when ambiguous (``80Gb``: a lower
+    case ``b`` is a bit), when it rounds to 0 bytes, or above 2**80.
+    """
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    unit = match and match.group(2).lower()
-    if not match or unit not in UNITS or float(match.group(1)) <= 0:
+    unit = match.group(2) if match else None
+    canonical = {u.lower(): u for u in UNITS if u}
+    if match and unit not in UNITS and unit.lower() in canonical:
         raise ValueError(
-            f"a memory budget looks like 80GiB or 80GB, got {text!r}"
+            f"a memory budget of {text!r} is ambiguous: write the unit as "
+            f"{canonical[unit.lower()]} (a lower-case b is a bit, and "
+            "kB, MB, GB are decimal, KiB, MiB, GiB binary)"
         )
-    return int(float(match.group(1)) * UNITS[unit])
+    if not match or unit not in UNITS:
+        raise ValueError(
+            f"a memory budget looks like 80GiB or 80GB, got {text!r:.60}"
+        )
+    if len(match.group(1).split(".")[0].lstrip("0")) > 30:
+        raise ValueError(
+            f"a memory budget of {text!r:.60} is more than 2**80 bytes"
+        )
+    value = int(Fraction(match.group(1)) * UNITS[unit])
+    if value < 1:
+        raise ValueError(
+            f"a memory budget of {text!r} is less than one byte"
+        )
+    if value > LIMIT:
+        raise ValueError(
+            f"a memory budget of {text!r} is more than 2**80 bytes"
+        )
+    return value
 
 
 def load(config: str) -> ModelConfig:
@@ -62,16 +95,43 @@ def load(config: str) -> ModelConfig:
     return from_hf_config(config)
 
 
+def _rope_line(cfg) -> list[str]:
+    if not cfg.rope:
+        return []
+    parts, seen = [], []
+    for kind in (FULL, SLIDING, CHUNKED):
+        p = cfg.rope.get(kind)
+        if p is None:
+            continue
+        seen.append(p)
+        text = f"{p['rope_type']}"
+        theta = p.get("rope_theta")
+        if theta is not None:
+            whole = float(theta).is_integer()
+            text += f", theta {int(theta):,}" if whole else f", {theta:g}"
+        if p.get("factor") is not None:
+            text += f", factor {p['factor']:g}"
+        if p.get("partial_rotary_factor") is not None:
+            text += f", on {p['partial_rotary_factor']:g} of each head"
+        parts.append(f"{kind.split('_')[0]}: {text}")
+    if all(p == seen[0] for p in seen):  # one RoPE for every layer
+        parts = [parts[0].split(": ", 1)[1]]
+    return [f"rope         {'; '.join(parts)}"]
+
+
 def report(cfg, seq_len, batch=1, bytes_per_element=2, budget=None):
     """The lines the command prints (each at most 77 characters)."""
     b = bytes_per_element
     per_token = kv_bytes_per_token(cfg, b)
-    total = kv_cache_bytes(cfg, seq_len, batch, b)
+    kv = kv_cache_bytes(cfg, seq_len, batch, b)
+    total = cache_bytes(cfg, seq_len, batch, b)
     seqs = f"{batch:,} sequence" + ("s" if batch > 1 else "")
+    counts = cfg.layer_counts
+    n_attn = cfg.n_attention_layers
     heads = f"{cfg.n_layers} layers, {cfg.n_heads} query heads"
     if cfg.family != "MLA":
-        kv = "key/value head" + ("s" if cfg.n_kv_heads > 1 else "")
-        heads += f", {cfg.n_kv_heads} {kv} of {cfg.head_dim}"
+        kv_heads = "key/value head" + ("s" if cfg.n_kv_heads > 1 else "")
+        heads += f", {cfg.n_kv_heads} {kv_heads} of {cfg.head_dim}"
     lines = [
         f"model        {cfg.name}",
         f"kind         {cfg.kind}",
@@ -82,19 +142,67 @@ def report(cfg, seq_len, batch=1, bytes_per_element=2, budget=None):
             f"             caching a latent of {cfg.d_latent_kv} and a "
             f"rotary key of {cfg.d_rope}"
         )
+        v = cfg.d_head_v or cfg.head_dim
+        hf4 = cfg.n_heads * (cfg.head_dim + cfg.d_rope + v)
+        ratio = hf4 / cfg.kv_numbers_per_layer
+        lines += [
+            "             (transformers 5 caches this; transformers 4.x "
+            "caches every",
+            f"             head's keys and values, {hf4:,} numbers, "
+            f"{ratio:.1f}x as many)",
+        ]
+    lines += _rope_line(cfg)
     lines.append(
         f"per token    {format_bytes(per_token)} = {per_token:,} bytes "
         f"({b} per number)"
     )
-    if cfg.n_window_layers:
+    if n_attn < cfg.n_layers:
         lines.append(
-            "             (window layers stop growing at "
-            f"{cfg.sliding_window:,} tokens)"
+            f"             in the {n_attn} attention layers; the "
+            f"{counts[LINEAR]} linear layers do not grow"
+        )
+    for kind, what, w in (
+        (SLIDING, "window", cfg.sliding_window),
+        (CHUNKED, "chunked", cfg.attention_chunk_size),
+    ):
+        if counts.get(kind):
+            lines.append(
+                f"             ({what} layers stop growing at {w:,} tokens)"
+            )
+    if counts.get(SLIDING) or counts.get(CHUNKED):
+        lines.append(
+            "             (counting the W a step holds; HF keeps W - 1 "
+            "between steps)"
         )
     lines += [
-        f"cache        {format_bytes(total)} = {total:,} bytes",
+        f"KV cache     {format_bytes(kv)} = {kv:,} bytes",
         f"             for {seqs} of {seq_len:,} tokens",
     ]
+    if cfg.linear is not None:
+        s = cfg.linear
+        recurrent, conv = state_bytes(cfg, batch, b)
+        lines += [
+            f"state        {format_bytes(recurrent)} = {recurrent:,} "
+            f"bytes, any context",
+            f"             {counts[LINEAR]} layers x {s.n_v_heads} value "
+            f"heads x {s.d_k} x {s.d_v}, {s.state_dtype}",
+            f"conv state   {format_bytes(conv)} = {conv:,} bytes, "
+            "any context",
+            f"             {counts[LINEAR]} layers x {s.conv_dim:,} "
+            f"channels x {s.conv_kernel} positions, {b} per number",
+        ]
+    if cfg.indexer is not None:
+        ix = cfg.indexer
+        idx = indexer_cache_bytes(cfg, seq_len, batch)
+        lines += [
+            f"indexer      {format_bytes(idx)} = {idx:,} bytes",
+            f"             {n_attn} layers x {ix.bytes_per_token} bytes "
+            f"a token (FP8 key of {ix.head_dim},",
+            f"             a float32 scale per {ix.block}); each query "
+            f"reads {ix.topk:,} tokens",
+        ]
+    if total != kv:
+        lines.append(f"total        {format_bytes(total)} = {total:,} bytes")
     if budget is not None:
         fit = max_context(cfg, budget, batch, b)
         most = "any context" if fit is None else f"{fit:,} tokens"
@@ -104,8 +212,33 @@ def report(cfg, seq_len, batch=1, bytes_per_element=2, budget=None):
     return lines
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, answering a bad argument in one line (no usage block)."""
+
+    def error(self, message):
+        raise ValueError(message)
+
+
+def _number(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer, got {text!r:.60}"
+            ) from None
+        if not minimum <= value <= LIMIT:
+            raise argparse.ArgumentTypeError(
+                f"must be an integer from {minimum} to 2**80, got "
+                f"{text!r:.60}"
+            )
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m attn_np.memory",
         description="How much key/value cache a model needs.",
     )
@@ -114,11 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a config.json, its folder, or a model in the catalogue "
         f"({', '.join(CATALOGUE)})",
     )
-    parser.add_argument("--seq-len", type=int, required=True)
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--seq-len", type=_number(0), required=True)
+    parser.add_argument("--batch", type=_number(1), default=1)
     parser.add_argument(
         "--bytes-per-element",
-        type=int,
+        type=_number(1),
         default=2,
         help="2 for bf16/fp16 (default), 1 for an 8-bit cache",
     )
@@ -127,15 +260,16 @@ def main(argv: list[str] | None = None) -> int:
         help="memory for the cache, e.g. 80GiB or 80GB: print the longest "
         "context that fits",
     )
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         budget = None if args.budget is None else parse_bytes(args.budget)
         cfg = load(args.config)
         lines = report(
             cfg, args.seq_len, args.batch, args.bytes_per_element, budget
         )
-    except (ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (ValueError, TypeError, OSError, OverflowError) as err:
+        message = " ".join(str(err).split())
+        print(f"error: {message}", file=sys.stderr)
         return 2
     print("\n".join(lines))
     return 0

@@ -79,6 +79,23 @@ class MarkedCopy:
     p_marker: float = 0.15
     seq_len: int = 48
 
+    def __post_init__(self):
+        for name in ("n_tokens", "lag", "seq_len"):
+            check_positive_int(getattr(self, name), name)
+        p = self.p_marker
+        if (
+            isinstance(p, bool)
+            or not isinstance(p, (int, float))
+            or not 0 <= p <= 1
+        ):
+            raise ValueError(f"p_marker must be in [0, 1], got {p!r}")
+        if self.seq_len <= self.lag:
+            raise ValueError(
+                "seq_len must be longer than lag (a marker asks for the "
+                f"token lag positions back), got seq_len={self.seq_len} "
+                f"and lag={self.lag}"
+            )
+
     @property
     def marker(self) -> int:
         return self.n_tokens

@@ -5,6 +5,9 @@
 - Registers the bibliography's author-year style ``authoryear``: the reference list is sorted by author
   and year and labelled "Vaswani et al., 2017" (``bibtex_default_style`` in ``_config.yml``); two
   papers with one label become "Ba et al., 2016a" and "2016b", in the list and in the text.
+- Writes the front page's map of the book, ``book/_generated/chapter_map.md``, from ``_toc.yml``
+  (every page it lists, in its order and parts) and ``book/chapters.yml`` (the question each page
+  answers): a page added to ``_toc.yml`` is on the map at the next build.
 - Writes each ``<script>`` once. With Sphinx 7.4, the inline scripts that sphinx-thebe and
   sphinx-togglebutton add come out twice (once as filename ``None``, once as ``''``), and the second
   ``const THEBE_JS_URL`` is a JavaScript error in every reader's console.
@@ -12,6 +15,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -120,9 +124,93 @@ def _write_each_script_once(app, pagename, templatename, context, doctree):
     context["script_files"] = unique
 
 
+# --- the front page's map of the book -----------------------------------------------------------
+
+
+def toc_parts(root: Path) -> list[tuple[str, bool, list[str]]]:
+    """``[(caption, numbered, [file, ...]), ...]``: the parts of ``_toc.yml`` and the pages in each
+    (sub-pages included, in order), with file names as written there (no suffix)."""
+    import yaml
+
+    toc = yaml.safe_load((root / "_toc.yml").read_text())
+
+    def files(entries):
+        for entry in entries or []:
+            if "file" in entry:
+                yield re.sub(r"\.(md|ipynb)$", "", entry["file"])
+            yield from files(entry.get("sections") or entry.get("entries"))
+
+    return [
+        (
+            part.get("caption", ""),
+            bool(part.get("numbered")),
+            list(files(part.get("chapters"))),
+        )
+        for part in toc.get("parts", [])
+    ]
+
+
+def chapter_map(root: Path) -> tuple[str, list[str]]:
+    """The map as MyST (links relative to ``book/``), and the pages that have no entry in
+    ``book/chapters.yml``."""
+    import yaml
+
+    about = (
+        yaml.safe_load((root / "book" / "chapters.yml").read_text()) or {}
+    )
+    missing, out = [], []
+
+    def link(f):
+        return (
+            f"{{doc}}`../{f}`"
+            if not f.startswith("book/")
+            else f"{{doc}}`{f[len('book/') :]}`"
+        )
+
+    for caption, numbered, files in toc_parts(root):
+        out.append(f"**{caption}**\n" if caption else "")
+        if numbered:
+            out.append(
+                "| | chapter | the question it answers | from the note |"
+            )
+            out.append("|---|---|---|---|")
+        for i, f in enumerate(files, 1):
+            entry = about.get(f)
+            if entry is None:
+                missing.append(f)
+                entry = {}
+            question = " ".join(str(entry.get("question", "")).split())
+            note = " ".join(str(entry.get("note", "")).split()) or "—"
+            if numbered:
+                out.append(f"| {i} | {link(f)} | {question} | {note} |")
+            else:
+                out.append(
+                    f"- {link(f)}" + (f": {question}" if question else "")
+                )
+        out.append("")
+    return "\n".join(out) + "\n", missing
+
+
+def _write_chapter_map(app) -> None:
+    from sphinx.util import logging
+
+    root = Path(app.srcdir)
+    text, missing = chapter_map(root)
+    out = root / "book" / "_generated" / "chapter_map.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.is_file() or out.read_text() != text:
+        out.write_text(text)
+    for f in missing:
+        logging.getLogger(__name__).warning(
+            f"{f} is in _toc.yml but not in book/chapters.yml: the front page's map "
+            "lists it without the question it answers"
+        )
+
+
 def setup(app):
     _register_authoryear_style()
     _cite_year_with_its_letter()
     make_figures.make_all(Path(app.srcdir) / "book" / "_generated")
+    _write_chapter_map(app)
     app.connect("html-page-context", _write_each_script_once)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

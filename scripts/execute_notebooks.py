@@ -3,6 +3,9 @@
 Each notebook's name is printed as it starts and its time when it finishes, so that a reader
 waiting for ``make notebooks`` knows what is running.
 
+Cells tagged ``hide-input`` or ``hide-cell`` (folded in the HTML book) get JupyterLab's own
+folding metadata, so a solution stays folded in JupyterLab too.
+
 Outputs are stored without per-cell timing metadata so that re-running an unchanged notebook
 changes nothing but machine-dependent outputs (timings, in cells tagged ``nbval-ignore-output``).
 """
@@ -15,6 +18,20 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+
+
+def fold_like_the_book(cell) -> None:
+    """Fold in JupyterLab what the HTML book folds: JupyterLab ignores the ``hide-input`` and
+    ``hide-cell`` tags, but collapses a cell whose ``jupyter.source_hidden`` (and, for
+    ``hide-cell``, ``jupyter.outputs_hidden``) is set. A solution's code then stays folded
+    beside its exercise in JupyterLab too."""
+    tags = set(cell.metadata.get("tags", []))
+    if cell.cell_type != "code" or not tags & {"hide-input", "hide-cell"}:
+        return
+    jupyter = cell.metadata.setdefault("jupyter", {})
+    jupyter["source_hidden"] = True
+    if "hide-cell" in tags:
+        jupyter["outputs_hidden"] = True
 
 
 def execute(path: Path) -> float:
@@ -31,6 +48,7 @@ def execute(path: Path) -> float:
     elapsed = time.perf_counter() - start
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
+        fold_like_the_book(cell)
     nb.metadata["kernelspec"] = {
         "display_name": "Python 3 (ipykernel)",
         "language": "python",

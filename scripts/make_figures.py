@@ -34,6 +34,7 @@ def head_grouping(path: Path, n_heads: int = 8, kv_heads=(8, 2, 1)) -> None:
     plt = _pyplot()
     from attn_np.instruments.plotting import (
         plot_head_grouping,
+        save_figure,
         use_book_style,
     )
 
@@ -44,7 +45,9 @@ def head_grouping(path: Path, n_heads: int = 8, kv_heads=(8, 2, 1)) -> None:
     for ax, n_kv in zip(axes, kv_heads):
         plot_head_grouping(n_heads, n_kv, ax=ax)
     fig.tight_layout()
-    fig.savefig(path, dpi=120, metadata={"Software": None})
+    save_figure(
+        fig, path
+    )  # 2x the CSS resolution, its smallest text recorded
     plt.close(fig)
 
 

@@ -12,12 +12,10 @@ import json
 
 import pytest
 
-from attn_np.costs.catalogue import (
+from attn_np.costs import (
     CATALOGUE,
-    FULL,
     LATENT_MODELS,
     MODELS,
-    SLIDING,
     WINDOW_MODELS,
     GiB,
     ModelConfig,
@@ -30,6 +28,7 @@ from attn_np.costs.catalogue import (
     max_context,
     weight_bytes,
 )
+from attn_np.costs.model import FULL, SLIDING
 
 L128K = 131_072
 
@@ -903,14 +902,21 @@ def without(config: dict, key: str) -> dict:
             {**GEMMA_2_9B, "sliding_window_size": 2048},
             "contradictory: sliding_window=4096, sliding_window_size=2048",
         ),
-        ({**LLAMA_3_8B, "attention_chunk_size": 8192}, "chunked attention"),
+        (
+            {**LLAMA_3_8B, "attention_chunk_size": 8192},
+            "attention_chunk_size=8192 but says neither which layers",
+        ),
         ({**GEMMA_3_1B_IT, "num_kv_shared_layers": 10}, "num_kv_shared"),
-        ([1, 2], "config must be a path to a config.json or a dict"),
     ],
 )
 def test_errors_name_the_key(config, match):
     with pytest.raises(ValueError, match=match):
         from_hf_config(config)
+
+
+def test_a_config_of_the_wrong_type_is_a_type_error():
+    with pytest.raises(TypeError, match="config must be a path"):
+        from_hf_config([1, 2])
 
 
 def test_harmless_keys_are_not_errors():
@@ -981,9 +987,13 @@ def test_cli_on_a_config_file(tmp_path, capsys):
         "model        gemma-3-27b-it",
         "kind         GQA, window 1024 in 52 of 62 layers",
         "shape        62 layers, 32 query heads, 16 key/value heads of 128",
+        "rope         full: linear, factor 8; sliding: default, theta "
+        "10,000",
         "per token    496.00 KiB = 507,904 bytes (2 per number)",
         "             (window layers stop growing at 1,024 tokens)",
-        f"cache        83.25 GiB = {total:,} bytes",
+        "             (counting the W a step holds; HF keeps W - 1 between"
+        " steps)",
+        f"KV cache     83.25 GiB = {total:,} bytes",
         "             for 8 sequences of 131,072 tokens",
         f"max context  {fit:,} tokens x 8 sequences in 80.00 GiB",
     ]
@@ -1029,7 +1039,7 @@ def test_cli_kinds_and_budgets(capsys):
         ("80GiB", 80 * 2**30),
         ("80 GB", 80 * 10**9),
         ("1.5TiB", 3 * 2**39),
-        ("512mib", 512 * 2**20),
+        ("512MiB", 512 * 2**20),
         ("4096", 4096),
         ("2kB", 2000),
     ],
@@ -1046,11 +1056,11 @@ def test_parse_bytes(text, value):
         (["nope", "--seq-len", "5"], "neither a file nor a model"),
         (["falcon-7b", "--seq-len", "5", "--budget", "80Gx"], "budget"),
         (["falcon-7b", "--seq-len", "5", "--budget", "0GB"], "budget"),
-        (["falcon-7b", "--seq-len", "-5"], "seq_len"),
+        (["falcon-7b", "--seq-len", "-5"], "--seq-len"),
         (["falcon-7b", "--seq-len", "5", "--batch", "0"], "batch"),
         (
             ["falcon-7b", "--seq-len", "5", "--bytes-per-element", "0"],
-            "bytes_per_element",
+            "--bytes-per-element",
         ),
     ],
 )
@@ -1065,8 +1075,8 @@ def test_cli_config_errors_name_the_key(tmp_path, capsys):
     path.write_text(json.dumps(without(LLAMA_3_8B, "num_hidden_layers")))
     status, _, err = run_cli(capsys, str(path), "--seq-len", "5")
     assert status == 2 and "no num_hidden_layers" in err
-    with pytest.raises(SystemExit):  # argparse: --seq-len is required
-        run_cli(capsys, "falcon-7b")
+    status, _, err = run_cli(capsys, "falcon-7b")  # --seq-len is required
+    assert status == 2 and err.count("\n") == 1 and "--seq-len" in err
 
 
 def test_python_dash_m(tmp_path):

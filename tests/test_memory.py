@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from attn_np.costs.catalogue import (
+from attn_np.costs import (
     GB,
     MODELS,
     GiB,

@@ -2,38 +2,148 @@
 them.
 
 Each benchmark is a module ``attn_np.bench.NAME`` with a ``main(argv) ->
-int`` function. Its name is printed before it runs (and its time after), so
-that a reader waiting for ``make bench`` knows what is running.
+int`` function, registered in :data:`BENCHMARKS` with the options it takes.
+Its name is printed before it runs (and its time after), so that a reader
+waiting for ``make bench`` knows what is running.
+
+The arguments are checked here, before a benchmark starts: a size that is
+not a positive integer (``--heads 0``, ``--L 0``, ``--repeat 0``,
+``--window 0``), an unknown option or a value missing is answered with one
+line, ``error: ...``, and exit status 2, never a traceback; so is an error
+a benchmark raises on arguments it cannot use.
 """
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
 import sys
 import time
+from dataclasses import dataclass, field
 
-import attn_np.bench as _pkg
+#: The largest size any option takes (sizes beyond it only exhaust memory).
+MAX_SIZE = 2**31 - 1
 
-SKIP = {"common", "__main__"}
+
+@dataclass(frozen=True)
+class Bench:
+    """A registered benchmark: its module and its options.
+
+    ``sizes`` take one positive integer, ``size_lists`` any number of them,
+    ``flags`` no value, ``choices`` one of a few strings.
+    """
+
+    module: str
+    sizes: tuple[str, ...] = ()
+    size_lists: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+    choices: dict = field(default_factory=dict)
+
+    @property
+    def options(self) -> set[str]:
+        known = set(self.sizes) | set(self.size_lists) | set(self.flags)
+        return known | set(self.choices) | {"--help", "-h"}
+
+
+#: Every benchmark, by name. A new benchmark adds its line here.
+BENCHMARKS: dict[str, Bench] = {
+    "decode": Bench(
+        "attn_np.bench.decode",
+        sizes=("--d-model", "--heads", "--context", "--batch", "--rounds"),
+        flags=("--levers",),
+    ),
+    "flash": Bench(
+        "attn_np.bench.flash",
+        sizes=("--L", "--rounds"),
+        size_lists=("--memory-L",),
+        flags=("--sweep", "--skip-memory"),
+    ),
+    "mha": Bench(
+        "attn_np.bench.mha",
+        sizes=("--B", "--L", "--d-model", "--heads", "--repeat"),
+        flags=("--no-naive",),
+        choices={"--dtype": ("float32", "float64")},
+    ),
+    "window": Bench(
+        "attn_np.bench.window",
+        sizes=("--d-model", "--heads", "--kv-heads", "--window", "--rounds"),
+    ),
+}
 
 
 def available() -> list[str]:
-    return sorted(
-        m.name
-        for m in pkgutil.iter_modules(_pkg.__path__)
-        if m.name not in SKIP
-    )
+    return sorted(BENCHMARKS)
+
+
+def _size(option: str, text: str) -> None:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value <= MAX_SIZE:
+        raise ValueError(
+            f"{option} must be a positive integer (at most {MAX_SIZE:,}), "
+            f"got {text!r}"
+        )
+
+
+def check_args(name: str, argv: list[str]) -> None:
+    """Raise a ``ValueError`` naming the option for any argument that
+    benchmark ``name`` cannot use."""
+    bench = BENCHMARKS[name]
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        option, eq, inline = token.partition("=")
+        if option not in bench.options:
+            raise ValueError(
+                f"benchmark {name} has no option {option!r}; it takes "
+                f"{', '.join(sorted(bench.options - {'-h'}))}"
+            )
+        if option in bench.flags or option in ("--help", "-h"):
+            if eq:
+                raise ValueError(f"{option} takes no value, got {token!r}")
+            i += 1
+            continue
+        if option in bench.size_lists:
+            values = [inline] if eq else []
+            i += 1
+            while not eq and i < len(argv) and not argv[i].startswith("--"):
+                values.append(argv[i])
+                i += 1
+            for v in values:
+                _size(option, v)
+            continue
+        if eq:
+            value = inline
+            i += 1
+        elif i + 1 < len(argv):
+            value = argv[i + 1]
+            i += 2
+        else:
+            raise ValueError(f"{option} needs a value")
+        if option in bench.sizes:
+            _size(option, value)
+        elif value not in bench.choices[option]:
+            raise ValueError(
+                f"{option} must be one of {', '.join(bench.choices[option])}"
+                f", got {value!r}"
+            )
 
 
 def run(name: str, argv: list[str]) -> int:
     """Run one benchmark, announcing it first and timing it."""
     print(f"== {name} ==", flush=True)
     start = time.perf_counter()
-    status = importlib.import_module(f"attn_np.bench.{name}").main(argv)
+    module = importlib.import_module(BENCHMARKS[name].module)
+    status = module.main(argv)
     took = time.perf_counter() - start
     print(f"== {name}: done in {took:.1f} s ==", flush=True)
     return status
+
+
+def _error(message) -> int:
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str]) -> int:
@@ -45,21 +155,21 @@ def main(argv: list[str]) -> int:
         )
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    if name == "all":
+    if name != "all" and name not in names:
+        return _error(
+            f"unknown benchmark {name!r}; choose from "
+            f"{', '.join(names + ['all'])}"
+        )
+    chosen = names if name == "all" else [name]
+    try:
+        for n in chosen:
+            check_args(n, rest)
         status = 0
-        for n in names:
+        for n in chosen:
             status |= run(n, rest)
         return status
-    if name not in names:
-        print(
-            (
-                f"unknown benchmark {name!r}; choose from "
-                f"{', '.join(names + ['all'])}"
-            ),
-            file=sys.stderr,
-        )
-        return 2
-    return run(name, rest)
+    except (ValueError, TypeError, MemoryError, OverflowError) as err:
+        return _error(err)
 
 
 if __name__ == "__main__":

@@ -7,32 +7,18 @@ formulas.
   prefill and a decode step, the roofline and Shazeer's ratio (chapter 4);
 * :mod:`~attn_np.costs.latent`: the cache, FLOPs and bytes of multi-head
   latent attention, naive and absorbed (chapter 7);
-* :mod:`~attn_np.costs.catalogue`: the attention shapes of released models
-  and the size of their key/value caches (chapters 3, 4 and 7 to 9), and
-  ``from_hf_config``, which reads them from a Hugging Face ``config.json``
-  (appendix A1).
+* :mod:`~attn_np.costs.model`: :class:`ModelConfig`, the attention shapes
+  of a model, and the size of its key/value cache (chapters 3, 4 and 7 to
+  9);
+* :mod:`~attn_np.costs.released`: the shapes of released models
+  (``MODELS``, ``LATENT_MODELS``, ``WINDOW_MODELS``, ``CATALOGUE``);
+* :mod:`~attn_np.costs.hf_config`: ``from_hf_config``, which reads them
+  from a Hugging Face ``config.json`` (appendix A1).
 
 Every name is also available here, so ``from attn_np import costs`` then
 ``costs.forward_flops``.
 """
 
-from .catalogue import (
-    CATALOGUE,
-    GB,
-    LATENT_MODELS,
-    MODELS,
-    WINDOW_MODELS,
-    GiB,
-    ModelConfig,
-    cached_positions,
-    from_hf_config,
-    get_model,
-    kv_bytes_per_token,
-    kv_cache_bytes,
-    max_concurrent_sequences,
-    max_context,
-    weight_bytes,
-)
 from .decode import (
     ChunkCost,
     attainable_flops,
@@ -44,6 +30,7 @@ from .decode import (
     roofline_time,
     shazeer_ratio,
 )
+from .hf_config import from_hf_config, rope_parameters
 from .latent import (
     latent_cache_elements,
     latent_chunk_cost,
@@ -64,6 +51,25 @@ from .layer import (
     training_flops,
     weights_crossover_length,
 )
+from .model import (
+    CATALOGUE,
+    GB,
+    GiB,
+    Indexer,
+    LinearState,
+    ModelConfig,
+    cache_bytes,
+    cached_positions,
+    get_model,
+    indexer_cache_bytes,
+    kv_bytes_per_token,
+    kv_cache_bytes,
+    max_concurrent_sequences,
+    max_context,
+    state_bytes,
+    weight_bytes,
+)
+from .released import LATENT_MODELS, MODELS, WINDOW_MODELS
 
 __all__ = [
     "GB",
@@ -73,12 +79,15 @@ __all__ = [
     "LATENT_MODELS",
     "WINDOW_MODELS",
     "ChunkCost",
+    "Indexer",
+    "LinearState",
     "ModelConfig",
     "activation_bytes",
     "attainable_flops",
     "attention_weights_bytes",
     "backward_flops",
     "backward_flops_breakdown",
+    "cache_bytes",
     "cached_positions",
     "chunk_cost",
     "decode_step_cost",
@@ -88,6 +97,7 @@ __all__ = [
     "from_hf_config",
     "get_model",
     "head_dims",
+    "indexer_cache_bytes",
     "kv_bytes_per_token",
     "kv_cache_bytes",
     "kv_read_tokens_per_second",
@@ -101,8 +111,10 @@ __all__ = [
     "param_count",
     "prefill_cost",
     "ridge_point",
+    "rope_parameters",
     "roofline_time",
     "shazeer_ratio",
+    "state_bytes",
     "training_flops",
     "weight_bytes",
     "weights_crossover_length",

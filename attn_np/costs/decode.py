@@ -41,8 +41,33 @@ from .._checks import (
     check_positive_int,
     check_positive_number,
 )
-from .catalogue import get_model, kv_cache_bytes, weight_bytes
 from .layer import head_dims, matmul_flops, param_count
+from .model import get_model, kv_cache_bytes, weight_bytes
+
+
+def check_flag(value, name: str) -> bool:
+    """``True`` or ``False``; a truthy string or number is refused."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_rate(value, name: str) -> float:
+    """A positive finite real number (a rate, FLOP/s or bytes/s); a string
+    is refused, not converted."""
+    if isinstance(value, (str, bytes, bool)):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return check_positive_number(value, name)
+
+
+def check_amount(value, name: str) -> float:
+    """A non-negative finite real number (FLOPs or bytes of work)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not 0 <= value < float("inf"):
+        raise ValueError(
+            f"{name} must be a non-negative finite number, got {value!r}"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -92,6 +117,7 @@ def chunk_cost(
     L_q = check_positive_int(L_q, "L_q")
     n = check_count(n_cached, "n_cached", minimum=0)
     e = check_positive_int(bytes_per_element, "bytes_per_element")
+    fused = check_flag(fused, "fused")
     d, h, n_kv, d_k, d_v = head_dims(d_model, n_heads, n_kv_heads, d_k, d_v)
     L_k = n + L_q
     flops = matmul_flops(B, L_q, L_k, d, h, n_kv, d_k, d_v)
@@ -207,8 +233,8 @@ def ridge_point(peak_flops: float, bandwidth: float) -> float:
     FLOPs per byte a kernel cannot keep the arithmetic units busy, whatever
     its code.
     """
-    peak = check_positive_number(peak_flops, "peak_flops")
-    return peak / check_positive_number(bandwidth, "bandwidth")
+    peak = check_rate(peak_flops, "peak_flops")
+    return peak / check_rate(bandwidth, "bandwidth")
 
 
 def attainable_flops(
@@ -216,9 +242,9 @@ def attainable_flops(
 ) -> float:
     """The roofline: ``min(peak_flops, intensity * bandwidth)`` FLOP/s."""
     return min(
-        check_positive_number(peak_flops, "peak_flops"),
-        check_positive_number(intensity, "intensity")
-        * check_positive_number(bandwidth, "bandwidth"),
+        check_rate(peak_flops, "peak_flops"),
+        check_rate(intensity, "intensity")
+        * check_rate(bandwidth, "bandwidth"),
     )
 
 
@@ -228,8 +254,8 @@ def roofline_time(
     """The least time a kernel can take: ``max(flops / peak_flops, bytes /
     bandwidth)`` seconds."""
     return max(
-        flops / check_positive_number(peak_flops, "peak_flops"),
-        nbytes / check_positive_number(bandwidth, "bandwidth"),
+        check_amount(flops, "flops") / check_rate(peak_flops, "peak_flops"),
+        check_amount(nbytes, "nbytes") / check_rate(bandwidth, "bandwidth"),
     )
 
 
@@ -262,4 +288,4 @@ def kv_read_tokens_per_second(
             "seq_len must be positive when include_weights is False "
             "(nothing to read)"
         )
-    return check_positive_number(bandwidth, "bandwidth") / need
+    return check_rate(bandwidth, "bandwidth") / need

@@ -33,7 +33,7 @@ the memory bus at least once, as :mod:`attn_np.costs.decode` does.
 from __future__ import annotations
 
 from .._checks import check_count, check_latent_dims
-from .decode import ChunkCost
+from .decode import ChunkCost, check_flag
 
 
 def latent_cache_elements(
@@ -104,6 +104,8 @@ def latent_chunk_cost(
     L_q = check_count(L_q, "L_q")
     n = check_count(n_cached, "n_cached", minimum=0)
     e = check_count(bytes_per_element, "bytes_per_element")
+    absorb = check_flag(absorb, "absorb")
+    fused = check_flag(fused, "fused")
     dims = (
         d_model,
         n_heads,

@@ -27,19 +27,35 @@ TOLERANCE = 1e-7
 
 def rel_error(a, b) -> float:
     """``max|a - b| / max(1e-8, max(|a| + |b|))``: the book's relative error
-    between two arrays."""
-    a = np.asarray(a, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
+    between two arrays.
+
+    A NaN or an infinity in either array gives ``inf``, never NaN: so
+    ``max(errors.values()) < TOLERANCE`` fails for a backward that returns
+    NaN (``max`` skips a NaN that is not first, and every comparison with NaN
+    is False).
+    """
+    try:
+        a = np.asarray(a, dtype=np.float64)
+        b = np.asarray(b, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(
+            "a and b must be arrays of real numbers, got "
+            f"{type(a).__name__} and {type(b).__name__}"
+        ) from None
     if a.shape != b.shape:
         raise ValueError(
             f"a and b must have the same shape, got {a.shape} and {b.shape}"
         )
     if a.size == 0:
         return 0.0
-    return float(
-        np.max(np.abs(a - b))
-        / max(1e-8, float(np.max(np.abs(a) + np.abs(b))))
-    )
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return float("inf")
+    with np.errstate(over="ignore", invalid="ignore"):
+        err = float(
+            np.max(np.abs(a - b))
+            / max(1e-8, float(np.max(np.abs(a) + np.abs(b))))
+        )
+    return err if np.isfinite(err) else float("inf")
 
 
 def numerical_gradient(
@@ -54,12 +70,28 @@ def numerical_gradient(
     ``f`` takes no arguments and reads ``x``, which is perturbed in place one
     entry at a time and restored afterwards.
     """
+    if not callable(f):
+        raise TypeError(f"f must be callable, got {type(f).__name__}")
+    if not isinstance(x, np.ndarray):
+        raise TypeError(
+            "x must be a float64 ndarray (it is perturbed in place), got "
+            f"{type(x).__name__}"
+        )
     if x.dtype != np.float64 or np.asarray(dout).dtype != np.float64:
         raise TypeError(
             f"gradient checks run in float64, got x of dtype {x.dtype} and "
             "dout of dtype "
             f"{np.asarray(dout).dtype}"
         )
+    if not x.flags.writeable:
+        raise ValueError("x must be writeable (it is perturbed in place)")
+    try:
+        h = float(h)
+    except (TypeError, ValueError):
+        h = float("nan")
+    if not (np.isfinite(h) and 0 < h < 1):
+        raise ValueError(f"h must be a small positive step, got {h!r}")
+    dout = np.asarray(dout)
     grad = np.zeros_like(x)
     for idx in np.ndindex(x.shape):
         old = x[idx]
@@ -69,6 +101,11 @@ def numerical_gradient(
         x[idx] = old - h
         f_minus = f()
         x[idx] = old
+        if np.shape(f_plus) != dout.shape:
+            raise ValueError(
+                f"f() must return an array of the shape of dout "
+                f"{dout.shape}, got {np.shape(f_plus)}"
+            )
         # difference the outputs before summing: their large common part
         # cancels exactly, so less rounding error enters the sum
         grad[idx] = np.sum((f_plus - f_minus) * dout) / (2 * h)

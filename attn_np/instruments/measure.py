@@ -58,6 +58,15 @@ def round_times(fns: dict, *, rounds: int = 5) -> dict:
     milliseconds, so ``t[a] - t[b]`` round by round compares ``a`` with
     ``b`` under the same conditions (:func:`paired_difference`).
     """
+    if not isinstance(fns, dict) or not all(map(callable, fns.values())):
+        raise TypeError(
+            f"fns must be a dict of callables, got {type(fns).__name__}"
+            + ("" if not isinstance(fns, dict) else " with other values")
+        )
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(
+            f"rounds must be a positive integer, got {rounds!r}"
+        )
     for fn in fns.values():
         fn()
     times = {name: np.empty(rounds) for name in fns}

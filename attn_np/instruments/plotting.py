@@ -2,15 +2,40 @@
 
 matplotlib only; every chapter imports these so that all figures look alike
 and print well.
+
+Figures are drawn for the width the book shows them at. The book's column
+is about 670 CSS px wide at a 1280 px window, so a figure of
+``COLUMN_INCHES`` (6.7 in at ``CSS_DPI`` = 100 CSS px per inch) is shown at
+its own size, and one wider than that is shrunk to fit. A notebook figure
+is saved at ``PNG_DPI`` = 200, twice the CSS resolution (sharp on HiDPI
+screens), and displayed at half its pixel size. Each PNG records the
+smallest text that was drawn in it (``TEXT_KEY``, in points), so the
+browser test can compute what a reader sees: points x dpi / 72 x the scale
+the page shows the image at, never below ``MIN_TEXT_PX``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+# : CSS px per inch of a figure as the book shows it (matplotlib's
+# default figure.dpi, so ``figsize`` in inches x 100 is the CSS width).
+CSS_DPI = 100
+# : Pixels per inch of the PNG a notebook writes: twice the CSS resolution.
+PNG_DPI = 2 * CSS_DPI
+# : The book's column at a 1280 px window, in inches at ``CSS_DPI``.
+COLUMN_INCHES = 6.7
+# : The legibility floor: no figure text smaller than this many CSS px.
+MIN_TEXT_PX = 9.0
+# : PNG text chunks written by ``figure_png``: the smallest text drawn (in
+# points), that text itself, and the PNG's dpi.
+TEXT_KEY = "attn_np:smallest-text-pt"
+WHAT_KEY = "attn_np:smallest-text"
+DPI_KEY = "attn_np:dpi"
+
 STYLE = {
-    "figure.dpi": 100,
-    "savefig.dpi": 100,
+    "figure.dpi": CSS_DPI,
+    "savefig.dpi": PNG_DPI,
     "figure.figsize": (6.4, 4.0),
     "font.size": 10,
     "axes.titlesize": 11,
@@ -36,10 +61,112 @@ FAMILY_COLOURS = {
 
 def use_book_style() -> None:
     """Apply the book's matplotlib style (call once at the top of a
-    notebook)."""
+    notebook).
+
+    In IPython it also makes every figure a notebook shows come out through
+    ``figure_png``: twice the resolution, shown at its size in CSS px, with
+    its smallest text recorded in the PNG.
+    """
     import matplotlib.pyplot as plt
 
     plt.rcParams.update(STYLE)
+    _show_figures_with_figure_png()
+
+
+def smallest_text(fig) -> tuple[float, str]:
+    """``(size in points, text)`` of the smallest text ``fig`` draws.
+
+    The figure is drawn once into a renderer that records every string it
+    is asked to draw (tick labels, legends, annotations, titles): text that
+    is hidden or off the axes is never drawn, so it is not counted.
+    ``(inf, "")`` when the figure draws no text.
+    """
+    from matplotlib.backends.backend_agg import RendererAgg
+
+    class _Recorder(RendererAgg):
+        def __init__(self, width, height, dpi):
+            super().__init__(width, height, dpi)
+            self.texts = []
+
+        def draw_text(
+            self, gc, x, y, s, prop, angle, ismath=False, mtext=None
+        ):
+            if str(s).strip():
+                self.texts.append((float(prop.get_size_in_points()), str(s)))
+
+        def draw_tex(self, gc, x, y, s, prop, angle, *, mtext=None):
+            self.draw_text(gc, x, y, s, prop, angle, mtext=mtext)
+
+    w, h = fig.get_size_inches() * fig.dpi
+    renderer = _Recorder(int(w), int(h), fig.dpi)
+    fig.draw(renderer)
+    if not renderer.texts:
+        return float("inf"), ""
+    return min(renderer.texts, key=lambda t: t[0])
+
+
+def text_metadata(fig, dpi: float = PNG_DPI) -> dict:
+    """The PNG text chunks that record ``fig``'s smallest text and dpi."""
+    pt, what = smallest_text(fig)
+    return {
+        "Software": None,  # no matplotlib version: the same bytes on upgrade
+        TEXT_KEY: f"{pt:g}",
+        WHAT_KEY: " ".join(what.split())[:60],
+        DPI_KEY: f"{dpi:g}",
+    }
+
+
+def figure_png(fig):
+    """A notebook's PNG of ``fig``: ``(base64 PNG, {"width", "height"})``.
+
+    Drawn at ``PNG_DPI`` (twice the CSS resolution) with a tight bounding
+    box; the width and height are the CSS size, half the pixels, which the
+    book and JupyterLab use to show the image. The PNG carries
+    ``text_metadata(fig)``. ``None`` for an empty figure (as IPython's own
+    formatter).
+    """
+    from binascii import b2a_base64
+
+    from IPython.core.pylabtools import _pngxy, print_figure
+
+    if not fig.axes and not fig.lines:
+        return None
+    data = print_figure(
+        fig, fmt="png", dpi=PNG_DPI, metadata=text_metadata(fig)
+    )
+    w, h = _pngxy(data)
+    size = {
+        "width": w * CSS_DPI // PNG_DPI,
+        "height": h * CSS_DPI // PNG_DPI,
+    }
+    return b2a_base64(data, newline=False).decode("ascii"), size
+
+
+def save_figure(fig, path, *, dpi: float = PNG_DPI) -> None:
+    """Save ``fig`` as the book's prose pages do: a PNG at ``dpi`` that
+    records its smallest text (``text_metadata``)."""
+    fig.savefig(path, dpi=dpi, metadata=text_metadata(fig, dpi))
+
+
+def _show_figures_with_figure_png() -> None:
+    """Register ``figure_png`` as IPython's PNG formatter for figures.
+
+    IPython's inline backend re-registers its own formatter only when
+    ``InlineBackend.figure_formats`` changes; the notebooks' ``%config
+    InlineBackend.figure_formats = ['png']`` sets the default again, which
+    changes nothing, so this formatter stays.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    shell = get_ipython()
+    if shell is None or not hasattr(shell, "display_formatter"):
+        return
+    from matplotlib.figure import Figure
+
+    formatter = shell.display_formatter.formatters["image/png"]
+    formatter.for_type(Figure, figure_png)
 
 
 def plot_attention(
@@ -66,11 +193,12 @@ def plot_attention(
             f"weights must be a [L_q, L_k] array, got shape {w.shape}"
         )
     if ax is None:
+        # 0.45 in a cell, fewer when that would be wider than the column.
+        cell = min(0.45, (COLUMN_INCHES - 2.0) / w.shape[1])
         _, ax = plt.subplots(
-            figsize=(0.45 * w.shape[1] + 2.0, 0.45 * w.shape[0] + 1.2)
+            figsize=(cell * w.shape[1] + 2.0, cell * w.shape[0] + 1.2)
         )
-    cmap = plt.get_cmap("viridis").copy()
-    cmap.set_bad("#e8e8e8")
+    cmap = plt.get_cmap("viridis").with_extremes(bad="#e8e8e8")
     shown = np.ma.masked_where(w == 0, w)
     im = ax.imshow(
         shown,
@@ -119,8 +247,12 @@ def plot_head_grid(
     n = w.shape[0]
     ncols = min(ncols, n)
     nrows = -(-n // ncols)
+    panel = min(2.6, COLUMN_INCHES / ncols)  # the grid fits the column
     fig, axes = plt.subplots(
-        nrows, ncols, figsize=(2.6 * ncols, 2.6 * nrows + 0.4), squeeze=False
+        nrows,
+        ncols,
+        figsize=(panel * ncols, panel * nrows + 0.4),
+        squeeze=False,
     )
     vmax = float(w.max())
     for i, ax in enumerate(axes.flat):
@@ -152,7 +284,14 @@ BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 def format_bytes(n: float) -> str:
     """``1536 -> '1.50 KiB'``: bytes in binary units (1 KiB = 1024 B)."""
+    real = (int, float, np.integer, np.floating)
+    if isinstance(n, bool) or not isinstance(n, real):
+        raise TypeError(f"n must be a number of bytes, got {n!r:.40}")
+    if isinstance(n, int) and abs(n) >= 2**1000:
+        raise ValueError("n is too large to print (2**1000 bytes or more)")
     n = float(n)
+    if not np.isfinite(n):
+        raise ValueError(f"n must be a finite number of bytes, got {n}")
     for unit in BINARY_UNITS:
         if abs(n) < 1024 or unit == BINARY_UNITS[-1]:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"

@@ -23,6 +23,7 @@ are flattened)::
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,6 +36,43 @@ from .._checks import (
 )
 from ..norms import rmsnorm_backward, rmsnorm_forward
 
+
+def check_cache(cache, kind: type, forward: str):
+    """``cache`` if it is what ``forward`` returns, else a ``TypeError``
+    naming both (a cache from another function, or ``None``)."""
+    if not isinstance(cache, kind):
+        raise TypeError(
+            f"cache must be the cache {forward} returned ({kind.__name__}), "
+            f"got {type(cache).__name__}"
+        )
+    return cache
+
+
+def check_forward_done(layer, cache) -> None:
+    """A clear ``RuntimeError`` for a layer's backward called before its
+    forward."""
+    if cache is None:
+        raise RuntimeError(
+            f"{type(layer).__name__}.backward called before forward: there "
+            "is no cache to differentiate"
+        )
+
+
+class EmbeddingCache(NamedTuple):
+    ids: np.ndarray
+    W_shape: tuple
+
+
+class LinearCache(NamedTuple):
+    x: np.ndarray
+    W: np.ndarray
+
+
+class GeluCache(NamedTuple):
+    x: np.ndarray
+    t: np.ndarray
+
+
 # ---------------------------------------------------------------------------
 # ------------ embedding
 
@@ -44,13 +82,13 @@ def embedding_forward(ids, W):
     [..., d]``."""
     W = as_float_array(W, "W", min_ndim=2)
     ids = check_token_ids(ids, W.shape[0])
-    return W[ids], (ids, W.shape)  # [...] -> [..., d]
+    return W[ids], EmbeddingCache(ids, W.shape)  # [...] -> [..., d]
 
 
 def embedding_backward(dout, cache):
     """``dW``: each row of ``dout`` added into the row of its token (repeated
     tokens add up)."""
-    ids, W_shape = cache
+    ids, W_shape = check_cache(cache, EmbeddingCache, "embedding_forward")
     dout = check_upstream(
         dout, "dout", ids.shape + (W_shape[1],), "the embedding output"
     )
@@ -83,6 +121,7 @@ class Embedding:
     def backward(self, dy):
         """Fills ``grads["W"]``; returns ``None`` (token ids have no
         gradient)."""
+        check_forward_done(self, self._cache)
         self.grads["W"] = embedding_backward(dy, self._cache)
         return None
 
@@ -124,13 +163,13 @@ def linear_forward(x, W, b):
             f"x {x.shape}, W {W.shape}, b {b.shape}"
         )
     y = x @ W + b  # [..., d_in] @ [d_in, d_out] -> [..., d_out]
-    return y, (x, W)
+    return y, LinearCache(x, W)
 
 
 def linear_backward(dy, cache):
     """``(dx, dW, db)``: ``dy W^T``, ``x^T dy`` and the sum of ``dy`` over
     every row."""
-    x, W = cache
+    x, W = check_cache(cache, LinearCache, "linear_forward")
     dy = check_upstream(
         dy, "dy", x.shape[:-1] + (W.shape[1],), "the linear output"
     )
@@ -168,6 +207,7 @@ class Linear:
         return y
 
     def backward(self, dy):
+        check_forward_done(self, self._cache)
         dx, self.grads["W"], self.grads["b"] = linear_backward(
             dy, self._cache
         )
@@ -182,6 +222,14 @@ class RMSNorm:
 
     def __init__(self, d_model, eps=1e-6, dtype=np.float64):
         self.d_model = check_positive_int(d_model, "d_model")
+        if (
+            isinstance(eps, bool)
+            or not isinstance(eps, (int, float, np.floating))
+            or not (math.isfinite(eps) and eps > 0)
+        ):
+            raise ValueError(
+                f"eps must be a positive finite number, got {eps!r}"
+            )
         self.eps = float(eps)
         self.params = {"g": np.ones(d_model, dtype=check_float_dtype(dtype))}
         self.grads = {"g": np.zeros_like(self.params["g"])}
@@ -192,6 +240,7 @@ class RMSNorm:
         return y
 
     def backward(self, dy):
+        check_forward_done(self, self._cache)
         dx, self.grads["g"] = rmsnorm_backward(dy, self._cache)
         return dx
 
@@ -206,12 +255,12 @@ def gelu_forward(x):
     0.044715 x^3)))``."""
     x = as_float_array(x, "x")
     t = np.tanh(_GELU_C * (x + 0.044715 * (x * x * x)))
-    return 0.5 * x * (1.0 + t), (x, t)
+    return 0.5 * x * (1.0 + t), GeluCache(x, t)
 
 
 def gelu_backward(dy, cache):
     """``dy * (0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 * 0.044715 x^2))``."""
-    x, t = cache
+    x, t = check_cache(cache, GeluCache, "gelu_forward")
     dy = check_upstream(dy, "dy", x.shape, "the GELU output")
     return dy * (
         0.5 * (1.0 + t)
@@ -272,6 +321,7 @@ class FeedForward(Composite):
         return self.down.forward(h)  # [..., d_ff] -> [..., d]
 
     def backward(self, dy):
+        check_forward_done(self, self._gelu_cache)
         dh = self.down.backward(dy)  # [..., d] -> [..., d_ff]
         da = gelu_backward(dh, self._gelu_cache)  # [..., d_ff]
         return self.up.backward(da)  # [..., d_ff] -> [..., d]

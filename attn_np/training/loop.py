@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .._checks import check_count
 from .losses import accuracy, cross_entropy_backward, cross_entropy_forward
-from .optim import Adam, clip_grad_norm
+from .optim import Adam, _positive, clip_grad_norm
 
 
 @dataclass
@@ -20,9 +21,26 @@ class TrainLog:
     losses: list = field(default_factory=list)  # training loss at every step
 
 
+def check_schedule(step, steps, lr, warmup):
+    """``(step, steps, lr, warmup)`` checked for :func:`lr_at`: integers
+    with ``0 <= step < steps`` and ``0 <= warmup <= steps``, and a positive
+    finite ``lr``; a ``ValueError`` names the one that is not."""
+    steps = check_count(steps, "steps", minimum=1)
+    step = check_count(step, "step", minimum=0)
+    warmup = check_count(warmup, "warmup", minimum=0)
+    lr = _positive(lr, "lr")
+    if step >= steps or warmup > steps:
+        raise ValueError(
+            f"need 0 <= step < steps and warmup <= steps, got step={step}, "
+            f"steps={steps} and warmup={warmup}"
+        )
+    return step, steps, lr, warmup
+
+
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     """Linear warm-up over ``warmup`` steps, then cosine decay to 0 at
-    ``steps``."""
+    ``steps`` (``0 <= step < steps``, ``0 <= warmup <= steps``)."""
+    step, steps, lr, warmup = check_schedule(step, steps, lr, warmup)
     if step < warmup:
         return lr * (step + 1) / warmup
     progress = (step - warmup) / max(1, steps - warmup)

@@ -16,7 +16,39 @@ values.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+
+def _positive(value, name: str) -> float:
+    """A positive finite real number, or a ``ValueError`` naming
+    ``name``."""
+    if isinstance(value, bool) or not isinstance(
+        value, (int, float, np.integer, np.floating)
+    ):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"{name} must be a positive finite number, got {value!r}"
+        )
+    return float(value)
+
+
+def _arrays(named: dict, what: str) -> dict:
+    if not isinstance(named, dict):
+        raise TypeError(
+            f"{what} must be a dict of arrays, got {type(named).__name__}"
+        )
+    for k, a in named.items():
+        if not isinstance(a, np.ndarray) or not np.issubdtype(
+            a.dtype, np.floating
+        ):
+            kind = getattr(a, "dtype", type(a).__name__)
+            raise TypeError(
+                f"{what}[{k!r}] must be a floating-point ndarray, got {kind}"
+            )
+    return named
 
 
 class Adam:
@@ -30,13 +62,18 @@ class Adam:
         betas=(0.9, 0.999),
         eps: float = 1e-8,
     ):
-        if not lr > 0 or not all(0 <= b < 1 for b in betas) or not eps > 0:
+        lr = _positive(lr, "lr")
+        eps = _positive(eps, "eps")
+        try:
+            b1, b2 = (float(b) for b in betas)
+        except (TypeError, ValueError):
             raise ValueError(
-                f"need lr > 0, 0 <= betas < 1 and eps > 0, got lr={lr}, "
-                f"betas={betas}, eps={eps}"
-            )
-        self.params = dict(params)
-        self.lr, (self.b1, self.b2), self.eps = float(lr), betas, float(eps)
+                f"betas must be a pair of numbers, got {betas!r}"
+            ) from None
+        if not (0 <= b1 < 1 and 0 <= b2 < 1):
+            raise ValueError(f"betas must be in [0, 1), got {betas!r}")
+        self.params = dict(_arrays(params, "params"))
+        self.lr, (self.b1, self.b2), self.eps = lr, (b1, b2), eps
         self.m = {k: np.zeros_like(p) for k, p in self.params.items()}
         self.v = {k: np.zeros_like(p) for k, p in self.params.items()}
         self.t = 0
@@ -44,6 +81,22 @@ class Adam:
     def step(self, grads: dict, lr: float | None = None) -> None:
         """One update of every parameter; ``lr`` overrides the learning rate
         for this step (schedules)."""
+        lr = self.check_step(grads, lr)
+        self.t += 1
+        c1, c2 = 1.0 - self.b1**self.t, 1.0 - self.b2**self.t
+        for k, w in self.params.items():
+            g = grads[k]
+            m, v = self.m[k], self.v[k]
+            m *= self.b1
+            m += (1 - self.b1) * g
+            v *= self.b2
+            v += (1 - self.b2) * g * g
+            # in place: the layer sees it
+            w -= (lr / c1) * m / (np.sqrt(v / c2) + self.eps)
+
+    def check_step(self, grads: dict, lr: float | None = None) -> float:
+        """The step's learning rate, after checking every gradient (keys,
+        shapes, dtypes, NaN or inf) before any parameter is touched."""
         if set(grads) != set(self.params):
             missing, extra = (
                 set(self.params) - set(grads),
@@ -53,9 +106,7 @@ class Adam:
                 "grads must have the keys of params: missing "
                 f"{sorted(missing)}, unexpected {sorted(extra)}"
             )
-        self.t += 1
-        lr = self.lr if lr is None else float(lr)
-        c1, c2 = 1.0 - self.b1**self.t, 1.0 - self.b2**self.t
+        _arrays(grads, "grads")
         for k, w in self.params.items():
             g = grads[k]
             if g.shape != w.shape:
@@ -63,26 +114,33 @@ class Adam:
                     f"grads[{k!r}] has shape {g.shape}, the parameter has "
                     f"shape {w.shape}"
                 )
-            m, v = self.m[k], self.v[k]
-            m *= self.b1
-            m += (1 - self.b1) * g
-            v *= self.b2
-            v += (1 - self.b2) * g * g
-            # in place: the layer sees it
-            w -= (lr / c1) * m / (np.sqrt(v / c2) + self.eps)
+            if not np.isfinite(g).all():
+                raise ValueError(
+                    f"grads[{k!r}] holds NaN or inf: the step would turn "
+                    "the parameter into NaN"
+                )
+        return self.lr if lr is None else _positive(lr, "lr")
 
 
 def clip_grad_norm(grads: dict, max_norm: float) -> float:
     """Scale every gradient (in place) so that their joint L2 norm is at most
-    ``max_norm``; return the norm."""
-    norm = float(
-        np.sqrt(
-            sum(
-                float(np.sum(g.astype(np.float64) ** 2))
-                for g in grads.values()
+    ``max_norm``; return the norm. A NaN or infinite norm is an error (it
+    would turn every gradient into NaN)."""
+    max_norm = _positive(max_norm, "max_norm")
+    _arrays(grads, "grads")
+    with np.errstate(over="ignore", invalid="ignore"):
+        norm = float(
+            np.sqrt(
+                sum(
+                    float(np.sum(g.astype(np.float64) ** 2))
+                    for g in grads.values()
+                )
             )
         )
-    )
+    if not math.isfinite(norm):
+        raise ValueError(
+            f"the gradients' norm is {norm}: some gradient holds NaN or inf"
+        )
     if norm > max_norm:
         for g in grads.values():
             g *= max_norm / norm

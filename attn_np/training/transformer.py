@@ -26,6 +26,7 @@ from .layers import (
     FeedForward,
     Linear,
     RMSNorm,
+    check_forward_done,
     check_token_ids,
     sinusoidal_positions,
 )
@@ -55,11 +56,13 @@ class Block(Composite):
         }
 
     def forward(self, x):
+        self._forward_done = True
         # [B, L, d]
         x = x + self.attn.forward(self.norm1.forward(x), causal=True)
         return x + self.ffn.forward(self.norm2.forward(x))  # [B, L, d]
 
     def backward(self, dy):
+        check_forward_done(self, getattr(self, "_forward_done", None))
         # the residual passes dy straight through
         dx = dy + self.norm2.backward(self.ffn.backward(dy))
         return dx + self.norm1.backward(self.attn.backward(dx))
@@ -240,6 +243,7 @@ class Transformer(Composite):
                 "ids must have shape [B, L] with 1 <= L <= "
                 f"max_len={self.max_len}, got {ids.shape}"
             )
+        self._forward_done = True
         x = self.embed.forward(ids)  # [B, L, d]
         if self.positions is not None:  # "rope" rotates inside attention
             x = x + self.positions[: ids.shape[1]]  # [B, L, d] + [L, d]
@@ -251,6 +255,7 @@ class Transformer(Composite):
     def backward(self, dlogits):
         """Fills ``grads`` for every parameter; returns ``None`` (token ids
         have no gradient)."""
+        check_forward_done(self, getattr(self, "_forward_done", None))
         # [B, L, V] -> [B, L, d]
         dx = self.norm_f.backward(self.head.backward(dlogits))
         for blk in reversed(self.blocks):

@@ -12,7 +12,16 @@ from a local HTTP server on 127.0.0.1 and checks that
 - the table of contents reaches every page listed in ``_toc.yml`` (whatever is in it today), and every
   internal link and cross-reference resolves: the target file exists and its ``#anchor`` is an id on it.
 
-A full-page screenshot of every page is saved under ``_build/screenshots/`` for a person to look at.
+Every page is also opened in a 390x844 phone window (touch), and at both sizes the test measures what
+a reader sees with ``scripts/page_stats.py``'s probe (the numbers ``make stats`` prints): no display
+equation wider than its box; no raw MyST (``{cite}``, ``{eq}``, an equation's ``(label)``, a pipe
+table as text) in the prose; no page wider than the phone's window; no block scrolling sideways at
+1280 px; no figure text below ``MIN_TEXT_PX`` as shown at 1280 px; a tap opens the phone's
+navigation and page-contents dialogs and ☰ hides the sidebar at 1280 px; the front page's map links
+every page of ``_toc.yml``.
+
+A full-page screenshot of every page at both sizes is saved under ``_build/screenshots/``
+(``NAME.png`` at 1280 px, ``NAME__phone.jpg`` at 390 px) for a person to look at.
 The last line printed says how many pages, math elements, images, external requests and console errors
 were counted, and how long it took. ``BOOK_HTML`` points the test at another built book.
 
@@ -38,6 +47,13 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+import sys  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import page_stats  # noqa: E402  (scripts/ is not a package)
+
+from attn_np.instruments.plotting import MIN_TEXT_PX  # noqa: E402
+
 HTML = Path(os.environ.get("BOOK_HTML", ROOT / "_build" / "html")).resolve()
 SCREENSHOTS = HTML.parent / "screenshots"
 TOC = ROOT / "_toc.yml"
@@ -54,6 +70,9 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
 ]
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
+VIEWPORTS = (
+    page_stats.VIEWPORTS
+)  # {"desktop": (1280, 900), "phone": (390, 844)}
 MATH_TIMEOUT_MS = 30_000
 
 
@@ -176,6 +195,93 @@ async (timeoutMs) => {
 """
 
 
+# MyST that did not render: a role, an equation's label, a pipe table shown as text. Text inside code,
+# math and scripts is skipped (the book shows roles in code literals on purpose).
+RAW_MYST_PROBE = r"""
+() => {
+  const skip = "pre, code, script, style, textarea, mjx-container, .highlight, .math, kbd";
+  const found = [];
+  const article = document.querySelector("article") || document.body;
+  const walker = document.createTreeWalker(article, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    const el = n.parentElement;
+    if (!el || el.closest(skip)) continue;
+    const t = n.textContent;
+    let m = t.match(/\{(cite(:[a-z]+)?|eq|numref|doc|ref|term|download|math)\}`?/)
+         || t.match(/\((eq|fig|tab|sec)-[A-Za-z0-9_-]+\)/)
+         || t.match(/\|\s*:?-{3,}:?\s*\|/)
+         || t.match(/^\s*\|[^|\n]+\|[^|\n]+\|/m);
+    if (m) found.push(t.trim().replace(/\s+/g, " ").slice(0, 100));
+  }
+  return found;
+}
+"""
+
+# Taps and clicks a reader makes: the phone's ☰ and page-contents buttons open their dialogs, and
+# ☰ at 1280 px hides the sidebar (a second click shows it again).
+NAV_STATE = r"""
+() => {
+  const visible = (sel) => [...document.querySelectorAll(sel)].filter(b => b.offsetParent !== null).length;
+  const dialog = (id) => {
+    const d = document.getElementById(id);
+    return {open: !!(d && d.open), links: d ? d.querySelectorAll("a[href]").length : 0,
+            width: d && d.open ? d.getBoundingClientRect().width : 0};
+  };
+  const side = document.getElementById("pst-primary-sidebar");
+  const r = side ? side.getBoundingClientRect() : {width: 0, right: 0};
+  return {primaryToggles: visible(".primary-toggle"), secondaryToggles: visible(".secondary-toggle"),
+          primary: dialog("pst-primary-sidebar-modal"), secondary: dialog("pst-secondary-sidebar-modal"),
+          sidebarShown: !!side && r.width > 50 && r.right > 50 && getComputedStyle(side).visibility !== "hidden"};
+}
+"""
+
+
+def try_navigation(page, base: str, rel: str, phone: bool) -> dict:
+    """Open ``rel``, use its navigation as a reader would, and say what opened."""
+    page.goto(base + rel, wait_until="load")
+    page.wait_for_timeout(
+        500
+    )  # the theme wires its buttons once the page has loaded
+    out = {"page": rel, "before": page.evaluate(NAV_STATE)}
+    if phone:
+        for which, sel, key in (
+            ("navigation", ".primary-toggle", "primary"),
+            ("page contents", ".secondary-toggle", "secondary"),
+        ):
+            buttons = [
+                b for b in page.query_selector_all(sel) if b.is_visible()
+            ]
+            if not buttons:
+                out[which] = {"error": f"no visible {sel} button"}
+                continue
+            buttons[0].tap()
+            page.wait_for_timeout(500)
+            out[which] = page.evaluate(NAV_STATE)[key]
+            page.keyboard.press("Escape")
+            page.wait_for_timeout(300)
+    else:
+        buttons = [
+            b
+            for b in page.query_selector_all(".primary-toggle")
+            if b.is_visible()
+        ]
+        if not buttons:
+            out["toggle"] = {
+                "error": "no visible ☰ (.primary-toggle) button"
+            }
+            return out
+        buttons[0].click()
+        page.wait_for_timeout(800)
+        hidden = page.evaluate(NAV_STATE)
+        buttons[0].click()
+        page.wait_for_timeout(800)
+        out["toggle"] = {
+            "after one click": hidden,
+            "after two": page.evaluate(NAV_STATE),
+        }
+    return out
+
+
 @dataclass
 class BookReport:
     base: str = ""
@@ -194,6 +300,12 @@ class BookReport:
     extras: dict = field(
         default_factory=dict
     )  # MathJax's own loader and the search page, probed last
+    views: dict = field(
+        default_factory=dict
+    )  # (page, "desktop" | "phone") -> page_stats.PROBE result, with figures and raw MyST
+    nav: dict = field(
+        default_factory=dict
+    )  # "desktop" | "phone" -> what a click or tap on the navigation opened
     seconds: float = 0.0
 
     @property
@@ -206,7 +318,8 @@ class BookReport:
 
     def summary(self) -> str:
         return (
-            f"browser test: {len(self.pages)} pages tested, {self.math} math elements typeset, "
+            f"browser test: {len(self.pages)} pages tested at 1280 and 390 px, "
+            f"{self.math} math elements typeset, "
             f"{self.images} images checked, {len(self.external)} external requests, "
             f"{len(self.console)} console errors, "
             f"{sum(len(p['scrolling']) for p in self.pages.values())} of "
@@ -255,7 +368,7 @@ def extra_probes(page, base: str, report: BookReport) -> dict:
         page.goto(base + with_math[0], wait_until="load")
         page.evaluate("async () => { await MathJax.startup.promise; }")
         extras["autoload"] = page.evaluate(AUTOLOAD_PROBE)
-        page.wait_for_load_state("networkidle")
+        settle(page)
     if "search.html" in report.pages:
         page.goto(base + "search.html?q=attention", wait_until="load")
         try:
@@ -270,6 +383,22 @@ def extra_probes(page, base: str, report: BookReport) -> dict:
     return extras
 
 
+def settle(page, timeout_ms: int = 15_000) -> None:
+    """Wait until the page's requests are done, but never hang on one that is not: the probes
+    themselves wait for MathJax, fonts and images."""
+    try:
+        page.wait_for_load_state("networkidle", timeout=timeout_ms)
+    except Exception:  # playwright's TimeoutError: carry on, the probe waits for what matters
+        pass
+
+
+def nav_page(root: Path) -> str:
+    """The page the navigation is tried on: the first chapter (a long page with a page-contents
+    list), or the front page when there is no chapter."""
+    chapters = [p for p in html_pages(root) if p.startswith("notebooks/")]
+    return chapters[0] if chapters else "index.html"
+
+
 def browse(root: Path) -> BookReport:
     from playwright.sync_api import sync_playwright
 
@@ -280,53 +409,71 @@ def browse(root: Path) -> BookReport:
     start = time.perf_counter()
     server, base = serve(root)
     report.base = base
-    current = {"page": ""}
+    chromium = ensure_chromium()
 
-    def on_route(route):
-        host = urlsplit(route.request.url).hostname
-        if host in LOCAL_HOSTS:
-            route.continue_()
-        else:
-            report.external.append((current["page"], route.request.url))
-            route.abort()
+    def one_viewport(name: str) -> None:
+        """Every page at one window size, in a browser of its own (the two sizes run side by
+        side, one thread each: Playwright wants one instance per thread)."""
+        width, height = VIEWPORTS[name]
+        phone = name == "phone"
+        current = {"page": ""}
 
-    def on_console(msg):
-        if msg.type == "error":
-            report.console.append(
-                (
-                    current["page"],
-                    f"{msg.text} ({msg.location.get('url', '')})",
+        def on_route(route):
+            host = urlsplit(route.request.url).hostname
+            if host in LOCAL_HOSTS:
+                route.continue_()
+            else:
+                report.external.append((current["page"], route.request.url))
+                route.abort()
+
+        def on_console(msg):
+            if msg.type == "error":
+                report.console.append(
+                    (
+                        current["page"],
+                        f"{msg.text} ({msg.location.get('url', '')})",
+                    )
                 )
-            )
 
-    def on_response(response):
-        if response.status >= 400:
-            report.failed.append(
-                (current["page"], response.url, f"HTTP {response.status}")
-            )
+        def on_response(response):
+            if response.status >= 400:
+                report.failed.append(
+                    (
+                        current["page"],
+                        response.url,
+                        f"HTTP {response.status}",
+                    )
+                )
 
-    def on_failed(request):
-        if urlsplit(request.url).hostname in LOCAL_HOSTS:
-            report.failed.append(
-                (current["page"], request.url, request.failure or "failed")
-            )
+        def on_failed(request):
+            if urlsplit(request.url).hostname in LOCAL_HOSTS:
+                report.failed.append(
+                    (
+                        current["page"],
+                        request.url,
+                        request.failure or "failed",
+                    )
+                )
 
-    try:
         with (
             sync_playwright() as pw,
             tempfile.TemporaryDirectory(
                 prefix="chromium-profile-"
-            ) as profile,
+            ) as profile,  # a fresh --user-data-dir for every run
         ):
             context = pw.chromium.launch_persistent_context(
-                profile,  # a fresh --user-data-dir for every run
-                executable_path=ensure_chromium(),
+                profile,
+                executable_path=chromium,
                 headless=True,
                 args=CHROMIUM_FLAGS,
-                viewport={"width": 1280, "height": 900},
+                viewport={"width": width, "height": height},
+                has_touch=phone,
+                is_mobile=phone,
                 service_workers="block",
             )
             context.route("**/*", on_route)
+            # a busy machine is slow, not wrong
+            context.set_default_timeout(120_000)
             page = context.pages[0] if context.pages else context.new_page()
             page.on("console", on_console)
             page.on(
@@ -338,24 +485,62 @@ def browse(root: Path) -> BookReport:
             page.on("response", on_response)
             page.on("requestfailed", on_failed)
             for rel in html_pages(root):
-                current["page"] = rel
+                current["page"] = rel if not phone else f"{rel} (390 px)"
                 page.goto(base + rel, wait_until="load")
-                page.wait_for_load_state("networkidle")
-                probe = page.evaluate(PAGE_PROBE, MATH_TIMEOUT_MS)
-                page.wait_for_load_state(
-                    "networkidle"
-                )  # fonts MathJax asked for while typesetting
-                report.pages[rel] = probe
-                shot = SCREENSHOTS / (
-                    rel[: -len(".html")].replace("/", "__") + ".png"
+                settle(page)
+                if not phone:
+                    report.pages[rel] = page.evaluate(
+                        PAGE_PROBE, MATH_TIMEOUT_MS
+                    )
+                view = page.evaluate(page_stats.PROBE, MATH_TIMEOUT_MS)
+                view["figures"] = page_stats.figure_text(
+                    view["images"], root
                 )
-                page.screenshot(path=str(shot), full_page=True)
-            current["page"] = "(extra probes: MathJax autoload, search)"
-            report.extras = extra_probes(page, base, report)
+                view["rawMyst"] = page.evaluate(RAW_MYST_PROBE)
+                report.views[rel, name] = view
+                settle(page)  # fonts MathJax asked for while typesetting
+                stem = rel[: -len(".html")].replace("/", "__")
+                if (
+                    phone
+                ):  # JPEG: a 30,000 px phone page encodes in half the time
+                    page.screenshot(
+                        path=str(SCREENSHOTS / f"{stem}__phone.jpg"),
+                        full_page=True,
+                        type="jpeg",
+                        quality=70,
+                    )
+                else:
+                    page.screenshot(
+                        path=str(SCREENSHOTS / f"{stem}.png"), full_page=True
+                    )
+            current["page"] = f"(navigation at {name})"
+            report.nav[name] = try_navigation(
+                page, base, nav_page(root), phone
+            )
+            if not phone:
+                current["page"] = "(extra probes: MathJax autoload, search)"
+                report.extras = extra_probes(page, base, report)
             context.close()
+
+    errors = []
+
+    def run(name):
+        try:
+            one_viewport(name)
+        except BaseException as err:  # re-raised below, in the test's thread
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in VIEWPORTS]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     finally:
         server.shutdown()
         server.server_close()
+    if errors:
+        raise errors[0]
     report.seconds = time.perf_counter() - start
     return report
 
@@ -407,11 +592,17 @@ def test_every_page_was_opened_and_screenshotted(report):
     expected = html_pages(HTML)
     assert expected, f"no HTML pages under {HTML}"
     assert sorted(report.pages) == expected
-    shots = {p.name for p in SCREENSHOTS.glob("*.png")}
+    for name in VIEWPORTS:
+        assert (
+            sorted(rel for rel, n in report.views if n == name) == expected
+        )
+    shots = {p.name for p in SCREENSHOTS.glob("*.*")}
     missing = [
-        p
+        stem + suffix
         for p in expected
-        if p[: -len(".html")].replace("/", "__") + ".png" not in shots
+        for stem in [p[: -len(".html")].replace("/", "__")]
+        for suffix in (".png", "__phone.jpg")
+        if stem + suffix not in shots
     ]
     assert not missing, f"no screenshot for: {missing}"
 
@@ -422,14 +613,139 @@ def test_no_block_scrolls_sideways(report):
     blocks = sum(p["blocks"] for p in report.pages.values())
     wide = [
         f"{rel}: <{b['tag']}> {b['excess']} px too wide: {b['text']!r}"
-        for rel, p in report.pages.items()
-        for b in p["scrolling"]
+        for (rel, name), v in report.views.items()
+        if name == "desktop"
+        for b in v["side"]
     ]
     assert blocks > 0, (
         "no <pre> block found: the check would pass on anything"
     )
     assert not wide, f"{len(wide)} blocks scroll sideways:\n" + _listing(
         wide
+    )
+
+
+def test_no_page_is_wider_than_the_window(report):
+    """At 390 px (and at 1280 px) the page itself never scrolls sideways: a
+    long literal, URL, table or figure stays inside the screen."""
+    wide = [
+        f"{rel} at {name}: {v['pageWidth'] - v['viewport']} px wider than the window; "
+        f"sticking out: {v['sticking'][:2]}"
+        for (rel, name), v in sorted(report.views.items())
+        if v["pageWidth"] > v["viewport"] + 1
+    ]
+    assert not wide, _listing(wide)
+
+
+def test_no_display_equation_is_cut(report):
+    """No display equation's typeset content is wider than its box, at 1280
+    px or at 390 px (overlay scroll bars hide the rest from a reader)."""
+    displays = sum(v["displays"] for v in report.views.values())
+    cut = [
+        f"{rel} at {name}: Eq. {c['eqno'] or '(unnumbered)'} is {c['excess']} px "
+        f"too wide: {c['tex']}"
+        for (rel, name), v in sorted(report.views.items())
+        for c in v["cut"]
+    ]
+    assert displays > 0, (
+        "no display equation found: the check would pass on anything"
+    )
+    assert not cut, f"{len(cut)} display equations cut:\n" + _listing(
+        cut, 80
+    )
+
+
+def test_no_raw_myst_in_the_prose(report):
+    """Roles, equation labels and pipe tables render: none is left as text
+    (a notebook's markdown output included)."""
+    raw = [
+        f"{rel}: {text!r}"
+        for (rel, name), v in sorted(report.views.items())
+        if name == "desktop"
+        for text in v["rawMyst"]
+    ]
+    assert not raw, f"{len(raw)} pieces of raw MyST:\n" + _listing(raw)
+
+
+def test_figure_text_is_legible(report):
+    """Every figure's smallest text, as shown at 1280 px, is at least
+    MIN_TEXT_PX CSS px: the size it was drawn with (recorded in the PNG by
+    attn_np.instruments.plotting) x dpi / 72 x the page's display scale. A
+    PNG with no record fails: its text size is unknown."""
+    figures = [
+        (rel, f)
+        for (rel, name), v in sorted(report.views.items())
+        if name == "desktop"
+        for f in v["figures"]
+    ]
+    problems = []
+    for rel, f in figures:
+        label = f["label"] or f["file"]
+        if not f["recorded"]:
+            problems.append(
+                f"{rel}: {label} has no record of its text size (draw it with "
+                "use_book_style() and re-execute, or save it with plotting.save_figure)"
+            )
+        elif f["px"] < MIN_TEXT_PX:
+            problems.append(
+                f"{rel}: {label}: {f['what']!r} is {f['px']:.1f} px "
+                f"({f['pt']:g} pt at {f['dpi']:g} dpi shown at {f['scale']:.2f})"
+            )
+    assert figures, "no figure found: the check would pass on anything"
+    assert not problems, f"{len(problems)} figures:\n" + _listing(
+        problems, 60
+    )
+
+
+def test_phone_navigation_and_page_contents_open_on_a_tap(report):
+    nav = report.nav.get("phone", {})
+    assert nav, "the navigation was not tried at 390 px"
+    for which in ("navigation", "page contents"):
+        got = nav.get(which, {})
+        assert got.get("open") and got.get("links", 0) > 0, (
+            f"on {nav['page']} at 390 px a tap on the {which} button did not open "
+            f"a dialog with links: {got} (before: {nav['before']})"
+        )
+
+
+def test_the_sidebar_toggle_works_at_desktop_width(report):
+    nav = report.nav.get("desktop", {})
+    toggle = nav.get("toggle", {})
+    assert "error" not in toggle, toggle.get("error")
+    assert nav["before"]["sidebarShown"], (
+        f"the sidebar is not shown at 1280 px: {nav['before']}"
+    )
+    assert not toggle["after one click"]["sidebarShown"], (
+        f"☰ at 1280 px did not hide the sidebar: {toggle}"
+    )
+    assert toggle["after two"]["sidebarShown"], (
+        f"a second ☰ at 1280 px did not show the sidebar again: {toggle}"
+    )
+
+
+def test_front_page_maps_every_toc_page():
+    """The front page's map (its section "The map of the book") links every
+    page of _toc.yml, whatever is in it today."""
+    from bs4 import BeautifulSoup
+
+    expected = toc_files()
+    root = HTML / expected[0]
+    soup = BeautifulSoup(root.read_text(), "html.parser")
+    section = soup.find(id="the-map-of-the-book")
+    assert section is not None, (
+        f"{expected[0]} has no section 'The map of the book'"
+    )
+    base = root.parent
+    linked = set()
+    for a in section.find_all("a", href=True):
+        href = urldefrag(a["href"]).url
+        if href and not urlsplit(href).scheme:
+            linked.add(
+                (base / unquote(href)).resolve().relative_to(HTML).as_posix()
+            )
+    missing = [f for f in expected[1:] if f not in linked]
+    assert not missing, (
+        f"the front page's map does not link: {missing} (add them to book/chapters.yml)"
     )
 
 
