@@ -5,7 +5,8 @@
 multimodal config's ``text_config``), picks layer ``layer_idx``'s type
 (sliding or full, chunked, NoPE, Qwen3-Next's linear attention) and builds
 a :class:`~attn_np.refinements.RefinedAttention` with that layer's details
-(chapter 7's MLA for DeepSeek, chapter 12's Gated DeltaNet for a
+(chapter 7's MLA for DeepSeek, chapter 13's sparse MLA for DeepSeek-V3.2,
+chapter 12's Gated DeltaNet for a
 ``linear_attention`` layer; :func:`attention_layers_from_hf` builds them
 all);
 ``state_dict`` (HF's names without the ``model.layers.{i}.self_attn.``
@@ -31,7 +32,7 @@ import math
 
 import numpy as np
 
-from .costs.catalogue import _language_model, _load, _windows
+from .costs.hf_config import _language_model, _load, _windows
 from .latent import LatentKVCache, MultiHeadLatentAttention
 from .linear_attention import (
     HF_LINEAR_KEYS,
@@ -42,6 +43,7 @@ from .linear_attention import (
 )
 from .long_context import ScaledRotary, read_rope_scaling, softmax_scale
 from .refinements import ALiBi, RefinedAttention, SoftCap, alibi_slopes
+from .sparse import IndexedLatentCache, SparseLatentAttention
 
 # Keys that describe the rest of the model (embeddings, MLP, MoE, training,
 # generation, bookkeeping): read by nobody here, refused by nobody.
@@ -120,6 +122,7 @@ _ELSEWHERE = {
     "aux_loss_alpha",
     "seq_aux",
     "moe_layer_freq",
+    "mlp_layer_types",  # DeepSeek-V3.2: dense or MoE per layer
     # keys of released config.json files that do not shape attention
     "apply_residual_connection_post_layernorm",
     "cache_implementation",
@@ -166,6 +169,10 @@ _ATTENTION = {
     "qk_head_dim",
     "v_head_dim",
     "rope_interleave",
+    # DeepSeek-V3.2's lightning indexer (chapter 13)
+    "index_n_heads",
+    "index_head_dim",
+    "index_topk",
     # Qwen3-Next's linear-attention layers (chapter 12's GatedDeltaNet)
     "linear_conv_kernel_dim",
     "linear_key_head_dim",
@@ -190,6 +197,7 @@ FAMILIES = (
     "llama4_text",
     "deepseek_v2",
     "deepseek_v3",
+    "deepseek_v32",
 )
 _ALIASES = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 _ROPE_KEYS = {"rope_theta", "rope_type", "type", "partial_rotary_factor"}
@@ -202,7 +210,9 @@ def attention_from_hf(
 
     Families: Llama (2, 3.0), Mistral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3,
     OLMo 2, gpt-oss, DeepSeek-V2/V3 (MLA, on chapter 7's layer), Falcon
-    (MQA, ``new_decoder_architecture``, ALiBi), Qwen3-Next (its
+    (MQA, ``new_decoder_architecture``, ALiBi), DeepSeek-V3.2 (MLA with
+    chapter 13's lightning indexer and top-k: ``index_n_heads``,
+    ``index_head_dim``, ``index_topk``), Qwen3-Next (its
     ``linear_attention`` layers are chapter 12's Gated DeltaNet, its
     weights read by ``gated_deltanet_from_hf``; ``kv_cache`` is then a
     ``StateCache``) and Llama 4's attention (chunked and NoPE layers). RoPE
@@ -282,8 +292,13 @@ def layer_settings(config, layer_idx=0):
         )
     if model_type == "falcon":
         return _falcon(cfg)
-    if model_type in ("deepseek_v2", "deepseek_v3"):
-        _layer_type(cfg, layer_idx)
+    if model_type in ("deepseek_v2", "deepseek_v3", "deepseek_v32"):
+        layer_type = _layer_type(cfg, layer_idx)
+        if layer_type not in (None, "full_attention", "indexed_attention"):
+            raise ValueError(
+                f"layer {layer_idx} has layer type {layer_type!r}, which "
+                "attention_from_hf does not build for MLA"
+            )
         return _latent(cfg, model_type)
     return _decoder(cfg, model_type, layer_idx)
 
@@ -456,7 +471,7 @@ def _decoder(cfg, model_type, layer_idx):
         # an older config: the window rule of chapter 8's calculator
         # (sliding_window_pattern, use_sliding_window with
         # max_window_layers, or the model_type's rule)
-        window, types = _windows(cfg, _count(cfg, "num_hidden_layers"))
+        window, types = _windows(cfg, _count(cfg, "num_hidden_layers"), None)
         if types is not None:
             layer_type = types[layer_idx]
             if layer_type != "sliding_attention":
@@ -647,8 +662,53 @@ class HFLatentAttention(MultiHeadLatentAttention):
         return LatentKVCache()
 
 
+class HFSparseLatentAttention(SparseLatentAttention):
+    """Chapter 13's DSA (MLA with the lightning indexer) as Hugging
+    Face's DeepSeek-V3.2 layer: causal, continuing from its
+    :class:`~attn_np.IndexedLatentCache`. ``rope_scaling`` enters as in
+    :class:`HFLatentAttention`, and the indexer turns its first
+    ``d_rope`` features with the same frequencies (HF hands both the
+    model's one ``cos``/``sin``), in the rotate-half layout. Its top-k
+    has no gradient: ``backward`` is chapter 7's, for the main
+    attention's parameters (HF runs the indexer under ``no_grad``)."""
+
+    def __init__(self, *args, rope_scaling=None, **kw):
+        super().__init__(*args, **kw)
+        self.rope_scaling = (
+            None if rope_scaling is None else read_rope_scaling(rope_scaling)
+        )
+        self.scale = softmax_scale(
+            self.d_head + self.d_rope, self.rope_scaling
+        )
+        if self.rope_scaling is not None:
+            ix = self.indexer
+            ix.rotary = ScaledRotary(
+                ix.rope_base,
+                ix.rope_layout,
+                ix.d_rope,
+                rope_scaling=self.rope_scaling,
+            )
+
+    @property
+    def rotary(self):
+        if self.rope_scaling is None:
+            return super().rotary
+        return ScaledRotary(
+            self.rope_base, self.rope_layout, rope_scaling=self.rope_scaling
+        )
+
+    def forward(self, x, causal=True, kv_cache=None):
+        if not causal:
+            raise ValueError("an HF decoder layer is causal")
+        return super().forward(x, kv_cache=kv_cache)
+
+    def new_cache(self):
+        return IndexedLatentCache()
+
+
 def _latent(cfg, model_type):
-    """DeepSeek-V2/V3 multi-head latent attention."""
+    """DeepSeek-V2/V3 multi-head latent attention; V3.2's with the
+    lightning indexer (chapter 13)."""
     d_model = _count(cfg, "hidden_size")
     n_heads = _count(cfg, "num_attention_heads")
     q_lora = cfg.get("q_lora_rank")
@@ -678,6 +738,20 @@ def _latent(cfg, model_type):
         latent_norm=True,
         rope_scaling=scaling,
     )
+    if model_type == "deepseek_v32":
+        if q_lora is None:
+            raise ValueError(
+                "config needs q_lora_rank for deepseek_v32 (its indexer "
+                "reads the query latent)"
+            )
+        kw.update(
+            index_n_heads=_count(cfg, "index_n_heads"),
+            index_head_dim=_count(cfg, "index_head_dim"),
+            index_topk=_count(cfg, "index_topk"),
+            index_rope_layout="half",  # HF: "NON-interleaved"
+        )
+        layout = {"kind": "mla", "indexer": True}
+        return HFSparseLatentAttention, args, kw, layout
     return HFLatentAttention, args, kw, {"kind": "mla"}
 
 
@@ -719,6 +793,39 @@ def _hf_names(layout, layer):
     if "sinks" in p:
         names["sinks"] = "sinks"
     return names
+
+
+# DeepSeek-V3.2's indexer: HF name -> LightningIndexer's params key
+_INDEXER = {
+    "indexer.wq_b.weight": "W_qi",
+    "indexer.wk.weight": "W_ki",
+    "indexer.k_norm.weight": "g_k",
+    "indexer.k_norm.bias": "b_k",
+    "indexer.weights_proj.weight": "W_w",
+}
+
+
+def _load_indexer(layer, got):
+    p = layer.indexer.params
+    for hf, key in _INDEXER.items():
+        a = got[hf]
+        a = a.T if a.ndim == 2 else a
+        if a.shape != p[key].shape:
+            want = p[key].T.shape if a.ndim == 2 else p[key].shape
+            raise ValueError(
+                f"state_dict entry {hf} has shape {got[hf].shape}, the "
+                f"config says {want}"
+            )
+        p[key] = np.ascontiguousarray(a)
+
+
+def indexer_to_hf(layer):
+    """A V3.2 layer's indexer weights under HF's names and layout."""
+    p = layer.indexer.params
+    return {
+        hf: p[key].T if p[key].ndim == 2 else p[key]
+        for hf, key in _INDEXER.items()
+    }
 
 
 def _falcon_split(layer, fused, w):
@@ -773,6 +880,8 @@ def _load_state(layer, layout, state_dict, dtype):
     if layout.get("gate_rows"):
         names.pop("q_proj.weight")
         names["q_proj.weight"] = None
+    if layout.get("indexer"):
+        names.update(dict.fromkeys(_INDEXER))
     extra = sorted(set(state_dict) - set(names))
     missing = sorted(set(names) - set(state_dict))
     if extra or missing:
@@ -799,6 +908,8 @@ def _load_state(layer, layout, state_dict, dtype):
                     new[f"{pre}_{n}"] = a.T if a.ndim == 2 else a
     if layout["kind"] == "mla":
         new.update(_mla_split(layer, got))
+    if layout.get("indexer"):
+        _load_indexer(layer, got)
     if layout.get("gate_rows"):
         q, g = _gate_split(layer, got["q_proj.weight"])
         new["W_q"], new["W_g"] = q.T, g.T
@@ -914,10 +1025,12 @@ def fixture_errors(path, layer_idx=0):
     errors = {"forward": err(layer.forward(x), f[f"layer{i}.out"])}
     errors["grad x"] = err(layer.backward(f["dy"]), f[f"layer{i}.grad.x"])
     grads = layer.to_hf(layer.grads)
-    if set(grads) != set(state):
+    gpre = f"layer{i}.grad."
+    want = {k[len(gpre) :] for k in f.files if k.startswith(gpre)} - {"x"}
+    if set(grads) != want:  # every parameter but V3.2's indexer (no_grad)
         raise ValueError(
-            f"gradients {sorted(grads)} do not match the state dict "
-            f"{sorted(state)}"
+            f"gradients {sorted(grads)} do not match the fixture's "
+            f"{sorted(want)}"
         )
     for name, g in grads.items():
         errors[f"grad {name}"] = err(g, f[f"layer{i}.grad.{name}"])

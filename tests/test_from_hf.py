@@ -19,6 +19,7 @@ from attn_np.from_hf import (
     attention_from_hf,
     attention_layers_from_hf,
     fixture_errors,
+    indexer_to_hf,
     layer_settings,
 )
 from attn_np.refinements import RefinedAttention
@@ -49,6 +50,8 @@ BUILT = {
     "llama31": [0],
     "gpt_oss_yarn": [0, 1],
     "deepseek_v3_yarn": [0],
+    # chapter 13: DSA (the indexer's top-k as the main attention's mask)
+    "deepseek_v32": [0],
 }
 CASES = [(name, i) for name, layers in BUILT.items() for i in layers]
 
@@ -130,7 +133,14 @@ def dynamic(cfg):
     "cfg,match",
     [
         (lambda: dynamic(config_of("llama")), "rope_type 'dynamic'"),
-        (lambda: config_of("deepseek_v32"), "model_type='deepseek_v32'"),
+        (
+            lambda: dict(config_of("qwen2"), use_mrope=True),
+            "use_mrope=True",
+        ),
+        (
+            lambda: dict(config_of("deepseek_v3"), model_type="deepseek_v4"),
+            "model_type='deepseek_v4'",
+        ),
     ],
 )
 def test_unimplemented_rope_and_models_are_refused_by_name(cfg, match):
@@ -344,3 +354,74 @@ def test_random_linear_layer_and_bad_state_dict():
         attention_from_hf(dict(cfg, hidden_act="gelu"), 0)
     with pytest.raises(ValueError, match="one entry per layer"):
         attention_layers_from_hf(cfg, [{}])
+
+
+def test_deepseek_v32_selects_hfs_top_k():
+    """The lightning indexer picks, for every query, the keys HF's
+    indexer picked (layer0.capture.indexer, [B, L, top-k]); for a query
+    with fewer visible keys than top-k, all of them (HF's extra indices
+    point at masked future keys)."""
+    f = np.load(FIXTURES / "deepseek_v32.npz")
+    state = {
+        k.split("param.")[1]: f[k] for k in f.files if "layer0.param" in k
+    }
+    layer = attention_from_hf(config_of("deepseek_v32"), 0, state)
+    assert isinstance(layer, attn_np.SparseLatentAttention)
+    assert layer.index_topk == 4 and layer.indexer.n_heads == 2
+    layer.forward(f["x"])
+    hf = f["layer0.capture.indexer"]  # [B, L, 4]
+    B, L, k = hf.shape
+    assert layer.selected.shape == (B, L, L)
+    for b in range(B):
+        for t in range(L):
+            ours = set(np.flatnonzero(layer.selected[b, t]))
+            theirs = {int(j) for j in hf[b, t] if j <= t}
+            assert ours == theirs, (b, t, ours, theirs)
+            assert len(ours) == min(k, t + 1)
+    # the indexer's weights come back under HF's names
+    back = indexer_to_hf(layer)
+    for name, a in back.items():
+        np.testing.assert_array_equal(a, state[name])
+
+
+def test_deepseek_v32_sparsity_matters():
+    """With top-k at least L the layer is dense MLA and misses HF's
+    sparse output by far more than rounding."""
+
+    def dense(ly):
+        ly.index_topk = 9
+
+    assert fixture_out("deepseek_v32", 0, dense) > 1e-3
+    assert fixture_out("deepseek_v32", 0, lambda ly: None) < TOL
+
+
+def test_deepseek_v32_config_is_checked():
+    cfg = config_of("deepseek_v32")
+    with pytest.raises(ValueError, match="index_topk"):
+        attention_from_hf(dict(cfg, index_topk=0), 0)
+    with pytest.raises(ValueError, match="q_lora_rank"):
+        attention_from_hf(dict(cfg, q_lora_rank=None), 0)
+    f = np.load(FIXTURES / "deepseek_v32.npz")
+    state = {
+        k.split("param.")[1]: f[k] for k in f.files if "layer0.param" in k
+    }
+    del state["indexer.wk.weight"]
+    with pytest.raises(ValueError, match="indexer.wk.weight"):
+        attention_from_hf(cfg, 0, state)
+
+
+def test_deepseek_v32_with_yarn_scales_both_rotations():
+    """A released V3.2 config has YaRN: the main rotation and the
+    indexer's (HF hands both the model's one cos/sin) take the scaled
+    frequencies, and the softmax scale its mscale_all_dim. Built from the
+    parts checked above; no V3.2 YaRN fixture was recorded."""
+    cfg = config_of("deepseek_v32")
+    cfg["rope_parameters"] = config_of("deepseek_v3_yarn")["rope_parameters"]
+    cfg["max_position_embeddings"] = 640
+    layer = attention_from_hf(cfg, 0)
+    yarn = attention_from_hf(config_of("deepseek_v3_yarn"), 0)
+    assert layer.scale == yarn.scale != 12**-0.5
+    assert layer.indexer.rotary.rope_scaling == yarn.rope_scaling
+    assert layer.indexer.rotary.layout == "half"
+    x = np.random.default_rng(1).standard_normal((1, 6, 64))
+    assert np.isfinite(layer.forward(x)).all()
