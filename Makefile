@@ -7,6 +7,10 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
 export PYTHONHASHSEED := 0
+# Two pytest workers (pytest-xdist) for the unit tests and for nbval: this machine has 2 cores, and most
+# cells and tests are single-threaded NumPy. nbval's --dist loadscope keeps each notebook's cells in order
+# in one worker and one kernel. WORKERS=0 runs everything in one process.
+WORKERS ?= 2
 
 venv: $(STAMP)
 
@@ -44,10 +48,10 @@ lint: venv
 
 # The browser test needs a built book, so `unit` leaves it out and `browser` runs it after `book-strict`.
 unit: venv
-	$(BIN)/python -m pytest -q tests --ignore=tests/browser
+	$(BIN)/python -m pytest -q -n $(WORKERS) tests --ignore=tests/browser
 
 nbval: venv
-	$(BIN)/python -m pytest -q -p no:randomly --nbval --nbval-current-env notebooks
+	$(BIN)/python -m pytest -q -p no:randomly -n $(WORKERS) --dist loadscope --nbval --nbval-current-env notebooks
 
 book-strict: venv
 	$(BIN)/jupyter-book build --all --warningiserror --keep-going .

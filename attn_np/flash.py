@@ -22,6 +22,8 @@ window's edge) are masked. :func:`block_plan` says which is which.
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +35,7 @@ from .attention import (
     position_mask,
     unbroadcast,
 )
+from .instruments.blas import blas_threads, get_blas_threads
 
 BLOCK_Q = 256  # query rows per tile: the fastest in the chapter-9 sweep
 BLOCK_K = 256  # keys per tile
@@ -142,7 +145,8 @@ def flash_attention_forward(
     a query may attend. ``window=W`` (needs ``causal=True``): query at
     position ``p`` attends keys ``p - W < j <= p``. A query with no key
     to attend gets a zero row and ``lse = -inf``. ``check_finite`` as in
-    :func:`attn_np.attention_forward`.
+    :func:`attn_np.attention_forward`. The heads are shared out among
+    worker threads (:func:`in_parallel`).
     """
     q, k, v, _, scale = _check_inputs(
         q, k, v, None, False, scale, check_finite
@@ -153,30 +157,49 @@ def flash_attention_forward(
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     L_q, L_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     dt = np.result_type(q, k, v)
-    plan = block_plan(
-        L_q, L_k, block_q, block_k, causal=causal, window=window
-    )
+    tiles = Tiles(L_q, L_k, block_q, block_k, causal=causal, window=window)
     out = np.zeros(batch + (L_q, d_v), dt)  # rows that see nothing: 0
     lse = np.full(batch + (L_q,), -np.inf, dt)  # [..., L_q]
-    bq, bk = min(block_q, L_q), min(block_k, L_k)
+
+    def share(take):  # one worker's heads: take(x) is its part of x
+        forward_tiles(
+            take(q), take(k), take(v), take(out), take(lse, 1), scale, tiles
+        )
+
+    in_parallel(share, batch, tiles.pairs * (q.shape[-1] + d_v))
+    cache = FlashCache(
+        q, k, v, out, lse, scale, causal, window, block_q, block_k
+    )
+    return out, cache
+
+
+def forward_tiles(q, k, v, out, lse, scale, tiles):
+    """The forward's loops for the heads of ``out``: it writes ``out``
+    and ``lse``."""
+    batch, dt = out.shape[:-2], out.dtype
+    bq, bk = tiles.shape
+    qs_buf = np.empty(batch + (bq, q.shape[-1]), dt)  # Q * scale
     s_buf = np.empty(batch + (bq, bk), dt)  # one tile of scores
-    pv_buf = np.empty(batch + (bq, d_v), dt)  # one tile's P V
-    for i, r0 in enumerate(range(0, L_q, block_q)):
-        r1 = min(r0 + block_q, L_q)
-        qs = q[..., r0:r1, :] * scale  # [..., n_q, d_k]
+    pv_buf = np.empty(batch + (bq, v.shape[-1]), dt)  # one tile's P V
+    for i, (r0, r1) in enumerate(tiles.rows):
+        qs = np.multiply(
+            q[..., r0:r1, :], scale, out=qs_buf[..., : r1 - r0, :]
+        )
         m = np.full(batch + (r1 - r0, 1), -np.inf, dt)  # running max
         l = np.zeros(batch + (r1 - r0, 1), dt)  # running sum
         acc = out[..., r0:r1, :]  # view: unnormalised output [.., n_q, d_v]
-        for j in np.flatnonzero(plan[i]):
-            c0, c1 = j * block_k, min(j * block_k + block_k, L_k)
+        for j in tiles.in_row(i):
+            c0, c1 = tiles.cols[j]
             s = s_buf[..., : r1 - r0, : c1 - c0]  # [..., n_q, n_k]
             kt = k[..., c0:c1, :].swapaxes(-1, -2)  # [..., d_k, n_k]
             np.matmul(qs, kt, out=s)  # [.., n_q, d_k] @ [.., d_k, n_k]
-            if plan[i, j] == MASKED:
-                allowed = _tile_mask(r0, r1, c0, c1, L_q, L_k, window)
-                np.copyto(s, -np.inf, where=~allowed)  # [n_q, n_k]
+            hidden = tiles.hidden(i, j)  # None: a full tile, no mask
+            if hidden is not None:
+                np.copyto(s, -np.inf, where=hidden)  # [n_q, n_k]
             m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
-            shift = np.where(m_new == -np.inf, 0.0, m_new)  # [.., n_q, 1]
+            shift = m_new  # a row of a masked tile may see nothing yet:
+            if hidden is not None:  # shift its -inf scores by 0
+                shift = np.where(m_new == -np.inf, 0.0, m_new)
             s -= shift
             np.exp(s, out=s)  # P~ = exp(S - m_new), masked pairs 0
             alpha = np.exp(m - shift)  # exp(m_old - m_new): [.., n_q, 1]
@@ -191,10 +214,6 @@ def flash_attention_forward(
         lse[..., r0:r1] = np.where(
             seen, m + np.log(np.where(seen, l, 1.0)), -np.inf
         )[..., 0]  # lse = m + log(l): [..., n_q]
-    cache = FlashCache(
-        q, k, v, out, lse, scale, causal, window, block_q, block_k
-    )
-    return out, cache
 
 
 def flash_attention_backward(dout, cache: FlashCache):
@@ -202,24 +221,58 @@ def flash_attention_backward(dout, cache: FlashCache):
 
     Outer loop over key tiles, inner over the query tiles that may
     attend them; ``P = exp(S - lse)`` is recomputed per tile and
-    ``dS = P * (dP - D)`` with ``D = rowsum(dO * O)``.
+    ``dS = P * (dP - D)`` with ``D = rowsum(dO * O)``. The heads are
+    shared out among worker threads as in the forward.
     """
     c = cache
     dout = check_upstream(dout, "dout", c.out.shape, "the attention output")
-    q, k, v, scale = c.q, c.k, c.v, c.scale
-    batch = c.out.shape[:-2]
-    (L_q, d_k), L_k, d_v = q.shape[-2:], k.shape[-2], v.shape[-1]
+    inputs = (c.q, c.k, c.v)
     dt = np.result_type(c.out, dout)
-    plan = block_plan(
+    L_q, L_k = c.q.shape[-2], c.k.shape[-2]
+    tiles = Tiles(
         L_q, L_k, c.block_q, c.block_k, causal=c.causal, window=c.window
     )
-    D = np.sum(dout * c.out, axis=-1, keepdims=True)  # [..., L_q, 1]
-    lse = np.where(c.lse == -np.inf, np.inf, c.lse)[..., None]  # P=0
-    qs = q * scale  # [..., L_q, d_k], the forward's scaled queries
-    dq = np.zeros(batch + (L_q, d_k), dt)  # [..., L_q, d_k]
-    dk = np.zeros(k.shape, dt)  # [..., L_k, d_k], k's own leading axes
-    dv = np.zeros(v.shape, dt)  # [..., L_k, d_v]
-    bq, bk = min(c.block_q, L_q), min(c.block_k, L_k)
+    grads = [np.zeros(x.shape, dt) for x in inputs]  # dq, dk, dv
+    lock = threading.Lock()
+
+    def share(take):  # one worker's heads: take(x) is its part of x
+        # an input that other workers' heads share (a broadcast key/value
+        # head) gets this worker's own sum, added to the total at the end
+        mine = [
+            take(g) if take.alone(x) else np.zeros(take(g).shape, dt)
+            for g, x in zip(grads, inputs)
+        ]
+        backward_tiles(
+            *(take(x) for x in inputs),
+            take(c.out),
+            take(dout),
+            take(c.lse, 1),
+            *mine,
+            c.scale,
+            tiles,
+        )
+        with lock:
+            for g, x, part in zip(grads, inputs, mine):
+                if not take.alone(x):
+                    g += part
+
+    in_parallel(share, c.out.shape[:-2], tiles.pairs * 5 * c.q.shape[-1])
+    return tuple(grads)
+
+
+def backward_tiles(q, k, v, out, dout, lse, dq, dk, dv, scale, tiles):
+    """The backward's loops for the heads of ``out``: it adds to ``dq``,
+    ``dk`` and ``dv`` (each shaped like its input)."""
+    batch, dt = out.shape[:-2], dq.dtype
+    (L_q, d_k), d_v = q.shape[-2:], v.shape[-1]
+    bq, bk = tiles.shape
+    D = np.vecdot(dout, out)[..., None]  # rowsum(dO * O): [..., L_q, 1]
+    lse = np.where(lse == -np.inf, np.inf, lse)[..., None]  # P=0
+    # dS K of every key tile, summed at the heads' shape [..., L_q, d_k]
+    dq_all = dq
+    if dq.shape != batch + (L_q, d_k):  # q broadcast: sum it at the end
+        dq_all = np.zeros(batch + (L_q, d_k), dt)
+    ks_buf = np.empty(k.shape[:-2] + (bk, d_k), dt)  # K * scale
     p_buf = np.empty(batch + (bq, bk), dt)  # P of one tile
     ds_buf = np.empty(batch + (bq, bk), dt)  # dP, then dS, of one tile
     dq_buf = np.empty(batch + (bq, d_k), dt)
@@ -227,21 +280,21 @@ def flash_attention_backward(dout, cache: FlashCache):
     dv_buf = np.empty(batch + (bk, d_v), dt)
     dk_sum = np.empty(batch + (bk, d_k), dt)  # one key tile's dK
     dv_sum = np.empty(batch + (bk, d_v), dt)  # and dV, summed over i
-    for j, c0 in enumerate(range(0, L_k, c.block_k)):
-        c1 = min(c0 + c.block_k, L_k)
+    for j, (c0, c1) in enumerate(tiles.cols):
         kj, vj = k[..., c0:c1, :], v[..., c0:c1, :]  # [.., n_k, d]
+        ks = np.multiply(kj, scale, out=ks_buf[..., : c1 - c0, :])
         dk_j, dv_j = dk_sum[..., : c1 - c0, :], dv_sum[..., : c1 - c0, :]
         dk_j.fill(0)
         dv_j.fill(0)
-        for i in np.flatnonzero(plan[:, j]):
-            r0, r1 = i * c.block_q, min(i * c.block_q + c.block_q, L_q)
-            qs_i, do_i = qs[..., r0:r1, :], dout[..., r0:r1, :]
+        for i in tiles.in_col(j):
+            r0, r1 = tiles.rows[i]
+            q_i, do_i = q[..., r0:r1, :], dout[..., r0:r1, :]
             p = p_buf[..., : r1 - r0, : c1 - c0]  # [..., n_q, n_k]
-            np.matmul(qs_i, kj.swapaxes(-1, -2), out=p)  # S, as forward
+            np.matmul(q_i, ks.swapaxes(-1, -2), out=p)  # S = Q (K scale)^T
             p -= lse[..., r0:r1, :]  # S - lse
-            if plan[i, j] == MASKED:
-                allowed = _tile_mask(r0, r1, c0, c1, L_q, L_k, c.window)
-                np.copyto(p, -np.inf, where=~allowed)
+            hidden = tiles.hidden(i, j)  # None: a full tile, no mask
+            if hidden is not None:
+                np.copyto(p, -np.inf, where=hidden)
             np.exp(p, out=p)  # P = exp(S - lse): [..., n_q, n_k]
             pt = p.swapaxes(-1, -2)  # [..., n_k, n_q]
             dv_j += np.matmul(pt, do_i, out=dv_buf[..., : c1 - c0, :])
@@ -250,14 +303,61 @@ def flash_attention_backward(dout, cache: FlashCache):
             ds -= D[..., r0:r1, :]  # dP - D
             ds *= p  # dS = P * (dP - D): [..., n_q, n_k]
             dq_i = dq_buf[..., : r1 - r0, :]
-            dq[..., r0:r1, :] += np.matmul(ds, kj, out=dq_i)  # dS K
+            dq_all[..., r0:r1, :] += np.matmul(ds, ks, out=dq_i)  # dS K s
             dst = ds.swapaxes(-1, -2)  # [..., n_k, n_q]
-            dk_j += np.matmul(dst, qs_i, out=dk_buf[..., : c1 - c0, :])
+            dk_j += np.matmul(dst, q_i, out=dk_buf[..., : c1 - c0, :])
+        dk_j *= scale  # dK = dS^T Q * scale
         # broadcast key/value heads: sum the query heads that shared them
-        dk[..., c0:c1, :] = unbroadcast(dk_j, k.shape[:-2] + (c1 - c0, d_k))
-        dv[..., c0:c1, :] = unbroadcast(dv_j, v.shape[:-2] + (c1 - c0, d_v))
-    dq *= scale  # dQ = dS K * scale
-    return unbroadcast(dq, q.shape), dk, dv
+        dk[..., c0:c1, :] += unbroadcast(
+            dk_j, dk.shape[:-2] + dk_j.shape[-2:]
+        )
+        dv[..., c0:c1, :] += unbroadcast(
+            dv_j, dv.shape[:-2] + dv_j.shape[-2:]
+        )
+    if dq_all is not dq:
+        dq += unbroadcast(dq_all, dq.shape)
+
+
+class Tiles:
+    """The tiles of one call: their rows and columns, which are computed
+    (:func:`block_plan`), and the mask of each masked one, made once."""
+
+    def __init__(self, L_q, L_k, block_q, block_k, *, causal, window):
+        self.plan = block_plan(
+            L_q, L_k, block_q, block_k, causal=causal, window=window
+        )
+        self.rows = [
+            (r0, min(r0 + block_q, L_q)) for r0 in range(0, L_q, block_q)
+        ]
+        self.cols = [
+            (c0, min(c0 + block_k, L_k)) for c0 in range(0, L_k, block_k)
+        ]
+        self.shape = (min(block_q, L_q), min(block_k, L_k))
+        n_q = np.array([r1 - r0 for r0, r1 in self.rows])
+        n_k = np.array([c1 - c0 for c0, c1 in self.cols])
+        self.pairs = int(np.sum((self.plan != SKIP) * np.outer(n_q, n_k)))
+        # [n_q, n_k] bool, True where a query may NOT attend; tiles at the
+        # same distance from the diagonal share one
+        self._hidden, made = {}, {}
+        for i, j in zip(*np.nonzero(self.plan == MASKED)):
+            (r0, r1), (c0, c1) = self.rows[i], self.cols[j]
+            key = (r0 + L_k - L_q - c0, r1 - r0, c1 - c0)
+            if key not in made:
+                made[key] = ~_tile_mask(r0, r1, c0, c1, L_q, L_k, window)
+            self._hidden[i, j] = made[key]
+
+    def in_row(self, i):
+        """The key tiles computed for query tile ``i``."""
+        return np.flatnonzero(self.plan[i])
+
+    def in_col(self, j):
+        """The query tiles computed for key tile ``j``."""
+        return np.flatnonzero(self.plan[:, j])
+
+    def hidden(self, i, j):
+        """``[n_q, n_k]`` bool, True where the query may not attend, or
+        ``None`` where it may attend every key of the tile."""
+        return self._hidden.get((i, j))
 
 
 def _tile_mask(r0, r1, c0, c1, L_q, L_k, window):
@@ -267,3 +367,64 @@ def _tile_mask(r0, r1, c0, c1, L_q, L_k, window):
     return position_mask(
         np.arange(r0, r1) + (L_k - L_q), np.arange(c0, c1), window=window
     )
+
+
+# ---------------------------------------------------------------------------
+# -- worker threads
+PARALLEL_MIN_FLOPS = 2**24  # below this a call is too short to share out
+
+
+def in_parallel(share, batch, flops):
+    """Run ``share(take)`` once per worker thread, each on its own heads.
+
+    The heads (one axis of the broadcast ``batch`` shape) are dealt out to
+    as many workers as BLAS may use threads, and BLAS runs one thread in
+    each: NumPy lets go of Python's lock in BLAS and in its ufuncs, so the
+    workers' products *and* their elementwise work run at the same time.
+    Two BLAS threads inside each of hundreds of short products would wait
+    for each other at the end of every one; on a busy machine, for a
+    core. ``take(x)`` gives a worker its part of ``x``. A call of fewer
+    than ``PARALLEL_MIN_FLOPS`` matmul FLOPs runs in one piece.
+    """
+    workers = get_blas_threads() or 1
+    axis = next((a for a, n in enumerate(batch) if n >= workers), None)
+    if axis is None and batch:  # fewer heads than threads
+        axis = int(np.argmax(batch))
+    if workers < 2 or axis is None or batch[axis] < 2:
+        return share(_Take(batch))
+    if flops * int(np.prod(batch)) < PARALLEL_MIN_FLOPS:
+        return share(_Take(batch))
+    edges = np.linspace(0, batch[axis], min(workers, batch[axis]) + 1)
+    takes = [
+        _Take(batch, axis, slice(int(a), int(b)))
+        for a, b in zip(edges[:-1].round(), edges[1:].round())
+    ]
+    with blas_threads(1), ThreadPoolExecutor(len(takes)) as pool:
+        for _ in pool.map(share, takes):  # raises what a worker raised
+            pass
+    return None
+
+
+class _Take:
+    """One worker's part of the heads: ``part`` of batch axis ``axis``
+    (``None``: all of them, one worker)."""
+
+    def __init__(self, batch, axis=None, part=slice(None)):
+        self.batch, self.axis, self.part = batch, axis, part
+
+    def _own_axis(self, x, core):
+        """``x``'s axis that is batch axis ``axis``, or ``None`` where
+        ``x`` broadcasts along it (every worker reads all of ``x``)."""
+        if self.axis is None:
+            return None
+        a = self.axis - (len(self.batch) - (x.ndim - core))
+        return a if a >= 0 and x.shape[a] > 1 else None
+
+    def __call__(self, x, core=2):
+        """This worker's view of ``x`` (``core`` trailing axes per head)."""
+        a = self._own_axis(x, core)
+        return x if a is None else x[(slice(None),) * a + (self.part,)]
+
+    def alone(self, x, core=2):
+        """Does this worker alone write its view of ``x``'s gradient?"""
+        return self.axis is None or self._own_axis(x, core) is not None

@@ -471,7 +471,8 @@ def _decoder(cfg, model_type, layer_idx):
         # an older config: the window rule of chapter 8's calculator
         # (sliding_window_pattern, use_sliding_window with
         # max_window_layers, or the model_type's rule)
-        window, types = _windows(cfg, _count(cfg, "num_hidden_layers"), None)
+        n_layers = _count(cfg, "num_hidden_layers")
+        window, types = _windows(cfg, n_layers, None)
         if types is not None:
             layer_type = types[layer_idx]
             if layer_type != "sliding_attention":

@@ -132,7 +132,10 @@ async (timeoutMs) => {
   }
   // Code: notebook input cells and library source printed by show_source (a highlighted block in an
   // HTML output), as a share of the article's height.
-  const height = (els) => [...els].reduce((s, e) => s + e.getBoundingClientRect().height, 0);
+  // Code folded in a closed <details> (hide-input, hide-cell) takes no room on the page, but Chromium
+  // still gives it a box of its full height: leave it out.
+  const shown = (e) => !e.closest("details:not([open])");
+  const height = (els) => [...els].filter(shown).reduce((s, e) => s + e.getBoundingClientRect().height, 0);
   const inputs = height(article.querySelectorAll("div.cell_input"));
   const source = height([...article.querySelectorAll("div.cell_output div.text_html div.highlight")]);
   const articleHeight = article.getBoundingClientRect().height;

@@ -53,9 +53,14 @@ BENCHMARKS: dict[str, Bench] = {
     ),
     "flash": Bench(
         "attn_np.bench.flash",
-        sizes=("--L", "--rounds"),
-        size_lists=("--memory-L",),
-        flags=("--sweep", "--skip-memory"),
+        sizes=("--rounds",),
+        size_lists=("--L", "--memory-L"),
+        flags=("--sweep", "--skip-memory", "--why-load", "--skip-load"),
+    ),
+    "linear": Bench(
+        "attn_np.bench.linear",
+        sizes=("--rounds", "--chunk-size", "--threads"),
+        size_lists=("--T", "--memory-T"),
     ),
     "mha": Bench(
         "attn_np.bench.mha",

@@ -1,20 +1,33 @@
 """``python -m attn_np.bench flash``: FlashAttention's memory and speed.
 
-Three measurements (chapter 9):
+Measurements (chapter 9), every timing a ratio of two things measured in
+the same run, in turns (``alternating_times`` of
+:mod:`attn_np.instruments.measure`), printed as the median over rounds
+with the quartiles and beside the run's own noise floor (the same code
+timed against itself, "A/A"):
 
 * **memory**: the peak bytes traced by tracemalloc during one forward +
   backward of :class:`attn_np.MultiHeadAttention` with ``flash=True``
   (``B=1, d_model=512, h=8, d_k=64``, float32, causal) at ``L = 4096``
   and ``16384``, as a multiple of the bytes of ``q``, beside the bytes
-  of the ``[h, L, L]`` float32 array the dense path would hold. Goals:
-  peak at most 20 times ``q``, and ``peak(16384) / peak(4096) <= 4.5``.
-* **speed**: the same layer's forward + backward at ``L = 2048`` with
-  the dense and the tiled kernels, in turns with the matmul reference
-  of :func:`attn_np.instruments.measure.matmul_gflops` (a
-  ``[1024, 1024] @ [1024, 1024]`` product in the same dtype). Both
-  paths are credited with the *dense* FLOPs (chapter 2's count, the
-  causal half included), so the rates compare times. Goals: flash
-  faster than dense, and at least 0.5 of the matmul rate.
+  of the ``[h, L, L]`` float32 array the dense path would hold. Goal:
+  peak at most 8 times ``q`` at 16,384.
+* **rate**: at ``L = 2048, 4096, 8192`` the tiled layer's forward +
+  backward, and the tiled kernels alone on ``[1, 8, L, 64]``, as a
+  fraction of the same round's matmul rate (a ``[2048, 2048]`` product,
+  two BLAS threads), crediting only the FLOPs a causal kernel must do
+  (:func:`causal_flops`: the projections, and half the score and value
+  products). Goal: at least 0.6 at every ``L``.
+* **load**: the dense and the tiled layer at ``L = 2048``, each round
+  once on the machine as it is and once with one more core kept busy by
+  a background process (:func:`~attn_np.instruments.measure.busy_core`,
+  bounded in time). Goal: the tiled layer's time grows no more than the
+  dense one's, and flash / dense stays below 1.0 under the extra load.
+* **why** (``--why-load``): one tile's product ``[256, 64] @ [64, 256]``
+  called 2,000 times (about as many BLAS calls as one forward + backward
+  at 2,048 tokens makes) with one and with two BLAS threads, with and
+  without the extra load: the evidence for running the tiles on one BLAS
+  thread per worker.
 * **blocks** (``--sweep``): the tiled kernels alone on ``[1, h, L, d_k]``
   float32 arrays, forward + backward, for every pair of block sizes,
   in turns. The library's defaults come from this sweep.
@@ -34,19 +47,18 @@ from ..flash import (
     flash_attention_backward,
     flash_attention_forward,
 )
-from ..instruments.measure import best_times, measure_peak_bytes
+from ..instruments.measure import (
+    alternating_times,
+    best_times,
+    blas_call_times,
+    busy_core,
+    matmul_probe,
+    measure_peak_bytes,
+    ratio_spread,
+)
 from ..multihead import MultiHeadAttention
 
 SWEEP_BLOCKS = (64, 128, 256, 512, 1024)
-
-
-def _matmul_reference(n=1024, dtype=np.float32):
-    """The product :func:`matmul_gflops` times, as a function to time."""
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((n, n)).astype(dtype)
-    b = rng.standard_normal((n, n)).astype(dtype)
-    out = np.empty((n, n), dtype=dtype)
-    return (lambda: np.matmul(a, b, out=out)), 2 * n**3
 
 
 def layer_step(
@@ -101,7 +113,7 @@ def speed(
     Returns the seconds, the dense FLOPs, the reference rate, and each
     path's rate as a fraction of it.
     """
-    mm, mm_flops = _matmul_reference(dtype=dtype)
+    mm, mm_flops = matmul_probe(dtype=dtype)
     fns = {
         "matmul": mm,
         "dense": layer_step(
@@ -176,7 +188,7 @@ def block_sweep(
     slows a whole round rather than one pair. Returns
     ``(times {(block_q, block_k): s}, matmul GFLOP/s)``.
     """
-    mm, mm_flops = _matmul_reference(dtype=dtype)
+    mm, mm_flops = matmul_probe(dtype=dtype)
     fns = {"matmul": mm}
     for bq in blocks:
         for bk in blocks:
@@ -194,17 +206,147 @@ def block_sweep(
     return best, rate
 
 
+def causal_flops(
+    L, *, B=1, d_model=512, n_heads=8, kernel_only=False
+) -> int:
+    """Matmul FLOPs of a forward + backward that a causal kernel must do.
+
+    Chapter 2's count (:func:`attn_np.costs.training_flops`) with half
+    of each score and value product: a causal query attends half the
+    keys on average, and a kernel that skips what the mask hides need
+    not do the rest. ``kernel_only``: the attention products alone
+    (the kernels on ``[B, h, L, d_model / h]``), no projections.
+    """
+    d_k = d_model // n_heads
+    attention = 3 * 2 * B * n_heads * L * L * 2 * d_k  # QK^T, PV; 3 x
+    if kernel_only:
+        return attention // 2
+    full = costs.training_flops(B, L, d_model, n_heads)
+    return full - attention // 2
+
+
+def rates(Ls=(2048, 4096, 8192), *, rounds=5, dtype=np.float32):
+    """The tiled layer and kernels against the matmul rate, per ``L``.
+
+    Per ``L``, five contenders in turns: the ``[2048, 2048]`` matmul,
+    the layer twice and the kernels twice (the second of each is the
+    same function again: the A/A noise floor). Returns ``{L: {name:
+    (median, low, high)}}`` for ``"layer"``, ``"kernels"`` (fractions
+    of the round's matmul rate, :func:`causal_flops` credited),
+    ``"layer A/A"``, ``"kernels A/A"`` (time ratios) and
+    ``"matmul GFLOP/s"``.
+    """
+    mm, mm_flops = matmul_probe(2048, dtype)
+    result = {}
+    for L in Ls:
+        layer = layer_step(L, flash=True, dtype=dtype)
+        kernels = kernel_step(L, BLOCK_Q, BLOCK_K, dtype=dtype)
+        t = alternating_times(
+            {
+                "matmul": mm,
+                "layer": layer,
+                "kernels": kernels,
+                "layer again": layer,
+                "kernels again": kernels,
+            },
+            rounds=rounds,
+        )
+        rate = mm_flops / t["matmul"]  # FLOP/s, round by round
+        r = {"matmul GFLOP/s": _spread(rate / 1e9)}
+        for name, flops in (
+            ("layer", causal_flops(L)),
+            ("kernels", causal_flops(L, kernel_only=True)),
+        ):
+            r[name] = _spread(flops / t[name] / rate)
+            r[f"{name} A/A"] = ratio_spread(t[name], t[f"{name} again"])
+        result[L] = r
+    return result
+
+
+def under_load(L=2048, *, rounds=4, dtype=np.float32):
+    """Dense and tiled layer, as the machine is and with one core more
+    kept busy (:func:`busy_core`), round by round.
+
+    Each round times both layers twice as the machine is (the second
+    time: the A/A floor) and once under the extra load. Returns ``{name:
+    (median, low, high)}``: ``"dense growth"``, ``"flash growth"``
+    (loaded / unloaded time), ``"flash / dense"`` and ``"flash / dense
+    loaded"``, and the A/A ratios.
+    """
+    fns = {
+        "dense": layer_step(L, flash=False, dtype=dtype),
+        "flash": layer_step(L, flash=True, dtype=dtype),
+    }
+    quiet = {n: np.empty(rounds) for n in ("dense", "flash")}
+    again = {n: np.empty(rounds) for n in quiet}
+    loaded = {n: np.empty(rounds) for n in quiet}
+    for fn in fns.values():
+        fn()
+    for i in range(rounds):
+        order = ("dense", "flash") if i % 2 == 0 else ("flash", "dense")
+        for table in (quiet, again):
+            for name in order:
+                table[name][i] = _seconds(fns[name])
+        with busy_core(seconds=60):
+            for name in order:
+                loaded[name][i] = _seconds(fns[name])
+    r = {}
+    for name in ("dense", "flash"):
+        r[f"{name} growth"] = ratio_spread(loaded[name], quiet[name])
+        r[f"{name} A/A"] = ratio_spread(again[name], quiet[name])
+    r["flash / dense"] = ratio_spread(quiet["flash"], quiet["dense"])
+    r["flash / dense loaded"] = ratio_spread(
+        loaded["flash"], loaded["dense"]
+    )
+    return r
+
+
+def _seconds(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _spread(x):
+    low, median, high = np.percentile(x, [25, 50, 75])
+    return float(median), float(low), float(high)
+
+
+def _fmt(m, digits=2):
+    """``0.62 [0.60-0.64]``: median and quartiles."""
+    a, b, c = (f"{x:.{digits}f}" for x in m)
+    return f"{a} [{b}-{c}]"
+
+
+def why_load(*, calls=2000):
+    """:func:`blas_call_times` of one tile product with 1 and 2 BLAS
+    threads, as the machine is and under :func:`busy_core`: ``{(loaded,
+    threads): result}``."""
+    result = {}
+    for loaded in (False, True):
+        for threads in (1, 2):
+            if loaded:
+                with busy_core(seconds=120):
+                    r = blas_call_times(threads, calls=calls)
+            else:
+                r = blas_call_times(threads, calls=calls)
+            result[loaded, threads] = r
+    return result
+
+
 def main(argv=()) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attn_np.bench flash",
         description=__doc__.splitlines()[0],
     )
     parser.add_argument(
-        "--L", type=int, default=2048, help="length for the speed comparison"
+        "--L",
+        type=int,
+        nargs="*",
+        default=[2048, 4096, 8192],
+        help="lengths for the rates",
     )
-    parser.add_argument(
-        "--memory-L", type=int, nargs="*", default=[4096, 16384]
-    )
+    parser.add_argument("--memory-L", type=int, nargs="*", default=[16384])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
         "--sweep",
@@ -212,10 +354,19 @@ def main(argv=()) -> int:
         help="also sweep the block sizes (slow)",
     )
     parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument(
+        "--why-load",
+        action="store_true",
+        help="also time one tile product with 1 and 2 BLAS threads",
+    )
+    parser.add_argument(
+        "--skip-load", action="store_true", help="no extra-load rounds"
+    )
     args = parser.parse_args(list(argv))
     print(
         "FlashAttention in NumPy: B=1 d_model=512 h=8 d_k=64 float32 "
-        f"causal; blocks {BLOCK_Q} x {BLOCK_K}"
+        f"causal;\nblocks {BLOCK_Q} x {BLOCK_K}; median [quartiles] of "
+        f"{args.rounds} rounds in turns"
     )
 
     if not args.skip_memory and args.memory_L:
@@ -236,52 +387,92 @@ def main(argv=()) -> int:
                 f"{m['peak'] / m['q bytes']:7.2f} "
                 f"{m['dense weights'] / 2**20:18.0f}"
             )
-        Ls = sorted(mem)
         worst = max(m["peak"] / m["q bytes"] for m in mem.values())
         print(
-            f"goal: peak <= 20 x q: {'met' if worst <= 20 else 'NOT met'}"
+            f"goal: peak <= 8 x q: {'met' if worst <= 8 else 'NOT met'}"
             f" (worst {worst:.2f})"
         )
-        if len(Ls) > 1:
-            g = mem[Ls[-1]]["peak"] / mem[Ls[0]]["peak"]
-            lim = 4.5 * Ls[-1] / Ls[0] / 4
-            print(
-                f"peak({Ls[-1]}) / peak({Ls[0]}) = {g:.2f}; goal <= "
-                f"{lim:.1f}: {'met' if g <= lim else 'NOT met'}"
-            )
 
-    r = speed(args.L, rounds=args.rounds)
-    print(
-        f"\nspeed: MultiHeadAttention forward + backward, L={args.L}, "
-        f"best of {args.rounds} rounds in turns"
-    )
-    print(
-        f"FLOPs credited (dense, chapter 2): {r['flops'] / 1e9:.2f} "
-        f"GFLOP; matmul reference {r['matmul_gflops']:.1f} GFLOP/s"
-    )
-    print(f"{'path':8s}{'seconds':>9s}{'GFLOP/s':>10s}{'of matmul':>11s}")
-    for name in ("dense", "flash"):
-        s = r[f"{name} seconds"]
+    if args.L:
+        t0 = time.perf_counter()
+        res = rates(args.L, rounds=args.rounds)
         print(
-            f"{name:8s}{s:9.3f}{r['flops'] / s / 1e9:10.1f}"
-            f"{r[f'{name} fraction']:11.2f}"
+            "\nrate: forward + backward as a fraction of the round's\n"
+            "[2048, 2048] matmul rate, crediting the FLOPs a causal\n"
+            f"kernel must do ({time.perf_counter() - t0:.0f} s)"
         )
-    ratio = r["flash / dense"]
-    print(
-        f"flash / dense time: {ratio:.2f} "
-        f"({'faster' if ratio < 1 else 'NOT faster'})"
-    )
-    ok = r["flash fraction"] >= 0.5
-    print(
-        f"goal: flash at least 0.5 of the matmul rate: "
-        f"{'met' if ok else 'NOT met'}"
-    )
+        print(
+            f"{'L':>6}  {'':8s}{'of matmul':>17} {'A/A time':>17} "
+            f"{'matmul GFLOP/s':>17}"
+        )
+        worst = 1.0
+        for L, r in res.items():
+            for name in ("layer", "kernels"):
+                print(
+                    f"{L:6d}  {name:8s}{_fmt(r[name]):>17} "
+                    f"{_fmt(r[name + ' A/A']):>17} "
+                    f"{_fmt(r['matmul GFLOP/s'], 0):>17}"
+                )
+                worst = min(worst, r[name][0])
+        print(
+            f"goal: at least 0.6 at every L: "
+            f"{'met' if worst >= 0.6 else 'NOT met'} (worst {worst:.2f})"
+        )
+
+    if not args.skip_load:
+        t0 = time.perf_counter()
+        r = under_load(2048, rounds=max(args.rounds, 4))
+        print(
+            "\nload: L=2048, as the machine is and with one more core\n"
+            "kept busy by a background process "
+            f"({time.perf_counter() - t0:.0f} s)"
+        )
+        for name in ("dense", "flash"):
+            print(
+                f"{name:6s} time grows x {_fmt(r[name + ' growth'])} "
+                f"(A/A {_fmt(r[name + ' A/A'])})"
+            )
+        print(
+            f"flash / dense: {_fmt(r['flash / dense'])} as it is, "
+            f"{_fmt(r['flash / dense loaded'])} under the load"
+        )
+        ok = (
+            r["flash growth"][0] <= r["dense growth"][0]
+            and r["flash / dense loaded"][0] < 1.0
+        )
+        print(
+            "goal: flash grows no more than dense, flash / dense < 1 "
+            f"under load: {'met' if ok else 'NOT met'}"
+        )
+
+    if args.why_load:
+        res = why_load()
+        print("\nwhy: 2000 calls of one tile product [256, 64] @ [64, 256]")
+        print(
+            f"{'extra load':>10} {'threads':>7} {'total s':>8} "
+            f"{'median us':>9} {'p90 us':>8} {'>1 ms':>6} "
+            f"{'switches':>8} {'CPU s':>6}"
+        )
+        for (loaded, threads), r in res.items():
+            t = r["seconds"]
+            print(
+                f"{'yes' if loaded else 'no':>10} {threads:7d} "
+                f"{t.sum():8.2f} {np.median(t) * 1e6:9.0f} "
+                f"{np.percentile(t, 90) * 1e6:8.0f} "
+                f"{int(np.sum(t > 1e-3)):6d} {r['switches']:8d} "
+                f"{r['cpu']:6.2f}"
+            )
+        print(
+            "(switches: involuntary context switches of this process;\n"
+            "CPU s: its user CPU time)"
+        )
 
     if args.sweep:
-        times, rate = block_sweep(args.L)
+        L = args.L[0] if args.L else 2048
+        times, rate = block_sweep(L)
         blocks = sorted({b for b, _ in times})
         print(
-            f"\nblock sweep: tiled kernels alone, [1, 8, {args.L}, 64] "
+            f"\nblock sweep: tiled kernels alone, [1, 8, {L}, 64] "
             f"float32 causal, seconds (matmul {rate:.0f} GFLOP/s)"
         )
         print("block_q \\ block_k" + "".join(f"{b:>8d}" for b in blocks))

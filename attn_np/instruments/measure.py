@@ -5,9 +5,13 @@ compared with them."""
 
 from __future__ import annotations
 
+import resource
+import subprocess
+import sys
 import time
 import tracemalloc
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,15 +29,21 @@ def best_time(fn, *, repeat: int = 5, min_time: float = 0.0) -> float:
     return best
 
 
-def matmul_gflops(n: int = 1024, dtype=np.float32, repeat: int = 5) -> float:
-    """This machine's dense matmul rate, GFLOP/s: ``2 n^3`` FLOPs for an
-    ``[n, n] @ [n, n]`` product."""
+def matmul_probe(n: int = 1024, dtype=np.float32):
+    """``(fn, flops)``: an ``[n, n] @ [n, n]`` product (``2 n^3`` FLOPs)
+    as a function of nothing, to time beside what is compared with it."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal((n, n)).astype(dtype)
     b = rng.standard_normal((n, n)).astype(dtype)
     out = np.empty((n, n), dtype=dtype)
-    t = best_time(lambda: np.matmul(a, b, out=out), repeat=repeat)
-    return 2 * n**3 / t / 1e9
+    return (lambda: np.matmul(a, b, out=out)), 2 * n**3
+
+
+def matmul_gflops(n: int = 1024, dtype=np.float32, repeat: int = 5) -> float:
+    """This machine's dense matmul rate, GFLOP/s: ``2 n^3`` FLOPs for an
+    ``[n, n] @ [n, n]`` product."""
+    fn, flops = matmul_probe(n, dtype)
+    return flops / best_time(fn, repeat=repeat) / 1e9
 
 
 def best_times(fns: dict, *, rounds: int = 5) -> dict:
@@ -85,6 +95,99 @@ def paired_difference(a, b) -> tuple[float, float, float]:
     d = np.asarray(a) - np.asarray(b)
     low, median, high = np.percentile(d, [25, 50, 75])
     return float(median), float(low), float(high)
+
+
+def alternating_times(fns: dict, *, rounds: int = 5) -> dict:
+    """Like :func:`round_times`, but every other round runs the candidates
+    in the reverse order (A B C, C B A, ...), so none is always the first
+    after a pause or the last before one: ``{name: array of seconds}``.
+
+    Time the same function under two names (``{"a": f, "a again": f}``)
+    and their ratio round by round is the run's own noise floor
+    (:func:`ratio_spread`): what a ratio of identical code looks like now.
+    """
+    for fn in fns.values():
+        fn()
+    names = list(fns)
+    times = {name: np.empty(rounds) for name in names}
+    for i in range(rounds):
+        for name in names if i % 2 == 0 else names[::-1]:
+            t0 = time.perf_counter()
+            fns[name]()
+            times[name][i] = time.perf_counter() - t0
+    return times
+
+
+def ratio_spread(a, b) -> tuple[float, float, float]:
+    """``(median, low, high)`` of ``a / b`` round by round (two arrays of
+    :func:`round_times` or :func:`alternating_times`); ``low`` and
+    ``high`` are the quartiles."""
+    r = np.asarray(a) / np.asarray(b)
+    low, median, high = np.percentile(r, [25, 50, 75])
+    return float(median), float(low), float(high)
+
+
+_SPIN = (
+    "import time\n"
+    "end = time.monotonic() + {seconds}\n"
+    "while time.monotonic() < end:\n"
+    "    pass\n"
+)
+
+
+@contextmanager
+def busy_core(seconds: float = 120.0):
+    """Keep one core busy while the ``with`` block runs: a background
+    Python process spinning in a loop. It stops itself after ``seconds``
+    whatever happens, and is stopped when the block ends."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SPIN.format(seconds=float(seconds))]
+    )
+    try:
+        time.sleep(0.05)  # let it start spinning
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def blas_call_times(
+    threads: int,
+    *,
+    calls: int = 2000,
+    shape=(256, 64, 256),
+    dtype=np.float32,
+) -> dict:
+    """Time ``calls`` short products ``[m, k] @ [k, n]`` one by one with
+    ``threads`` BLAS threads: the calls a tiled kernel makes.
+
+    Returns ``{"seconds": array of each call's time, "switches": the
+    process's involuntary context switches meanwhile, "cpu": its user CPU
+    seconds}``. A BLAS thread that has finished its share waits for the
+    others, spinning; when they have no core, the call takes as long as
+    the scheduler takes to give them one.
+    """
+    from .blas import blas_threads
+
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    out = np.empty((m, n), dtype)
+    seconds = np.empty(calls)
+    with blas_threads(threads):
+        np.matmul(a, b, out=out)
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        for i in range(calls):
+            t0 = time.perf_counter()
+            np.matmul(a, b, out=out)
+            seconds[i] = time.perf_counter() - t0
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+    return {
+        "seconds": seconds,
+        "switches": r1.ru_nivcsw - r0.ru_nivcsw,
+        "cpu": r1.ru_utime - r0.ru_utime,
+    }
 
 
 def read_probes(nbytes: int = 512 * 2**20) -> dict:
