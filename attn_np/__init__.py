@@ -55,10 +55,42 @@ RoPE's settings, a model config's fields).
 ``python -m attn_np.memory CONFIG --seq-len N`` sizes the key/value cache
 of any Hugging Face ``config.json`` (:func:`.costs.from_hf_config`,
 appendix A1). :func:`.from_hf.attention_from_hf` builds the attention
-layer of a Hugging Face model (Llama, Mistral, Qwen2/3, Gemma 2/3, OLMo 2,
-gpt-oss, DeepSeek-V2/V3, Falcon, Qwen3-Next's full layers, Llama 4) from its
-``config.json`` and state dict, checked against ``transformers`` (chapter
-10).
+layer of a Hugging Face model (Llama 2/3/3.1, Mistral, Qwen2/3, Gemma 2/3,
+OLMo 2, gpt-oss, DeepSeek-V2/V3/V3.2, Falcon, Qwen3-Next's attention and
+Gated DeltaNet layers, Llama 4) from its ``config.json`` and state dict,
+checked against ``transformers`` (chapter 10, with the parts of chapters
+11 to 13).
+
+The options of chapters 10 to 12, one sentence each:
+
+* ``RefinedAttention(biases=...)`` adds ``b_q``, ``b_k``, ``b_v``, ``b_o``
+  to the projections (HF's ``attention_bias``).
+* ``qk_norm="head"`` or ``"proj"`` RMS-normalises queries and keys per
+  head or over the whole projection before RoPE (``qk_norm_offset=1``:
+  Gemma's ``1 + w``).
+* ``score_mods=(SoftCap(c),)`` caps the scores at ``c tanh(s / c)``
+  (Gemma 2's ``attn_logit_softcapping``).
+* ``scale=`` replaces ``1/sqrt(d)`` (Gemma's ``query_pre_attn_scalar``).
+* ``gate="elementwise"`` or ``"headwise"`` multiplies the heads' output by
+  ``sigmoid(x W_g)`` (Qwen3-Next).
+* ``score_mods=(ALiBi(slopes),)`` adds ``m_h j`` to the scores in place of
+  RoPE (Falcon's ``alibi``).
+* ``attention_from_hf(config, layer_idx, state_dict)`` builds layer
+  ``layer_idx``'s attention and ``to_hf`` maps its gradients back to HF's
+  names.
+* ``rope_scaling={"rope_type": ...}`` scales RoPE's frequencies: linear,
+  NTK, dynamic NTK, YaRN (with its factor on cos/sin and DeepSeek's
+  ``softmax_scale``) and Llama 3.1's ``llama3``.
+* ``LongContextAttention(attention_chunk_size=C)`` attends within chunks
+  of ``C`` positions, decoded with a ``ChunkedKVCache`` (Llama 4).
+* ``use_rope=False`` makes a NoPE layer, and ``rope_layers(n,
+  no_rope_layers=...)`` reads HF's per-layer flags (1 = RoPE).
+* ``GatedDeltaNet(d_model, n_v_heads, n_k_heads, d_k, d_v, conv_size=)``
+  is Qwen3-Next's linear-attention layer (``linear_num_value_heads``,
+  ``linear_num_key_heads``, ``linear_key_head_dim``,
+  ``linear_value_head_dim``, ``linear_conv_kernel_dim``), decoded with a
+  ``StateCache``; ``Transformer(layer_pattern=...)`` mixes it with full
+  attention.
 """
 
 from . import costs, instruments, training

@@ -47,6 +47,7 @@ import numpy as np
 from .grouped import grouped_attention_forward
 from .heads import merge_groups, merge_heads, split_groups, split_heads
 from .kv_cache import KVCache
+from .long_context import scaled_rope_forward
 from .masks import position_mask
 from .multihead import GroupedQueryAttention
 from .rope import (
@@ -237,7 +238,8 @@ class Position:
     saved)``, ``backward(dy, saved)``), so that the layer's ``position``
     step and a cached decode (:meth:`~attn_np.KVCache.step`) run the same
     code: RoPE with its base, rotary dimension, layout and linear factor
-    (or none: a NoPE layer), then Llama 4's parameter-free QK-norm, then
+    or chapter 11's ``rope_scaling`` (``scaled_rope_forward``), or none (a
+    NoPE layer); then Llama 4's parameter-free QK-norm, then
     its query temperature (queries are the 5-D ``[B, n_kv, G, L, d]``)."""
 
     def __init__(self, layer):
@@ -246,7 +248,16 @@ class Position:
     def forward(self, t, positions):
         ly, saved = self.layer, {}
         if ly.use_rope:
-            if ly.rope_factor == 1.0:
+            if ly.rope_scaling is not None:  # chapter 11's frequencies
+                t, saved["rope"] = scaled_rope_forward(
+                    t,
+                    positions,
+                    base=ly.rope_base,
+                    rope_scaling=ly.rope_scaling,
+                    layout=ly.rope_layout,
+                    rotary_dim=ly.rope_dim,
+                )
+            elif ly.rope_factor == 1.0:
                 t, saved["rope"] = rope_forward(
                     t,
                     positions,
@@ -289,7 +300,8 @@ class RefinedAttention(GroupedQueryAttention):
     * ``project``: ``x W + b`` for q, k and v, then QK-norm (per head or
       over the whole projection) before RoPE;
     * ``rotary``/``position``: :class:`Position` (RoPE with the layer's
-      base, dimension, layout and linear factor, or NoPE; Llama 4's
+      base, dimension, layout and linear factor or ``rope_scaling``
+      (chapter 11: llama3, YaRN, ...), or NoPE; Llama 4's
       post-RoPE norm and query temperature);
     * ``attend``: the grouped core with the layer's scale, score mods
       (:class:`SoftCap`, :class:`ALiBi`), window or chunk, and sinks;
@@ -323,6 +335,7 @@ class RefinedAttention(GroupedQueryAttention):
         rotary_dim=None,
         rope_layout="half",
         rope_factor=1.0,
+        rope_scaling=None,
         use_rope=True,
         query_temperature=None,
         seed=0,
@@ -360,7 +373,13 @@ class RefinedAttention(GroupedQueryAttention):
             rope_dim=rotary_dim,
             window=window,
             sinks=sinks,
+            rope_scaling=rope_scaling,
         )
+        if rope_scaling is not None and rope_factor != 1.0:
+            raise ValueError(
+                "pass rope_factor (linear scaling) or rope_scaling, not "
+                f"both: got {rope_factor} and {rope_scaling!r}"
+            )
         self.n_kv, self.G, self.d = n_kv_heads, self.group_size, head_dim
         self.biases = tuple(sorted(biases))
         self.qk_norm, self.qk_norm_offset = qk_norm, float(qk_norm_offset)

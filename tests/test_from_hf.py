@@ -15,7 +15,14 @@ import numpy as np
 import pytest
 
 import attn_np
-from attn_np.from_hf import attention_from_hf, fixture_errors, layer_settings
+from attn_np.from_hf import (
+    attention_from_hf,
+    attention_layers_from_hf,
+    fixture_errors,
+    indexer_to_hf,
+    layer_settings,
+)
+from attn_np.refinements import RefinedAttention
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # float64 rounding: the worst error seen is ~1e-14 of the largest entry
@@ -37,8 +44,14 @@ BUILT = {
     "falcon_mqa": [0],
     "falcon_new": [0],
     "falcon_alibi": [0],
-    "qwen3_next": [1],
+    "qwen3_next": [0, 1],  # 0: chapter 12's Gated DeltaNet
     "llama4": [0, 1],
+    # chapter 11's scaled RoPE
+    "llama31": [0],
+    "gpt_oss_yarn": [0, 1],
+    "deepseek_v3_yarn": [0],
+    # chapter 13: DSA (the indexer's top-k as the main attention's mask)
+    "deepseek_v32": [0],
 }
 CASES = [(name, i) for name, layers in BUILT.items() for i in layers]
 
@@ -106,23 +119,88 @@ def test_random_weights_without_a_state_dict():
     assert set(layer.params) >= {"W_q", "b_q", "sinks", "b_o"}
 
 
+def dynamic(cfg):
+    cfg = copy.deepcopy(cfg)
+    cfg["rope_parameters"] = {
+        "rope_type": "dynamic",
+        "factor": 2.0,
+        "rope_theta": 10000.0,
+    }
+    return cfg
+
+
 @pytest.mark.parametrize(
-    "name,match",
+    "cfg,match",
     [
-        ("llama31", "rope_type 'llama3'"),
-        ("gpt_oss_yarn", "rope_type 'yarn'"),
-        ("deepseek_v3_yarn", "rope_type 'yarn'"),
-        ("deepseek_v32", "model_type='deepseek_v32'"),
+        (lambda: dynamic(config_of("llama")), "rope_type 'dynamic'"),
+        (
+            lambda: dict(config_of("qwen2"), use_mrope=True),
+            "use_mrope=True",
+        ),
+        (
+            lambda: dict(config_of("deepseek_v3"), model_type="deepseek_v4"),
+            "model_type='deepseek_v4'",
+        ),
     ],
 )
-def test_unimplemented_rope_and_models_are_refused_by_name(name, match):
+def test_unimplemented_rope_and_models_are_refused_by_name(cfg, match):
     with pytest.raises(ValueError, match=match):
-        attention_from_hf(config_of(name), 0)
+        attention_from_hf(cfg(), 0)
 
 
-def test_linear_attention_layer_is_refused_by_name():
-    with pytest.raises(ValueError, match="linear_attention"):
-        attention_from_hf(config_of("qwen3_next"), 0)
+def test_a_scaling_key_it_does_not_know_is_refused():
+    cfg = config_of("llama31")
+    cfg["rope_parameters"]["beta_fast"] = 32.0  # a YaRN key
+    with pytest.raises(ValueError, match="'beta_fast' is not used"):
+        attention_from_hf(cfg, 0)
+
+
+def fixture_out(name, i, change):
+    """The layer's forward on the fixture's x after ``change(layer)``,
+    minus HF's output, relative to HF's largest entry."""
+    f = np.load(FIXTURES / f"{name}.npz")
+    pre = f"layer{i}.param."
+    state = {k[len(pre) :]: f[k] for k in f.files if k.startswith(pre)}
+    layer = attention_from_hf(config_of(name), i, state)
+    change(layer)
+    ref = f[f"layer{i}.out"]
+    return np.max(np.abs(layer.forward(f["x"]) - ref)) / np.max(np.abs(ref))
+
+
+@pytest.mark.parametrize(
+    "name,i", [("llama31", 0), ("gpt_oss_yarn", 1), ("deepseek_v3_yarn", 0)]
+)
+def test_the_scaling_matters(name, i):
+    """Plain RoPE in place of the scaled one misses HF by far more than
+    rounding (the frequencies; gpt-oss's factor on cos/sin)."""
+    assert fixture_out(name, i, lambda ly: None) < TOL
+    assert fixture_out(name, i, unscale) > 1e-4
+
+
+def unscale(layer):
+    layer.rope_scaling = None
+
+
+def test_deepseek_yarn_temperature_is_in_the_softmax_scale():
+    """mscale_all_dim enters the scale (HF's softmax_scale), squared;
+    without it the layer misses HF."""
+    cfg = config_of("deepseek_v3_yarn")["rope_parameters"]
+    layer = attention_from_hf(config_of("deepseek_v3_yarn"), 0)
+    m = 0.1 * cfg["mscale_all_dim"] * np.log(cfg["factor"]) + 1.0
+    assert layer.scale == pytest.approx(m * m / np.sqrt(12.0), rel=1e-15)
+
+    def plain(ly):
+        ly.scale = 12**-0.5
+
+    assert fixture_out("deepseek_v3_yarn", 0, plain) > 1e-3
+
+
+def test_linear_attention_layer_is_refused_outside_qwen3_next():
+    """Only Qwen3-Next's linear_attention layers are chapter 12's Gated
+    DeltaNet; another family's layer of that type is refused by name."""
+    cfg = dict(config_of("llama"), layer_types=["linear_attention"] * 2)
+    with pytest.raises(ValueError, match="'linear_attention'"):
+        attention_from_hf(cfg, 0)
 
 
 def test_unknown_keys_and_bad_state_dicts_are_refused():
@@ -189,7 +267,8 @@ def test_gemma3_older_rope_spelling():
 
 def test_released_configs_read_or_refused_by_name():
     """The published config.json files of the calculator's tests: every
-    key is known, and what is not implemented is named."""
+    key is known, and what is not implemented is named. With chapter
+    11's scalings (YaRN: DeepSeek-V3, gpt-oss) every one is built."""
     import test_catalogue_hf as published
 
     built = refused = 0
@@ -203,6 +282,146 @@ def test_released_configs_read_or_refused_by_name():
             layer_settings(cfg, 0)
             built += 1
         except ValueError as err:
-            assert "rope_type 'yarn'" in str(err), (name, err)
+            assert "not implemented" in str(err), (name, err)
             refused += 1
-    assert built >= 9 and refused >= 1
+    assert built >= 11 and refused == 0
+
+
+def test_a_whole_qwen3_next_stack_from_its_config_and_weights():
+    """Both layer types of the fixture's Qwen3-Next, built in order from
+    its config and state dicts: layer 0 is chapter 12's Gated DeltaNet
+    (built by gated_deltanet_from_hf), layer 1 the gated full attention.
+    Each runs, backpropagates and decodes with its own cache, as HF's."""
+    f = np.load(FIXTURES / "qwen3_next.npz")
+    cfg = config_of("qwen3_next")
+    assert cfg["layer_types"] == ["linear_attention", "full_attention"]
+    states = [
+        {
+            k.split(".param.")[1]: f[k]
+            for k in f.files
+            if k.startswith(f"layer{i}.param.")
+        }
+        for i in range(2)
+    ]
+    layers = attention_layers_from_hf(cfg, states)
+    assert isinstance(layers[0], attn_np.GatedDeltaNet)
+    assert isinstance(layers[1], RefinedAttention)
+    x, dy = f["x"], f["dy"]
+    caches = [layer.new_cache() for layer in layers]
+    assert isinstance(caches[0], attn_np.StateCache)
+    chunks = json.loads(str(f["meta"]))["chunks"]
+    for i, layer in enumerate(layers):
+        ref = f[f"layer{i}.out"]
+        scale = np.max(np.abs(ref))
+        assert np.max(np.abs(layer.forward(x) - ref)) < TOL * scale
+        dx = layer.backward(dy)
+        want = f[f"layer{i}.grad.x"]
+        assert np.max(np.abs(dx - want)) < TOL * np.max(np.abs(want))
+        for name, g in layer.to_hf(layer.grads).items():
+            want = f[f"layer{i}.grad.{name}"]
+            err = np.max(np.abs(g - want)) / np.max(np.abs(want))
+            assert err < TOL, (i, name, err)
+    outs, t = [[], []], 0
+    for n in chunks:  # the stack decodes chunk by chunk, layer by layer
+        for i, layer in enumerate(layers):
+            outs[i].append(
+                layer.forward(x[:, t : t + n], kv_cache=caches[i])
+            )
+        t += n
+    for i in range(2):
+        ref = f[f"layer{i}.decode.out"]
+        got = np.concatenate(outs[i], axis=1)
+        assert np.max(np.abs(got - ref)) < TOL * np.max(np.abs(ref))
+    assert len(caches[0]) == len(caches[1]) == x.shape[1]
+    # a residual stack of the two runs forward and backward
+    h = x + layers[0].forward(x)
+    y = h + layers[1].forward(h)
+    dh = dy + layers[1].backward(dy)
+    dx = dh + layers[0].backward(dh)
+    assert y.shape == dx.shape == x.shape
+    assert np.isfinite(y).all() and np.isfinite(dx).all()
+
+
+def test_random_linear_layer_and_bad_state_dict():
+    cfg = config_of("qwen3_next")
+    layer = attention_from_hf(cfg, 0)
+    x = np.random.default_rng(0).standard_normal((1, 5, 64))
+    assert layer.forward(x).shape == (1, 5, 64)
+    assert {"W_q", "W_z", "A_log", "conv_q"} <= set(layer.params)
+    with pytest.raises(ValueError, match="unexpected"):
+        attention_from_hf(cfg, 0, {"q_proj.weight": np.zeros((4, 64))})
+    with pytest.raises(ValueError, match="hidden_act"):
+        attention_from_hf(dict(cfg, hidden_act="gelu"), 0)
+    with pytest.raises(ValueError, match="one entry per layer"):
+        attention_layers_from_hf(cfg, [{}])
+
+
+def test_deepseek_v32_selects_hfs_top_k():
+    """The lightning indexer picks, for every query, the keys HF's
+    indexer picked (layer0.capture.indexer, [B, L, top-k]); for a query
+    with fewer visible keys than top-k, all of them (HF's extra indices
+    point at masked future keys)."""
+    f = np.load(FIXTURES / "deepseek_v32.npz")
+    state = {
+        k.split("param.")[1]: f[k] for k in f.files if "layer0.param" in k
+    }
+    layer = attention_from_hf(config_of("deepseek_v32"), 0, state)
+    assert isinstance(layer, attn_np.SparseLatentAttention)
+    assert layer.index_topk == 4 and layer.indexer.n_heads == 2
+    layer.forward(f["x"])
+    hf = f["layer0.capture.indexer"]  # [B, L, 4]
+    B, L, k = hf.shape
+    assert layer.selected.shape == (B, L, L)
+    for b in range(B):
+        for t in range(L):
+            ours = set(np.flatnonzero(layer.selected[b, t]))
+            theirs = {int(j) for j in hf[b, t] if j <= t}
+            assert ours == theirs, (b, t, ours, theirs)
+            assert len(ours) == min(k, t + 1)
+    # the indexer's weights come back under HF's names
+    back = indexer_to_hf(layer)
+    for name, a in back.items():
+        np.testing.assert_array_equal(a, state[name])
+
+
+def test_deepseek_v32_sparsity_matters():
+    """With top-k at least L the layer is dense MLA and misses HF's
+    sparse output by far more than rounding."""
+
+    def dense(ly):
+        ly.index_topk = 9
+
+    assert fixture_out("deepseek_v32", 0, dense) > 1e-3
+    assert fixture_out("deepseek_v32", 0, lambda ly: None) < TOL
+
+
+def test_deepseek_v32_config_is_checked():
+    cfg = config_of("deepseek_v32")
+    with pytest.raises(ValueError, match="index_topk"):
+        attention_from_hf(dict(cfg, index_topk=0), 0)
+    with pytest.raises(ValueError, match="q_lora_rank"):
+        attention_from_hf(dict(cfg, q_lora_rank=None), 0)
+    f = np.load(FIXTURES / "deepseek_v32.npz")
+    state = {
+        k.split("param.")[1]: f[k] for k in f.files if "layer0.param" in k
+    }
+    del state["indexer.wk.weight"]
+    with pytest.raises(ValueError, match="indexer.wk.weight"):
+        attention_from_hf(cfg, 0, state)
+
+
+def test_deepseek_v32_with_yarn_scales_both_rotations():
+    """A released V3.2 config has YaRN: the main rotation and the
+    indexer's (HF hands both the model's one cos/sin) take the scaled
+    frequencies, and the softmax scale its mscale_all_dim. Built from the
+    parts checked above; no V3.2 YaRN fixture was recorded."""
+    cfg = config_of("deepseek_v32")
+    cfg["rope_parameters"] = config_of("deepseek_v3_yarn")["rope_parameters"]
+    cfg["max_position_embeddings"] = 640
+    layer = attention_from_hf(cfg, 0)
+    yarn = attention_from_hf(config_of("deepseek_v3_yarn"), 0)
+    assert layer.scale == yarn.scale != 12**-0.5
+    assert layer.indexer.rotary.rope_scaling == yarn.rope_scaling
+    assert layer.indexer.rotary.layout == "half"
+    x = np.random.default_rng(1).standard_normal((1, 6, 64))
+    assert np.isfinite(layer.forward(x)).all()
