@@ -47,6 +47,7 @@ from ._checks import (
     check_float_dtype,
     check_layer_input,
     check_upstream,
+    fingerprint,
 )
 from .grouped import (
     group_mask,
@@ -653,7 +654,7 @@ class SparseLatentAttention(MultiHeadLatentAttention):
         y = o @ self.params["W_o"]  # [B, L, h*d_v] @ [h*d_v, d]
         if not absorb and kv_cache is None:  # chapter 7's backward
             keep = (x3, q_keep, kv_keep, c_kv, o, self._att, unbatched)
-            self._cache = keep
+            self._cache = keep + (fingerprint(x3),)
         return y[0] if unbatched else y
 
     def check_cache(self, kv_cache, x3):
