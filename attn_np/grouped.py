@@ -28,7 +28,7 @@ object with ``forward(s, ctx) -> (s2, saved)`` and ``backward(ds2, saved)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -126,7 +126,7 @@ def grouped_attention_forward(
     ``sinks`` (broadcastable to ``[B, n_kv, G, L_q, 1]``) are sink logits.
     ``score_mods`` change the scaled scores (module docstring).
     ``tiled=True`` runs FlashAttention's kernels: no weights kept, and only
-    ``causal`` and ``window`` (no mask, sinks or mods). ``check_finite``
+    ``causal``, ``window`` and ``sinks`` (no mask or mods). ``check_finite``
     refuses NaN or inf in ``q``, ``k`` and ``v``; a layer checks its input
     once and passes False (a decode step would re-read its whole cache).
     A query with no key to attend gets zeros (with a sink: all mass on it).
@@ -164,9 +164,13 @@ def _forward(
     if q_positions is not None or k_positions is not None:
         pos = _positions(q_positions, k_positions, L_q, L_k)  # [L_q], [L_k]
     if check_flag(tiled, "tiled"):  # chapter 9: by tiles, O(L) memory
-        check_tiled(allowed, sinks, score_mods, sink_tokens, pos)
+        check_tiled(allowed, score_mods, sink_tokens, pos)
+        if sinks is not None:
+            sinks = check_sinks(
+                sinks, (B, n_kv, G, L_q, 1), "[B, n_kv, G, L_q, 1]"
+            )
         return grouped_tiled_forward(
-            q, k, v, causal, window, scale, block_q, block_k
+            q, k, v, causal, window, scale, block_q, block_k, sinks
         )
     full = (B, n_kv, G, L_q, L_k)
     if allowed is not None:
@@ -221,8 +225,7 @@ def grouped_attention_backward(do, cache: GroupedCache) -> dict:
             "grouped_attention_backward",
         )
     if c.tiled is not None:  # FlashAttention's backward, by tiles
-        dq, dk, dv = flash_attention_backward(do, c.tiled)
-        return {"q": dq, "k": dk[:, :, 0], "v": dv[:, :, 0]}
+        return grouped_tiled_backward(do, c)
     B, n_kv, G, L_q, d_k = c.q.shape
     L_k, d_v = c.k.shape[2], c.v.shape[3]
     p = c.weights.reshape(B, n_kv, G * L_q, L_k)  # a view
@@ -292,11 +295,10 @@ def _weighted_values(p, v, per_head):
     return o.reshape(B, n_kv, G, L_q, -1)
 
 
-def check_tiled(allowed, sinks, score_mods, sink_tokens, positions):
+def check_tiled(allowed, score_mods, sink_tokens, positions):
     """Refuse what the tiled kernels cannot do, naming it."""
     unsupported = {
         "mask": allowed is not None,
-        "sinks": sinks is not None,
         "score_mods": len(score_mods) > 0,
         "sink_tokens (a StreamingLLM cache)": sink_tokens != 0,
         "positions that skip (keys) or end elsewhere (queries)": (
@@ -307,14 +309,21 @@ def check_tiled(allowed, sinks, score_mods, sink_tokens, positions):
         if bad:
             raise ValueError(
                 f"{what} is not supported with flash=True (the core's "
-                "tiled=True): the tiled kernels take causal=True/False and "
-                "a window only"
+                "tiled=True): the tiled kernels take causal=True/False, "
+                "a window and sinks only"
             )
 
 
-def grouped_tiled_forward(q, k, v, causal, window, scale, block_q, block_k):
+def grouped_tiled_forward(
+    q, k, v, causal, window, scale, block_q, block_k, sinks=None
+):
     """Chapter 9's kernels on the grouped layout: ``q [B, n_kv, G, L_q,
-    d_k]`` against ``k, v [B, n_kv, 1, L_k, d]`` (views, no copy)."""
+    d_k]`` against ``k, v [B, n_kv, 1, L_k, d]`` (views, no copy).
+
+    With ``sinks`` (logits ``a`` broadcasting to ``[B, n_kv, G, L_q, 1]``)
+    no new kernel: a row's keys hold ``e^lse`` of its softmax's mass and
+    the sink ``e^a``, so the sink layer's output is the tiled output times
+    ``w = e^lse / (e^lse + e^a) = sigmoid(lse - a)``."""
     o, fc = flash_attention_forward(
         q,
         k[:, :, None],
@@ -326,7 +335,41 @@ def grouped_tiled_forward(q, k, v, causal, window, scale, block_q, block_k):
         block_k=block_k,
         check_finite=False,
     )  # [B, n_kv, G, L_q, d_v]
-    return o, GroupedCache(q, k, v, o, None, scale, tiled=fc)
+    if sinks is None:
+        return o, GroupedCache(q, k, v, o, None, scale, tiled=fc)
+    w, p_sink = _sink_split(fc.lse, sinks)  # [B, n_kv, G, L_q, 1] each
+    o = o * w  # O' = w O: [B, n_kv, G, L_q, d_v]
+    fc = replace(fc, out=o)  # the backward reads O' (its D, below)
+    return o, GroupedCache(q, k, v, o, None, scale, sinks, p_sink, tiled=fc)
+
+
+def grouped_tiled_backward(do, c: GroupedCache) -> dict:
+    """The tiled backward; with sinks, of ``O' = w O``. Since ``P' = w P``,
+    ``dS = P' * (dP' - D')`` with ``dP' = dO' V^T``, ``D' = rowsum(dO' *
+    O')`` is ``P * ((w dO') V^T - w D')``: the tiled backward with upstream
+    ``w dO'`` and row term ``w D'``, which is its own ``rowsum(dout * out)``
+    when it reads ``out = O'``. The sink: ``da = -p_sink D'``."""
+    if c.sinks is None:
+        dq, dk, dv = flash_attention_backward(do, c.tiled)
+        return {"q": dq, "k": dk[:, :, 0], "v": dv[:, :, 0]}
+    w, p_sink = _sink_split(c.tiled.lse, c.sinks)  # [.., L_q, 1] each
+    dq, dk, dv = flash_attention_backward(w * do, c.tiled)
+    inner = np.sum(do * c.out, axis=-1, keepdims=True)  # D': [.., L_q, 1]
+    da = -p_sink * inner  # [B, n_kv, G, L_q, 1]
+    return {
+        "q": dq,
+        "k": dk[:, :, 0],
+        "v": dv[:, :, 0],
+        "sinks": unbroadcast(da, c.sinks.shape),
+    }
+
+
+def _sink_split(lse, sinks):
+    """``(w, p_sink) = (sigmoid(lse - a), sigmoid(a - lse))``, each
+    ``[.., L_q, 1]`` and stable; ``lse = -inf`` (nothing to attend) gives
+    ``(0, 1)``: all mass on the sink."""
+    d = lse[..., None] - sinks  # lse - a: [B, n_kv, G, L_q, 1]
+    return np.exp(-np.logaddexp(0.0, -d)), np.exp(-np.logaddexp(0.0, d))
 
 
 def _causal(pos, L_q, L_k, window, sink_tokens):

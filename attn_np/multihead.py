@@ -69,8 +69,8 @@ class GroupedQueryAttention:
 
     ``flash=True`` computes attention with FlashAttention's tiled kernels
     (:func:`~attn_np.flash_attention_forward`) and their backward: the same
-    outputs and gradients in O(L) memory, but no ``attention_weights``,
-    no ``mask`` and no sinks (``causal`` and ``window`` only).
+    outputs and gradients in O(L) memory, but no ``attention_weights``
+    and no ``mask`` (``causal``, ``window`` and ``sinks`` only).
     """
 
     # a chunk decoded with a KVCache stacks a group's G*L query rows into
@@ -109,11 +109,7 @@ class GroupedQueryAttention:
         self.group_size = n_heads // n_kv_heads
         self.dtype = dtype = check_float_dtype(dtype)
         self.flash = check_flag(flash, "flash")
-        if check_flag(sinks, "sinks") and self.flash:
-            raise ValueError(
-                "sinks=True is not supported with flash=True: the tiled "
-                "kernels have no sink column; use flash=False"
-            )
+        sinks = check_flag(sinks, "sinks")  # with flash: chapter 9's lse
         self.window = check_window(window)
         rng = np.random.default_rng(seed)
         shapes = {

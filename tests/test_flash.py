@@ -579,11 +579,7 @@ def test_layer_flash_rolling_cache():
     assert np.abs(np.concatenate(outs, axis=1) - full).max() < EXACT
 
 
-def test_layer_flash_refuses_sinks():
-    with pytest.raises(
-        ValueError, match="sinks=True is not supported with flash=True"
-    ):
-        GroupedQueryAttention(8, 2, 1, sinks=True, flash=True)
+def test_layer_flash_refuses_a_streaming_cache():
     layer = GroupedQueryAttention(8, 2, 1, window=4, flash=True)
     cache = KVCache(window=4, sink_tokens=1)
     with pytest.raises(ValueError, match="sink_tokens > 0"):
