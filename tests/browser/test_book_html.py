@@ -57,18 +57,8 @@ from attn_np.instruments.plotting import MIN_TEXT_PX  # noqa: E402
 HTML = Path(os.environ.get("BOOK_HTML", ROOT / "_build" / "html")).resolve()
 SCREENSHOTS = HTML.parent / "screenshots"
 TOC = ROOT / "_toc.yml"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    # Without these Chromium phones Google hosts on start-up, even with nothing to load.
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+# One Chromium and one set of flags for the test and for `make stats`.
+CHROMIUM, CHROMIUM_FLAGS = page_stats.CHROMIUM, page_stats.CHROMIUM_FLAGS
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 VIEWPORTS = (
     page_stats.VIEWPORTS
