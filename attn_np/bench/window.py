@@ -4,9 +4,12 @@ step from growing with the context? (chapter 8)
 One float32 attention layer decodes one token over a context of ``n``
 positions, with full attention (a plain :class:`~attn_np.KVCache`, which
 holds all ``n``) and with a window of ``W`` (a rolling cache, which holds
-``W``). Printed for each context: the bytes each cache holds and the best
-step time of each. The full step should grow with ``n``; the windowed one
-should stay flat once ``n > W``.
+``W``). Printed for each context: the bytes each cache holds and the median
+step time of each; then, for each kind, the step at the longest context
+over the step at the shortest one longer than ``W``, round by round (median
+and quartiles), beside the run's own noise floor: the shortest context's
+step timed against itself. The full step should grow with ``n``; the
+windowed one should stay flat once ``n > W``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import argparse
 
 import numpy as np
 
-from attn_np.instruments.measure import best_times
+from attn_np.instruments.measure import alternating_times, ratio_spread
 from attn_np.instruments.plotting import format_bytes
 from attn_np.kv_cache import KVCache
 from attn_np.multihead import GroupedQueryAttention
@@ -60,7 +63,7 @@ def window_decode_setup(
     return layer, cache, step
 
 
-def run(
+def round_times_by_kind(
     d_model=512,
     n_heads=8,
     n_kv_heads=2,
@@ -68,12 +71,18 @@ def run(
     contexts=(1024, 2048, 4096, 8192, 16384, 32768),
     rounds=10,
 ):
-    """Measure; ``{context: {"full": (bytes, s), "window": (bytes, s)}}``.
+    """Measure; ``(held, times)``: ``held[kind, n]`` the bytes a cache
+    holds, ``times[kind, n]`` every round's step time (seconds), with
+    ``kind`` ``"full"`` or ``"window"``. ``times[kind, "A/A"]`` is the
+    shortest context's step timed a second time under another name in the
+    same rounds: its ratio to ``times[kind, contexts[0]]`` is the run's
+    noise floor.
 
-    The contexts of each kind are timed in turns (:func:`best_times`), so
-    a busy moment of a shared machine slows all of them alike. The two
-    kinds are timed apart: between two windowed steps, a full step over
-    32 MiB would push the window's 1 MiB out of the CPU caches.
+    The contexts of each kind are timed in alternating turns
+    (:func:`~attn_np.instruments.measure.alternating_times`), so a busy
+    moment of a shared machine slows all of them alike. The two kinds are
+    timed apart: between two windowed steps, a full step over 32 MiB would
+    push the window's 1 MiB out of the CPU caches.
     """
     times, held = {}, {}
     for kind, w in (("full", None), ("window", window)):
@@ -84,12 +93,53 @@ def run(
             )
             fns[kind, n] = step
             held[kind, n] = cache.nbytes
-        times.update(best_times(fns, rounds=rounds))
+        fns[kind, "A/A"] = fns[kind, contexts[0]]
+        times.update(alternating_times(fns, rounds=rounds))
         del fns  # free this kind's caches before the next
+    return held, times
+
+
+def run(
+    d_model=512,
+    n_heads=8,
+    n_kv_heads=2,
+    window=1024,
+    contexts=(1024, 2048, 4096, 8192, 16384, 32768),
+    rounds=10,
+):
+    """Measure; ``{context: {"full": (bytes, s), "window": (bytes, s)}}``
+    with ``s`` the median step time of :func:`round_times_by_kind`."""
+    held, times = round_times_by_kind(
+        d_model, n_heads, n_kv_heads, window, contexts, rounds
+    )
     return {
-        n: {k: (held[k, n], times[k, n]) for k in ("full", "window")}
+        n: {
+            k: (held[k, n], float(np.median(times[k, n])))
+            for k in ("full", "window")
+        }
         for n in contexts
     }
+
+
+def growth(times, kind, short, long):
+    """``(ratio, floor)``: the ``kind`` step at context ``long`` over the
+    step at ``short`` round by round, and the run's A/A floor (the first
+    context against itself), each as ``(median, low, high)``
+    (:func:`~attn_np.instruments.measure.ratio_spread`)."""
+    first = min(n for k, n in times if k == kind and n != "A/A")
+    return (
+        ratio_spread(times[kind, long], times[kind, short]),
+        ratio_spread(times[kind, "A/A"], times[kind, first]),
+    )
+
+
+def verdict(ratio, floor) -> str:
+    """Say whether a ratio's quartiles stand clear of the noise floor's."""
+    if ratio[1] > floor[2]:
+        return "grows beyond the noise"
+    if ratio[2] < floor[1]:
+        return "shrinks beyond the noise"
+    return "no change beyond the noise"
 
 
 def main(argv) -> int:
@@ -103,26 +153,36 @@ def main(argv) -> int:
     parser.add_argument("--window", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args(argv)
-    r = run(
+    contexts = (1024, 2048, 4096, 8192, 16384, 32768)
+    held, times = round_times_by_kind(
         args.d_model,
         args.heads,
         args.kv_heads,
         args.window,
-        rounds=args.rounds,
+        contexts,
+        args.rounds,
     )
     print(
         f"one-token decode step, float32, d_model={args.d_model}, "
         f"{args.heads} query heads, {args.kv_heads} key/value heads, "
-        f"window {args.window}"
+        f"window {args.window}, median of {args.rounds} rounds"
     )
     print(
         f"{'context':>8}{'full cache':>12}{'full step':>11}"
         f"{'window cache':>14}{'window step':>13}"
     )
-    for n, row in r.items():
-        (fb, ft), (wb, wt) = row["full"], row["window"]
+    for n in contexts:
+        ft, wt = (float(np.median(times[k, n])) for k in ("full", "window"))
         print(
-            f"{n:>8}{format_bytes(fb):>12}{ft * 1e3:>8.3f} ms"
-            f"{format_bytes(wb):>14}{wt * 1e3:>10.3f} ms"
+            f"{n:>8}{format_bytes(held['full', n]):>12}{ft * 1e3:>8.3f} ms"
+            f"{format_bytes(held['window', n]):>14}{wt * 1e3:>10.3f} ms"
+        )
+    short = min(n for n in contexts if n > args.window)
+    for kind in ("full", "window"):
+        (r, lo, hi), (f, flo, fhi) = growth(times, kind, short, contexts[-1])
+        print(
+            f"{kind} step {contexts[-1]} / {short}: {r:.2f}x "
+            f"[{lo:.2f}, {hi:.2f}]; A/A floor {f:.2f}x [{flo:.2f}, "
+            f"{fhi:.2f}]: {verdict((r, lo, hi), (f, flo, fhi))}"
         )
     return 0
