@@ -300,6 +300,18 @@ def check_layer_input(x, d_model: int, name: str = "x"):
     return (x[None], True) if x.ndim == 2 else (x, False)
 
 
+def check_cache_kind(kv_cache, kind: type, why: str = "") -> None:
+    """Refuse a ``kv_cache`` that is not a ``kind`` (a layer's cache
+    class) with a ``TypeError`` naming the type it got; ``why``, when
+    given, says in brackets what only that kind keeps."""
+    if not isinstance(kv_cache, kind):
+        note = f" ({why})" if why else ""
+        raise TypeError(
+            f"kv_cache must be an attn_np.{kind.__name__}{note}, got "
+            f"{type(kv_cache).__name__}"
+        )
+
+
 def check_scores(
     s: np.ndarray, scale: float, what: str = "scores q k^T * scale"
 ) -> None:

@@ -32,6 +32,7 @@ import math
 import numpy as np
 
 from ._checks import (
+    check_cache_kind,
     check_flag,
     check_float_dtype,
     check_latent_dims,
@@ -296,11 +297,7 @@ class MultiHeadLatentAttention:
         can take ``x3``'s chunk from this layer."""
         if kv_cache is None:
             return
-        if not isinstance(kv_cache, LatentKVCache):
-            raise TypeError(
-                "kv_cache must be an attn_np.LatentKVCache, got "
-                f"{type(kv_cache).__name__}"
-            )
+        check_cache_kind(kv_cache, LatentKVCache)
         dtype = np.result_type(x3.dtype, self.params["W_dkv"].dtype)
         layout = (x3.shape[0], self.d_latent_kv, self.d_rope)
         kv_cache.check_chunk(x3.shape, layout, dtype)

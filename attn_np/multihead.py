@@ -22,6 +22,7 @@ import numpy as np
 
 from ._checks import (
     as_float_array,
+    check_cache_kind,
     check_finite,
     check_flag,
     check_float_dtype,
@@ -399,11 +400,7 @@ class GroupedQueryAttention:
         can take ``x3``'s chunk from this layer."""
         if kv_cache is None:
             return
-        if not isinstance(kv_cache, KVCache):
-            raise TypeError(
-                "kv_cache must be an attn_np.KVCache, got "
-                f"{type(kv_cache).__name__}"
-            )
+        check_cache_kind(kv_cache, KVCache)
         B = x3.shape[0]
         layout = (B, self.n_kv_heads, self.d_k, self.d_v)
         # the dtype of the keys and values

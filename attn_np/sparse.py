@@ -41,6 +41,7 @@ import numpy as np
 
 from ._checks import (
     as_float_array,
+    check_cache_kind,
     check_count,
     check_finite,
     check_flag,
@@ -669,12 +670,11 @@ class SparseLatentAttention(MultiHeadLatentAttention):
         :class:`IndexedLatentCache`) can take ``x3``'s chunk."""
         if kv_cache is None:
             return
-        if not isinstance(kv_cache, IndexedLatentCache):
-            raise TypeError(
-                "kv_cache must be an attn_np.IndexedLatentCache (the "
-                "indexer keys live beside the latents), got "
-                f"{type(kv_cache).__name__}"
-            )
+        check_cache_kind(
+            kv_cache,
+            IndexedLatentCache,
+            "the indexer keys live beside the latents",
+        )
         dtype = np.result_type(x3.dtype, self.params["W_dkv"].dtype)
         layout = (x3.shape[0], self.d_latent_kv, self.d_rope)
         kv_cache.check_chunk(
