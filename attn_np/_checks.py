@@ -68,15 +68,19 @@ def broadcast_shapes(
         ) from None
 
 
+def broadcasts_to(shape: tuple[int, ...], full: tuple[int, ...]) -> bool:
+    """Whether an array of ``shape`` broadcasts to exactly ``full``."""
+    try:
+        return np.broadcast_shapes(shape, full) == full
+    except ValueError:
+        return False
+
+
 def check_mask(mask, full: tuple[int, ...], layout: str) -> np.ndarray:
     """A boolean ``mask`` that broadcasts to ``full`` (described as
     ``layout``), or raise naming both."""
     m = as_bool_array(mask, "mask")
-    try:
-        ok = np.broadcast_shapes(m.shape, full) == full
-    except ValueError:
-        ok = False
-    if not ok:
+    if not broadcasts_to(m.shape, full):
         raise ValueError(
             f"mask must broadcast to {layout} = {full}, got mask of shape "
             f"{m.shape}"
@@ -269,11 +273,7 @@ def check_sinks(sinks, rows: tuple[int, ...], layout: str) -> np.ndarray:
     logit per query row, described as ``layout``)."""
     sinks = as_float_array(sinks, "sinks")
     check_finite(sinks, "sinks")
-    try:
-        ok = np.broadcast_shapes(sinks.shape, rows) == rows
-    except ValueError:
-        ok = False
-    if not ok:
+    if not broadcasts_to(sinks.shape, rows):
         raise ValueError(
             f"sinks must broadcast to {layout} = {rows} (one logit "
             f"per query row), got sinks of shape {sinks.shape}"
