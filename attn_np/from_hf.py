@@ -796,18 +796,24 @@ _INDEXER = {
 }
 
 
+def _store(p, key, a, entry):
+    """``p[key] = a`` (``a`` in the layer's layout), or raise naming the
+    state_dict ``entry`` with both shapes in HF's layout."""
+    if a.shape != p[key].shape:
+        hf_shape = a.T.shape if a.ndim == 2 else a.shape
+        want = p[key].T.shape if a.ndim == 2 else p[key].shape
+        raise ValueError(
+            f"state_dict entry {entry} has shape {hf_shape}, the config "
+            f"says {want}"
+        )
+    p[key] = np.ascontiguousarray(a)
+
+
 def _load_indexer(layer, got):
     p = layer.indexer.params
     for hf, key in _INDEXER.items():
         a = got[hf]
-        a = a.T if a.ndim == 2 else a
-        if a.shape != p[key].shape:
-            want = p[key].T.shape if a.ndim == 2 else p[key].shape
-            raise ValueError(
-                f"state_dict entry {hf} has shape {got[hf].shape}, the "
-                f"config says {want}"
-            )
-        p[key] = np.ascontiguousarray(a)
+        _store(p, key, a.T if a.ndim == 2 else a, hf)
 
 
 def indexer_to_hf(layer):
@@ -905,14 +911,7 @@ def _load_state(layer, layout, state_dict, dtype):
         q, g = _gate_split(layer, got["q_proj.weight"])
         new["W_q"], new["W_g"] = q.T, g.T
     for key, a in new.items():
-        if a.shape != p[key].shape:
-            hf_shape = a.T.shape if a.ndim == 2 else a.shape
-            want = p[key].T.shape if a.ndim == 2 else p[key].shape
-            raise ValueError(
-                f"state_dict entry for {key} has shape {hf_shape}, the "
-                f"config says {want}"
-            )
-        p[key] = np.ascontiguousarray(a)
+        _store(p, key, a, f"for {key}")
 
 
 def _to_hf(layout, layer, d):
