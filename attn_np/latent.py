@@ -43,6 +43,7 @@ from ._checks import (
     fingerprint,
 )
 from .grouped import (
+    decode_step_parts,
     group_mask,
     grouped_attention_backward,
     grouped_attention_forward,
@@ -51,7 +52,6 @@ from .heads import flat, merge_heads, split_heads
 from .kv_cache import CacheBuffer
 from .norms import rmsnorm_backward, rmsnorm_forward
 from .rope import Rotary, check_rope_settings
-from .softmax import masked_softmax
 
 
 class LatentKVCache(CacheBuffer):
@@ -419,15 +419,7 @@ class MultiHeadLatentAttention:
                 q, kv, kv[..., :d_c], scale=self.scale, check_finite=False
             )
 
-        def softmax():
-            # in place, as the core's: the work per call is the same
-            return masked_softmax(s, None, -1, overwrite=True)
-
-        return {
-            "weights": weights,
-            "attention": attention,
-            "softmax": softmax,
-        }
+        return decode_step_parts(weights, attention, s)
 
     # --------------------------------------------------------- backward
     def backward(self, dy):
