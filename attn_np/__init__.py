@@ -36,7 +36,7 @@ ch  chapter                              modules
     layers, chunked attention
 12  linear attention, DeltaNet, Gated    :mod:`.linear_attention`
     DeltaNet, Kimi Delta Attention
-13  sparse attention on the latent      :mod:`.sparse`,
+13  sparse attention on the latent       :mod:`.sparse`,
     cache (DSA's lightning indexer,      :mod:`.costs.sparse`
     top-k, block selection)
 A1  the KV cache of any model config     :mod:`.costs.hf_config`,
