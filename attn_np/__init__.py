@@ -36,8 +36,8 @@ ch  chapter                              modules
     layers, chunked attention
 12  linear attention, DeltaNet, Gated    :mod:`.linear_attention`
     DeltaNet, Kimi Delta Attention
-13  sparse attention on the latent      :mod:`.sparse`
-    cache (DSA's lightning indexer,
+13  sparse attention on the latent       :mod:`.sparse`,
+    cache (DSA's lightning indexer,      :mod:`.costs.sparse`
     top-k, block selection)
 A1  the KV cache of any model config     :mod:`.costs.hf_config`,
                                          :mod:`.memory`
@@ -48,9 +48,10 @@ Three supporting subpackages: :mod:`.training` (the chapter-5 kit),
 :mod:`.instruments` (gradient checks, plotting, measurement, BLAS threads,
 ``show_source``). The checks that several modules share (array kinds and
 dtypes, masks, counts, scales, windows, sink logits, flags, a layer's
-input, upstream gradients) live in :mod:`._checks`, each rule written
-once; a module raises itself only for rules of its own (a cache's layout,
-RoPE's settings, a model config's fields).
+input and the kind of its cache, upstream gradients) live in
+:mod:`._checks`, each rule written once; a module raises itself only for
+rules of its own (a cache's layout, RoPE's settings, a model config's
+fields).
 ``python -m attn_np.bench NAME`` runs the benchmarks;
 ``python -m attn_np.memory CONFIG --seq-len N`` sizes the key/value cache
 of any Hugging Face ``config.json`` (:func:`.costs.from_hf_config`,

@@ -68,15 +68,19 @@ def broadcast_shapes(
         ) from None
 
 
+def broadcasts_to(shape: tuple[int, ...], full: tuple[int, ...]) -> bool:
+    """Whether an array of ``shape`` broadcasts to exactly ``full``."""
+    try:
+        return np.broadcast_shapes(shape, full) == full
+    except ValueError:
+        return False
+
+
 def check_mask(mask, full: tuple[int, ...], layout: str) -> np.ndarray:
     """A boolean ``mask`` that broadcasts to ``full`` (described as
     ``layout``), or raise naming both."""
     m = as_bool_array(mask, "mask")
-    try:
-        ok = np.broadcast_shapes(m.shape, full) == full
-    except ValueError:
-        ok = False
-    if not ok:
+    if not broadcasts_to(m.shape, full):
         raise ValueError(
             f"mask must broadcast to {layout} = {full}, got mask of shape "
             f"{m.shape}"
@@ -269,11 +273,7 @@ def check_sinks(sinks, rows: tuple[int, ...], layout: str) -> np.ndarray:
     logit per query row, described as ``layout``)."""
     sinks = as_float_array(sinks, "sinks")
     check_finite(sinks, "sinks")
-    try:
-        ok = np.broadcast_shapes(sinks.shape, rows) == rows
-    except ValueError:
-        ok = False
-    if not ok:
+    if not broadcasts_to(sinks.shape, rows):
         raise ValueError(
             f"sinks must broadcast to {layout} = {rows} (one logit "
             f"per query row), got sinks of shape {sinks.shape}"
@@ -298,6 +298,18 @@ def check_layer_input(x, d_model: int, name: str = "x"):
             f"{name} must hold at least one position, got shape {x.shape}"
         )
     return (x[None], True) if x.ndim == 2 else (x, False)
+
+
+def check_cache_kind(kv_cache, kind: type, why: str = "") -> None:
+    """Refuse a ``kv_cache`` that is not a ``kind`` (a layer's cache
+    class) with a ``TypeError`` naming the type it got; ``why``, when
+    given, says in brackets what only that kind keeps."""
+    if not isinstance(kv_cache, kind):
+        note = f" ({why})" if why else ""
+        raise TypeError(
+            f"kv_cache must be an attn_np.{kind.__name__}{note}, got "
+            f"{type(kv_cache).__name__}"
+        )
 
 
 def check_scores(

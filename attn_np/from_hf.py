@@ -626,12 +626,10 @@ def _linear_to_hf(layer, d):
     return gated_deltanet_grads_to_hf(view)
 
 
-class HFLatentAttention(MultiHeadLatentAttention):
-    """Chapter 7's MLA as a Hugging Face decoder layer: causal, and
-    continuing from its cache (the absorbed path) like HF's.
-
-    ``rope_scaling`` (chapter 11) goes through chapter 7's two settings:
-    ``rotary`` turns ``q_R`` and ``k_R`` with the scaled frequencies
+class _HFLatentRope:
+    """What an HF latent layer (MLA, DSA) takes of chapter 11:
+    ``rope_scaling`` goes through chapter 7's two settings. ``rotary``
+    turns ``q_R`` and ``k_R`` with the scaled frequencies
     (:class:`~attn_np.long_context.ScaledRotary`), and ``scale`` is
     :func:`~attn_np.long_context.softmax_scale` (YaRN's
     ``mscale(s, mscale_all_dim)^2`` over ``1/sqrt(d_head + d_rope)``, as
@@ -654,6 +652,12 @@ class HFLatentAttention(MultiHeadLatentAttention):
             self.rope_base, self.rope_layout, rope_scaling=self.rope_scaling
         )
 
+
+class HFLatentAttention(_HFLatentRope, MultiHeadLatentAttention):
+    """Chapter 7's MLA as a Hugging Face decoder layer: causal, and
+    continuing from its cache (the absorbed path) like HF's.
+    ``rope_scaling`` (chapter 11) as :class:`_HFLatentRope` says."""
+
     def forward(self, x, causal=True, kv_cache=None):
         if not causal:
             raise ValueError("an HF decoder layer is causal")
@@ -663,7 +667,7 @@ class HFLatentAttention(MultiHeadLatentAttention):
         return LatentKVCache()
 
 
-class HFSparseLatentAttention(SparseLatentAttention):
+class HFSparseLatentAttention(_HFLatentRope, SparseLatentAttention):
     """Chapter 13's DSA (MLA with the lightning indexer) as Hugging
     Face's DeepSeek-V3.2 layer: causal, continuing from its
     :class:`~attn_np.IndexedLatentCache`. ``rope_scaling`` enters as in
@@ -674,13 +678,7 @@ class HFSparseLatentAttention(SparseLatentAttention):
     attention's parameters (HF runs the indexer under ``no_grad``)."""
 
     def __init__(self, *args, rope_scaling=None, **kw):
-        super().__init__(*args, **kw)
-        self.rope_scaling = (
-            None if rope_scaling is None else read_rope_scaling(rope_scaling)
-        )
-        self.scale = softmax_scale(
-            self.d_head + self.d_rope, self.rope_scaling
-        )
+        super().__init__(*args, rope_scaling=rope_scaling, **kw)
         if self.rope_scaling is not None:
             ix = self.indexer
             ix.rotary = ScaledRotary(
@@ -689,14 +687,6 @@ class HFSparseLatentAttention(SparseLatentAttention):
                 ix.d_rope,
                 rope_scaling=self.rope_scaling,
             )
-
-    @property
-    def rotary(self):
-        if self.rope_scaling is None:
-            return super().rotary
-        return ScaledRotary(
-            self.rope_base, self.rope_layout, rope_scaling=self.rope_scaling
-        )
 
     def forward(self, x, causal=True, kv_cache=None):
         if not causal:
@@ -806,18 +796,24 @@ _INDEXER = {
 }
 
 
+def _store(p, key, a, entry):
+    """``p[key] = a`` (``a`` in the layer's layout), or raise naming the
+    state_dict ``entry`` with both shapes in HF's layout."""
+    if a.shape != p[key].shape:
+        hf_shape = a.T.shape if a.ndim == 2 else a.shape
+        want = p[key].T.shape if a.ndim == 2 else p[key].shape
+        raise ValueError(
+            f"state_dict entry {entry} has shape {hf_shape}, the config "
+            f"says {want}"
+        )
+    p[key] = np.ascontiguousarray(a)
+
+
 def _load_indexer(layer, got):
     p = layer.indexer.params
     for hf, key in _INDEXER.items():
         a = got[hf]
-        a = a.T if a.ndim == 2 else a
-        if a.shape != p[key].shape:
-            want = p[key].T.shape if a.ndim == 2 else p[key].shape
-            raise ValueError(
-                f"state_dict entry {hf} has shape {got[hf].shape}, the "
-                f"config says {want}"
-            )
-        p[key] = np.ascontiguousarray(a)
+        _store(p, key, a.T if a.ndim == 2 else a, hf)
 
 
 def indexer_to_hf(layer):
@@ -915,14 +911,7 @@ def _load_state(layer, layout, state_dict, dtype):
         q, g = _gate_split(layer, got["q_proj.weight"])
         new["W_q"], new["W_g"] = q.T, g.T
     for key, a in new.items():
-        if a.shape != p[key].shape:
-            hf_shape = a.T.shape if a.ndim == 2 else a.shape
-            want = p[key].T.shape if a.ndim == 2 else p[key].shape
-            raise ValueError(
-                f"state_dict entry for {key} has shape {hf_shape}, the "
-                f"config says {want}"
-            )
-        p[key] = np.ascontiguousarray(a)
+        _store(p, key, a, f"for {key}")
 
 
 def _to_hf(layout, layer, d):

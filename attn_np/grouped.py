@@ -273,6 +273,20 @@ def group_mask(mask, B, n_heads, n_kv, L_q, L_k):
     return m.reshape(m.shape[0], n_kv, n_heads // n_kv, *m.shape[2:])
 
 
+def decode_step_parts(weights, attention, scores) -> dict:
+    """A layer's decode step in the parts the decode benchmark times:
+    ``{"weights": weights, "attention": attention, "softmax": fn}``, with
+    ``fn`` the softmax alone over ``scores`` (an array of the core's
+    score shape), in place as the core's: ``scores`` holds probabilities
+    after the first call, still finite, and the work per call is the
+    same."""
+
+    def softmax():
+        return masked_softmax(scores, None, -1, overwrite=True)
+
+    return {"weights": weights, "attention": attention, "softmax": softmax}
+
+
 def _weighted_values(p, v, per_head):
     """``O = P V`` for ``p [B, n_kv, G, L_q, L_k]``; with ``V`` stored
     transposed (a KV cache) as ``(V^T P^T)^T``, the same numbers: with few

@@ -32,6 +32,7 @@ import math
 import numpy as np
 
 from ._checks import (
+    check_cache_kind,
     check_flag,
     check_float_dtype,
     check_latent_dims,
@@ -42,6 +43,7 @@ from ._checks import (
     fingerprint,
 )
 from .grouped import (
+    decode_step_parts,
     group_mask,
     grouped_attention_backward,
     grouped_attention_forward,
@@ -50,7 +52,6 @@ from .heads import flat, merge_heads, split_heads
 from .kv_cache import CacheBuffer
 from .norms import rmsnorm_backward, rmsnorm_forward
 from .rope import Rotary, check_rope_settings
-from .softmax import masked_softmax
 
 
 class LatentKVCache(CacheBuffer):
@@ -296,11 +297,7 @@ class MultiHeadLatentAttention:
         can take ``x3``'s chunk from this layer."""
         if kv_cache is None:
             return
-        if not isinstance(kv_cache, LatentKVCache):
-            raise TypeError(
-                "kv_cache must be an attn_np.LatentKVCache, got "
-                f"{type(kv_cache).__name__}"
-            )
+        check_cache_kind(kv_cache, LatentKVCache)
         dtype = np.result_type(x3.dtype, self.params["W_dkv"].dtype)
         layout = (x3.shape[0], self.d_latent_kv, self.d_rope)
         kv_cache.check_chunk(x3.shape, layout, dtype)
@@ -422,15 +419,7 @@ class MultiHeadLatentAttention:
                 q, kv, kv[..., :d_c], scale=self.scale, check_finite=False
             )
 
-        def softmax():
-            # in place, as the core's: the work per call is the same
-            return masked_softmax(s, None, -1, overwrite=True)
-
-        return {
-            "weights": weights,
-            "attention": attention,
-            "softmax": softmax,
-        }
+        return decode_step_parts(weights, attention, s)
 
     # --------------------------------------------------------- backward
     def backward(self, dy):

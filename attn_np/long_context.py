@@ -626,8 +626,10 @@ class QueryTemperature:
 class LongContextAttention(GroupedQueryAttention):
     """Grouped-query attention with chapter 11's position step and mask.
 
-    The keywords of :class:`~attn_np.GroupedQueryAttention` (including
-    its ``rope_scaling``), plus:
+    The arguments of :class:`~attn_np.GroupedQueryAttention` (``d_model,
+    n_heads, n_kv_heads, d_k, d_v, seed, dtype`` by position, the rest,
+    including its ``rope_scaling``, by keyword; ``rope_base`` defaults to
+    10000), plus:
 
     ``use_rope=False``
         a NoPE layer: no rotation (``rope_base`` still names the base
@@ -648,14 +650,7 @@ class LongContextAttention(GroupedQueryAttention):
 
     def __init__(
         self,
-        d_model,
-        n_heads,
-        n_kv_heads,
-        d_k=None,
-        d_v=None,
-        seed=0,
-        dtype=np.float64,
-        *,
+        *args,
         rope_base=10000.0,
         use_rope=True,
         qk_norm=False,
@@ -676,17 +671,7 @@ class LongContextAttention(GroupedQueryAttention):
                 "flash=True is not supported by LongContextAttention: the "
                 "tiled kernels take no chunked mask; use flash=False"
             )
-        super().__init__(
-            d_model,
-            n_heads,
-            n_kv_heads,
-            d_k,
-            d_v,
-            seed,
-            dtype,
-            rope_base=rope_base,
-            **options,
-        )
+        super().__init__(*args, rope_base=rope_base, **options)
         self.use_rope = check_flag(use_rope, "use_rope")
         self.qk_norm = check_flag(qk_norm, "qk_norm")
         self.qk_norm_eps = check_positive_number(qk_norm_eps, "qk_norm_eps")

@@ -22,6 +22,7 @@ import numpy as np
 
 from ._checks import (
     as_float_array,
+    check_cache_kind,
     check_finite,
     check_flag,
     check_float_dtype,
@@ -34,6 +35,7 @@ from ._checks import (
 )
 from .grouped import (
     MIN_STACKED_ROWS,
+    decode_step_parts,
     group_mask,
     grouped_attention_backward,
     grouped_attention_forward,
@@ -42,7 +44,6 @@ from .grouped import (
 from .heads import flat, merge_groups, merge_heads, split_groups, split_heads
 from .kv_cache import KVCache
 from .rope import Rotary, check_rope_settings
-from .softmax import masked_softmax
 
 # the chapter-2 names of the key/value head split (kept for old imports)
 split_kv, merge_kv = split_heads, merge_heads
@@ -399,11 +400,7 @@ class GroupedQueryAttention:
         can take ``x3``'s chunk from this layer."""
         if kv_cache is None:
             return
-        if not isinstance(kv_cache, KVCache):
-            raise TypeError(
-                "kv_cache must be an attn_np.KVCache, got "
-                f"{type(kv_cache).__name__}"
-            )
+        check_cache_kind(kv_cache, KVCache)
         B = x3.shape[0]
         layout = (B, self.n_kv_heads, self.d_k, self.d_v)
         # the dtype of the keys and values
@@ -456,16 +453,7 @@ class GroupedQueryAttention:
         def attention():
             return self.attend(q, k, v, **where)
 
-        def softmax():
-            # in place: s holds probabilities after the first call, still
-            # finite, and the work per call is the same
-            return masked_softmax(s, None, -1, overwrite=True)
-
-        return {
-            "weights": weights,
-            "attention": attention,
-            "softmax": softmax,
-        }
+        return decode_step_parts(weights, attention, s)
 
 
 class MultiHeadAttention(GroupedQueryAttention):

@@ -32,6 +32,7 @@ from ._checks import (
     as_bool_array,
     as_float_array,
     broadcast_shapes,
+    broadcasts_to,
     check_finite,
     check_mask,
     check_upstream,
@@ -159,11 +160,7 @@ def sink_softmax(
     sink = as_float_array(sink, "sink")
     check_finite(sink, "sink")
     rows = x.shape[:-1] + (1,)
-    try:
-        ok = np.broadcast_shapes(sink.shape, rows) == rows
-    except ValueError:
-        ok = False
-    if not ok:
+    if not broadcasts_to(sink.shape, rows):
         raise ValueError(
             f"sink must broadcast to [..., 1] = {rows} (one logit per row "
             f"of x {x.shape}), got sink of shape {sink.shape}"

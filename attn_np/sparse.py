@@ -41,6 +41,7 @@ import numpy as np
 
 from ._checks import (
     as_float_array,
+    check_cache_kind,
     check_count,
     check_finite,
     check_flag,
@@ -48,6 +49,13 @@ from ._checks import (
     check_layer_input,
     check_upstream,
     fingerprint,
+)
+
+# the costs of chapter 13 live in attn_np.costs.sparse; importable here too
+from .costs.sparse import (  # noqa: F401
+    dsa_cache_bytes_per_token,
+    indexer_key_bytes,
+    sparse_decode_step_flops,
 )
 from .grouped import (
     group_mask,
@@ -662,12 +670,11 @@ class SparseLatentAttention(MultiHeadLatentAttention):
         :class:`IndexedLatentCache`) can take ``x3``'s chunk."""
         if kv_cache is None:
             return
-        if not isinstance(kv_cache, IndexedLatentCache):
-            raise TypeError(
-                "kv_cache must be an attn_np.IndexedLatentCache (the "
-                "indexer keys live beside the latents), got "
-                f"{type(kv_cache).__name__}"
-            )
+        check_cache_kind(
+            kv_cache,
+            IndexedLatentCache,
+            "the indexer keys live beside the latents",
+        )
         dtype = np.result_type(x3.dtype, self.params["W_dkv"].dtype)
         layout = (x3.shape[0], self.d_latent_kv, self.d_rope)
         kv_cache.check_chunk(
@@ -755,69 +762,3 @@ def block_top_n_mask(q, k, *, block_size, n_blocks, q_positions=None):
     chosen = chosen | (np.arange(n_b)[None, :] == own[:, None])  # [.., n_b]
     tokens = np.repeat(chosen, size, axis=-1)[..., :L_k]  # [..., L_q, L_k]
     return tokens & position_mask(qp, np.arange(L_k))
-
-
-# ---------------------------------------------------------------- costs
-
-
-def indexer_key_bytes(
-    index_head_dim, *, key_bytes=1, scale_bytes=4, scale_block=128
-):
-    """Bytes of one token's indexer key: FP8 numbers (``key_bytes = 1``)
-    plus one float32 scale per ``scale_block`` of them, as released."""
-    d = check_count(index_head_dim, "index_head_dim")
-    blocks = -(-d // check_count(scale_block, "scale_block"))
-    return d * key_bytes + blocks * scale_bytes
-
-
-def dsa_cache_bytes_per_token(
-    d_latent_kv,
-    d_rope,
-    index_head_dim,
-    *,
-    n_layers=1,
-    latent_bytes=2,
-    key_bytes=1,
-    scale_bytes=4,
-    scale_block=128,
-):
-    """``{"latent": ..., "indexer": ...}``: bytes per token, all layers.
-
-    The latent row ``d_c + d_R`` at ``latent_bytes`` (bfloat16: 2) and
-    the indexer key (:func:`indexer_key_bytes`), per layer times
-    ``n_layers``.
-    """
-    latent = (d_latent_kv + d_rope) * latent_bytes
-    index = indexer_key_bytes(
-        index_head_dim,
-        key_bytes=key_bytes,
-        scale_bytes=scale_bytes,
-        scale_block=scale_block,
-    )
-    return {"latent": n_layers * latent, "indexer": n_layers * index}
-
-
-def sparse_decode_step_flops(
-    n_cached,
-    n_heads,
-    d_latent_kv,
-    d_rope,
-    *,
-    index_n_heads,
-    index_head_dim,
-    index_topk,
-):
-    """FLOPs of one decode step that grow with the context, per layer.
-
-    ``{"indexer": 2 L_k H_I d_I, "attention": 2 h k' (2 d_c + d_R)}``
-    with ``L_k = n_cached + 1`` and ``k' = min(k, L_k)``; dense MLA's
-    absorbed attention is the same with ``k' = L_k``. (The projections,
-    the same for both, are left out.)
-    """
-    L_k = check_count(n_cached, "n_cached", minimum=0) + 1
-    k = min(check_count(index_topk, "index_topk"), L_k)
-    per_row = 2 * n_heads * (2 * d_latent_kv + d_rope)
-    return {
-        "indexer": 2 * L_k * index_n_heads * index_head_dim,
-        "attention": k * per_row,
-    }

@@ -3,6 +3,7 @@ the mask, sinks, the causal rule, score mods and the tiled kernels, against chap
 
 import numpy as np
 import pytest
+from helpers import SoftCap
 
 from attn_np import (
     TOLERANCE,
@@ -86,20 +87,6 @@ def test_sinks_and_window_equal_chapter_eight():
     )
     np.testing.assert_allclose(o, ref, rtol=0, atol=1e-14)
     np.testing.assert_allclose(c.sink_weights, rc.sink_weights, atol=1e-15)
-
-
-class SoftCap:
-    """Gemma 2's logit soft-capping, s -> c tanh(s / c), as a score mod."""
-
-    def __init__(self, cap):
-        self.cap = cap
-
-    def forward(self, s, ctx):
-        t = np.tanh(s / self.cap)
-        return self.cap * t, t
-
-    def backward(self, ds, t):
-        return ds * (1 - t * t)
 
 
 class HeadBias:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import SoftCap
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -450,20 +451,6 @@ def test_formula_matches_tracemalloc(dtype, causal, B, L):
 
 
 # ----------------------------------------------- the seams later chapters use
-class SoftCap:
-    """A score mod (Gemma 2's soft cap, s -> c tanh(s / c)) with its twin."""
-
-    def __init__(self, cap):
-        self.cap = cap
-
-    def forward(self, s, ctx):
-        t = np.tanh(s / self.cap)
-        return self.cap * t, t
-
-    def backward(self, ds, t):
-        return ds * (1 - t * t)
-
-
 class GatedCappedAttention(GroupedQueryAttention):
     """A chapter-10 style variant, by overriding steps only: a score mod in
     attend, and an output gate y = (o * sigmoid(x W_g)) W_o in output."""

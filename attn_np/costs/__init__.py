@@ -7,6 +7,8 @@ formulas.
   prefill and a decode step, the roofline and Shazeer's ratio (chapter 4);
 * :mod:`~attn_np.costs.latent`: the cache, FLOPs and bytes of multi-head
   latent attention, naive and absorbed (chapter 7);
+* :mod:`~attn_np.costs.sparse`: the cache and decode FLOPs of DeepSeek
+  Sparse Attention, its lightning indexer's keys (chapter 13);
 * :mod:`~attn_np.costs.model`: :class:`ModelConfig`, the attention shapes
   of a model, and the size of its key/value cache (chapters 3, 4 and 7 to
   9);
@@ -70,6 +72,11 @@ from .model import (
     weight_bytes,
 )
 from .released import LATENT_MODELS, MODELS, WINDOW_MODELS
+from .sparse import (
+    dsa_cache_bytes_per_token,
+    indexer_key_bytes,
+    sparse_decode_step_flops,
+)
 
 __all__ = [
     "GB",
@@ -91,6 +98,7 @@ __all__ = [
     "cached_positions",
     "chunk_cost",
     "decode_step_cost",
+    "dsa_cache_bytes_per_token",
     "forward_flops",
     "forward_flops_breakdown",
     "forward_retained_bytes",
@@ -98,6 +106,7 @@ __all__ = [
     "get_model",
     "head_dims",
     "indexer_cache_bytes",
+    "indexer_key_bytes",
     "kv_bytes_per_token",
     "kv_cache_bytes",
     "kv_read_tokens_per_second",
@@ -114,6 +123,7 @@ __all__ = [
     "rope_parameters",
     "roofline_time",
     "shazeer_ratio",
+    "sparse_decode_step_flops",
     "state_bytes",
     "training_flops",
     "weight_bytes",

@@ -201,16 +201,22 @@ def _flag(cfg: dict, key: str) -> bool | None:
     )
 
 
+def _object(cfg: dict, key: str) -> dict | None:
+    """``cfg[key]``, a nested object of the config, or None if absent."""
+    value = cfg.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(
+            f"config key {key} must be an object, got {value!r}"
+        )
+    return value
+
+
 def _language_model(data: dict) -> dict:
     """The part of the config that describes the language model: the whole
     config, or its ``text_config`` (multimodal models)."""
-    text = data.get("text_config")
+    text = _object(data, "text_config")
     if text is None:
         return data
-    if not isinstance(text, dict):
-        raise ValueError(
-            f"config key text_config must be an object, got {text!r}"
-        )
     for key in _TEXT_KEYS:
         if key in data and key in text and data[key] != text[key]:
             raise ValueError(
@@ -277,13 +283,9 @@ def _kimi_types(cfg: dict, n_layers: int):
     """Kimi Linear's ``linear_attn_config``: ``kda_layers`` and
     ``full_attn_layers``, numbered from 1 (Hugging Face's configuration
     class subtracts one)."""
-    lin = cfg.get("linear_attn_config")
+    lin = _object(cfg, "linear_attn_config")
     if lin is None:
         return None
-    if not isinstance(lin, dict):
-        raise ValueError(
-            f"config key linear_attn_config must be an object, got {lin!r}"
-        )
     given = [k for k in ("full_attn_layers", "kda_layers") if k in lin]
     if not given:  # the layer types are written as layer_types
         return None
@@ -592,10 +594,8 @@ def rope_parameters(cfg: dict, layer_types=None) -> dict | None:
     when the config says nothing of RoPE.
     """
     kinds = sorted(set(layer_types or (FULL,)) - {LINEAR})
-    new = cfg.get("rope_parameters")
+    new = _object(cfg, "rope_parameters")
     if new is not None:
-        if not isinstance(new, dict):
-            raise ValueError("config key rope_parameters must be an object")
         if new and set(new) <= set(LAYER_TYPES):
             per = {
                 k: _check_rope(v, f"rope_parameters.{k}")
@@ -607,10 +607,8 @@ def rope_parameters(cfg: dict, layer_types=None) -> dict | None:
     old: dict = {}
     if cfg.get("rope_theta") is not None:
         old["rope_theta"] = cfg["rope_theta"]
-    scaling = cfg.get("rope_scaling")
+    scaling = _object(cfg, "rope_scaling")
     if scaling is not None:
-        if not isinstance(scaling, dict):
-            raise ValueError("config key rope_scaling must be an object")
         old.update(scaling)
     if cfg.get("partial_rotary_factor") is not None:
         old["partial_rotary_factor"] = cfg["partial_rotary_factor"]

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._checks import check_count, check_positive_number
+from .sparse import indexer_key_bytes
 
 GB = 10**9  # a decimal gigabyte, the unit of data sheets ("80 GB")
 GiB = 2**30  # a binary gibibyte, the unit the book prints with
@@ -145,9 +146,14 @@ class Indexer:
 
     @property
     def bytes_per_token(self) -> int:
-        """``head_dim * key_bytes + head_dim // block * scale_bytes``."""
-        scales = self.head_dim // self.block
-        return self.head_dim * self.key_bytes + scales * self.scale_bytes
+        """``head_dim * key_bytes + head_dim // block * scale_bytes``
+        (:func:`~attn_np.costs.sparse.indexer_key_bytes`)."""
+        return indexer_key_bytes(
+            self.head_dim,
+            key_bytes=self.key_bytes,
+            scale_bytes=self.scale_bytes,
+            scale_block=self.block,
+        )
 
 
 @dataclass(frozen=True)
