@@ -9,6 +9,7 @@ from attn_np.instruments.paired import (
     NOISY,
     Paired,
     compare,
+    repeated,
     spread_text,
 )
 
@@ -81,6 +82,15 @@ def test_compare_times_every_contender_and_the_twin():
     assert all(len(t) == 3 for t in p.times.values())
     # a: warm-up + 3 rounds, twice (itself and its twin); b: warm-up + 3
     assert calls == {"a": 8, "b": 4}
+
+
+def test_repeated_calls_n_times_and_refuses_a_bad_count():
+    n = []
+    repeated(lambda: n.append(1), 5)()
+    assert len(n) == 5
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="times"):
+            repeated(lambda: None, bad)
 
 
 def test_compare_names_a_bad_baseline():

@@ -98,6 +98,20 @@ class Paired:
         )
 
 
+def repeated(fn: Callable[[], object], times: int) -> Callable[[], None]:
+    """``fn`` called ``times`` times in a row, as one function: a step of
+    a few microseconds made long enough to time against the clock's and
+    the scheduler's jitter."""
+    if isinstance(times, bool) or not isinstance(times, int) or times < 1:
+        raise ValueError(f"times must be a positive integer, got {times!r}")
+
+    def run():
+        for _ in range(times):
+            fn()
+
+    return run
+
+
 def compare(fns: dict, *, baseline: str, rounds: int = 7) -> Paired:
     """Time ``fns`` (``{name: fn()}``) in alternating rounds, with the
     ``baseline`` entry timed a second time as ``"<baseline> (A/A)"``."""
