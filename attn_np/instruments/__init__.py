@@ -9,7 +9,14 @@ library.
   best-of-n times, and this machine's matmul and streaming-read rates;
 * :mod:`~attn_np.instruments.blas`: how many threads NumPy's BLAS may use;
 * :mod:`~attn_np.instruments.display`: ``show_source``, the library's own
-  code in a notebook.
+  code in a notebook;
+* :mod:`~attn_np.instruments.paired`: ``compare``, paired timings in
+  alternating rounds beside the run's A/A noise floor, with verdicts;
+* :mod:`~attn_np.instruments.mha_timing` (chapter 2) and
+  :mod:`~attn_np.instruments.flash_parts` (chapter 9): the chapters'
+  timings, built on ``compare``;
+* :mod:`~attn_np.instruments.figures_a1`, ``figures_13``: figures drawn
+  for the book's column.
 """
 
 from .blas import blas_threads, get_blas_threads, set_blas_threads
