@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -44,7 +45,7 @@ from ..linear_attention import (
     gated_delta_recurrent_forward,
 )
 
-SHAPE = dict(d_model=256, n_v_heads=2, n_k_heads=1, d_k=128, d_v=128)
+SHAPE = dict(d_model=128, n_v_heads=2, n_k_heads=1, d_k=128, d_v=128)
 
 
 def layer_step(T, mode, *, chunk_size=64, dtype=np.float32, seed=0):
@@ -143,6 +144,83 @@ def memory(Ts=(1024, 4096), *, chunk_size=64):
             for mode, form in (("chunked", "chunked"), ("loop", "recurrent"))
         }
     return out
+
+
+# the parts of one layer step, as the layer calls them (module functions
+# and methods looked up at call time, so a timing wrapper sees each call)
+PARTS = {
+    "kernel": ("KERNELS",),
+    "conv + SiLU": ("causal_conv_forward", "causal_conv_backward"),
+    "L2 norm": ("l2norm_forward", "l2norm_backward"),
+    "gates": (
+        "GatedDeltaNet._gates_forward",
+        "GatedDeltaNet._gates_backward",
+        "GatedDeltaNet._output_gate_forward",
+        "GatedDeltaNet._output_gate_backward",
+    ),
+    "gated RMSNorm": ("rmsnorm_forward", "rmsnorm_backward"),
+}
+#: what is left: the one in-projection, the out-projection and the
+#: reshapes between the parts, inline in forward and backward
+REST = "projections + layout"
+
+
+@contextmanager
+def timed_parts():
+    """Within the block, every call of a part of :data:`PARTS` adds its
+    time to ``spent[part]`` (the dict yielded)."""
+    from .. import linear_attention as la
+
+    spent = dict.fromkeys(PARTS, 0.0)
+    undo = []
+
+    def wrap(fn, part):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[part] += time.perf_counter() - t0
+
+        return timed
+
+    for part, names in PARTS.items():
+        for name in names:
+            if name == "KERNELS":
+                old = dict(la.KERNELS)
+                for mode, fns in old.items():
+                    la.KERNELS[mode] = tuple(wrap(f, part) for f in fns)
+                undo.append(lambda old=old: la.KERNELS.update(old))
+                continue
+            owner, attr = la, name
+            if "." in name:
+                cls, attr = name.split(".")
+                owner = getattr(la, cls)
+            old = getattr(owner, attr)
+            setattr(owner, attr, wrap(old, part))
+            undo.append(lambda o=owner, a=attr, f=old: setattr(o, a, f))
+    try:
+        yield spent
+    finally:
+        for fn in reversed(undo):
+            fn()
+
+
+def breakdown(T, mode, *, rounds=3, chunk_size=32):
+    """``{part: seconds}`` of one forward + backward of the scaled layer
+    at ``T`` (the median over ``rounds`` steps), the parts of
+    :data:`PARTS` timed as the layer calls them and :data:`REST` what
+    is left of the step."""
+    step = layer_step(T, mode, chunk_size=chunk_size)
+    step()
+    rows = []
+    for _ in range(rounds):
+        with timed_parts() as spent:
+            t0 = time.perf_counter()
+            step()
+            total = time.perf_counter() - t0
+        rows.append({**spent, REST: total - sum(spent.values())})
+    return {p: float(np.median([r[p] for r in rows])) for p in rows[0]}
 
 
 def _quartiles(x):
