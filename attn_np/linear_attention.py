@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -242,10 +243,12 @@ def gated_delta_recurrent_forward(q, k, v, g, beta, initial_state=None):
     q, k, v, g, beta, S0 = _check_delta_inputs(
         q, k, v, g, beta, initial_state
     )
-    # time first, so that step t reads contiguous slices
-    qt, kt, vt = (np.moveaxis(x, -2, 0) for x in (q, k, v))
+    # time first and contiguous, so that step t reads one block
+    qt, kt, vt = (
+        np.ascontiguousarray(np.moveaxis(x, -2, 0)) for x in (q, k, v)
+    )
     at = np.exp(np.moveaxis(g, -2, 0))  # [T, ..., d_k or 1]
-    bt = np.moveaxis(beta, -1, 0)  # [T, ...]
+    bt = np.ascontiguousarray(np.moveaxis(beta, -1, 0))  # [T, ...]
     T = qt.shape[0]
     states = np.empty((T + 1, *S0.shape), dtype=S0.dtype)
     states[0] = S0
@@ -334,6 +337,23 @@ def gated_delta_recurrent_backward(do, cache: RecurrentCache, dstate=None):
 # -- chunked form
 
 
+@lru_cache(maxsize=64)
+def _causal_mask(C, strict):
+    """``[C, C]`` boolean, True where ``i < r`` (``strict``) or ``i <= r``
+    (made once per size: ``np.tril`` costs more than the products it
+    masks in a small chunk)."""
+    keep = np.tril(np.ones((C, C), dtype=bool), k=-1 if strict else 0)
+    keep.flags.writeable = False
+    return keep
+
+
+def _mT(x):
+    """``[..., a, b] -> [..., b, a]``, laid out contiguously for a product:
+    NumPy's batched matmul of small matrices is about three times slower
+    with a transposed view as an operand than with the copy."""
+    return np.ascontiguousarray(x.swapaxes(-1, -2))
+
+
 def _decay_gram(x, y, gam, *, strict):
     """``<x, y>_ri = sum_d x_rd y_id exp(gam_rd - gam_id)`` for ``i < r``
     (``strict``) or ``i <= r``, else 0: ``[..., C, C]``, and the decay
@@ -343,13 +363,14 @@ def _decay_gram(x, y, gam, *, strict):
     [..., C, C]``; ``gam [..., C, d_k]`` needs ``E [..., C, C, d_k]``. The
     exponent is masked before ``exp``, so no factor overflows.
     """
-    C = x.shape[-2]
-    keep = np.tril(np.ones((C, C), dtype=bool), k=-1 if strict else 0)
+    keep = _causal_mask(x.shape[-2], strict)
     if gam.shape[-1] == 1:
         # [..., C, 1] - [..., 1, C] -> [..., C, C]
         diff = gam[..., :, 0][..., :, None] - gam[..., :, 0][..., None, :]
         E = np.exp(np.where(keep, diff, -np.inf))
-        return (x @ y.swapaxes(-1, -2)) * E, E  # [..., C, C]
+        G = x @ _mT(y)  # [..., C, d] @ [..., d, C] -> [..., C, C]
+        G *= E
+        return G, E
     # [..., C, 1, d_k] - [..., 1, C, d_k] -> [..., C, C, d_k]
     diff = gam[..., :, None, :] - gam[..., None, :, :]
     E = np.exp(np.where(keep[:, :, None], diff, -np.inf))
@@ -361,7 +382,7 @@ def _decay_gram_backward(dG, G, x, y, E):
     if E.ndim == dG.ndim:  # one decay per head
         dGE = dG * E  # [..., C, C]
         dx = dGE @ y  # [..., C, C] @ [..., C, d] -> [..., C, d]
-        dy = dGE.swapaxes(-1, -2) @ x
+        dy = _mT(dGE) @ x
         Z = dG * G  # d/d(gam_r - gam_i)
         dgam = (Z.sum(axis=-1) - Z.sum(axis=-2))[..., None]  # [..., C, 1]
         return dx, dy, dgam
@@ -513,7 +534,7 @@ def gated_delta_chunked_forward(
         p = _chunk_parts(
             qc[lo:hi], kc[lo:hi], vc[lo:hi], gam[lo:hi], bc[lo:hi]
         )
-        eC, KBt = p.eC[..., None], p.KB.swapaxes(-1, -2)
+        eC, KBt = p.eC[..., None], _mT(p.KB)
         for n in range(hi - lo):  # the only loop: the state
             S = states[lo + n]  # [..., d_k, d_v]
             # U = U~ - W S: [..., C, d_k] @ [..., d_k, d_v] -> [..., C, d_v]
@@ -601,9 +622,9 @@ def chunk_group_backward(inputs, S, U, dO, dS, out):
     p = _chunk_parts(q, k, v, gam, beta)  # recomputed
     N = q.shape[0]
     # what of dU and dS_0 does not wait for the next chunk's dS
-    X = p.P.swapaxes(-1, -2) @ dO  # P^T dO: [N, ..., C, d_v]
-    Y = p.QG.swapaxes(-1, -2) @ dO  # Q~^T dO: [N, ..., d_k, d_v]
-    eC, Wt = p.eC[..., None], p.W.swapaxes(-1, -2)
+    X = _mT(p.P) @ dO  # P^T dO: [N, ..., C, d_v]
+    Y = _mT(p.QG) @ dO  # Q~^T dO: [N, ..., d_k, d_v]
+    eC, Wt = p.eC[..., None], _mT(p.W)
     dSn = np.empty_like(S)  # dL/dS_C of each chunk
     C = q.shape[-2]
     # [dO; dU] stacked on the token axis: both meet S^T below
@@ -617,27 +638,29 @@ def chunk_group_backward(inputs, S, U, dO, dS, out):
         dU[n] += X[n]
         dS = eC[n] * dS + Y[n] - Wt[n] @ dU[n]  # -> [d_k, d_v]
     # then the run's chunks at once
-    dKB = U @ dSn.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
+    dKB = U @ _mT(dSn)  # [C, d_v] @ [d_v, d_k]
     deC = _sum_to(np.sum(dSn * S, axis=-1), p.eC.shape)
     # dQ~ = dO S^T, dW = -dU S^T: [2C, d_v] @ [d_v, d_k], one product
-    R = dOU @ S.swapaxes(-1, -2)
+    R = dOU @ _mT(S)
     dQG, dW = R[..., :C, :], -R[..., C:, :]
-    dP = dO @ U.swapaxes(-1, -2)  # [C, d_v] @ [d_v, C]
+    dP = dO @ _mT(U)  # [C, d_v] @ [d_v, C]
     dUt = dU
     # through the intra-chunk parts, all chunks at once
     b = beta[..., None]  # [N, ..., C, 1]
-    Tt = p.Tm.swapaxes(-1, -2)
+    Tt = _mT(p.Tm)
     # W = T (b K e^G), U~ = T (b V)
-    dTm = dW @ (b * p.KG).swapaxes(-1, -2) + dUt @ (b * v).swapaxes(-1, -2)
+    dTm = dW @ _mT(b * p.KG) + dUt @ _mT(b * v)
     dbKG, dbV = Tt @ dW, Tt @ dUt  # [N, ..., C, d]
     dbeta = np.sum(dbKG * p.KG, axis=-1) + np.sum(dbV * v, axis=-1)
     dKG, dv = b * dbKG, b * dbV
     # T = (I - A)^{-1}: dA = T^T dT T^T, only where A lives
-    dA = np.tril(Tt @ dTm @ Tt, k=-1) if C > 1 else np.zeros_like(dTm)
+    dA = Tt @ dTm @ Tt
+    dA *= _causal_mask(C, True)
     # A = -b <K, K>
     dbeta -= np.sum(dA * p.Gk, axis=-1)
     dk1, dk2, dgam = _decay_gram_backward(-b * dA, p.Gk, k, k, p.Ek)
-    dq, dk3, dgam2 = _decay_gram_backward(np.tril(dP), p.P, q, k, p.Ep)
+    dP *= _causal_mask(C, False)
+    dq, dk3, dgam2 = _decay_gram_backward(dP, p.P, q, k, p.Ep)
     dk = dk1 + dk2 + dk3
     dgam = dgam + dgam2
     # Q~ = Q e^G, K e^G, K~ = K e^(G_C - G)
@@ -1152,6 +1175,23 @@ class GatedDeltaNet:
                 y=y,
             )
         return out[0] if unbatched else out
+
+    def gates(self, x):
+        """``(g, beta)`` the layer computes from ``x [B, L, d_model]``:
+        ``g [B, L, n_v (, d_k)]`` (the log decays) and ``beta [B, L,
+        n_v]``, to look at."""
+        x = as_float_array(x, "x")
+        if x.ndim != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(
+                f"x must have shape [B, L, d_model] with d_model="
+                f"{self.d_model}, got {x.shape}"
+            )
+        B, L, _ = x.shape
+        W_in, names, cuts = self._in_projection()
+        h_all = x.reshape(B * L, self.d_model) @ W_in
+        h = dict(zip(names, np.split(h_all, cuts, axis=1)))
+        g, beta, _ = self._gates_forward(h, B, L)
+        return g, beta
 
     def _in_projection(self):
         """``(W_in [d_model, ch_all], names, cuts)``: the projections of

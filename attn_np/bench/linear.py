@@ -3,10 +3,10 @@ per-token loop (chapter 12).
 
 One Qwen3-Next-shaped layer, scaled to fit: Qwen3-Next-80B-A3B's linear
 layers have 16 key heads and 32 value heads of ``d_k = d_v = 128`` on a
-model width of 2048 (its ``config.json``); here 1 key head and 2 value
-heads of the same 128 dimensions on a width of 256, kernel 4, float32,
-one sequence. A step is one forward and one backward of
-:class:`attn_np.GatedDeltaNet`.
+model width of 2048 (its ``config.json``); here every count and width
+divided by 16, the head dimensions kept: 1 key head and 2 value heads of
+128 on a width of 128, kernel 4, float32, one sequence. A step is one
+forward and one backward of :class:`attn_np.GatedDeltaNet`.
 
 * **speed**: at each ``T`` the layer with ``mode="recurrent"`` (the loop
   over tokens, backpropagation through time) and ``mode="chunked"``
@@ -17,7 +17,11 @@ one sequence. A step is one forward and one backward of
   alone (the kernels on the layer's ``q, k, v, g, beta``, without the
   projections, the convolutions and the norms, which both forms share)
   take their turns in the same rounds. Goal: loop / chunked >= 10 at
-  ``T = 4096``.
+  ``T = 4096``. Both forms share every part outside the kernel (the
+  projections, the convolution, the norms, the gates), so the layer's
+  ratio is the kernels' diluted by that shared work: :func:`breakdown`
+  times each part as the layer calls it, and the report says what
+  share each takes.
 * **memory**: the peak bytes traced by tracemalloc during one step of
   each form at every ``T``. Goal: the chunked form's peak at ``4 T`` at
   most 4.5 times its peak at ``T`` (it keeps one state per chunk).
@@ -223,6 +227,75 @@ def breakdown(T, mode, *, rounds=3, chunk_size=32):
     return {p: float(np.median([r[p] for r in rows])) for p in rows[0]}
 
 
+def print_speed(sp):
+    """The table of :func:`speed`'s ratios, and the goal's verdict at the
+    largest ``T``: met or not (median >= 10), and whether the ratio is
+    beyond the run's noise (its first quartile above the A/A floor's
+    third)."""
+    print(
+        f"{'T':>5} {'loop s':>7} {'chunk s':>7} {'layer ratio':>17} "
+        f"{'kernel ratio':>17} {'noise (A/A)':>16}"
+    )
+    for T, r in sp.items():
+        cols = [
+            f"{m:5.1f} [{lo:4.1f}, {hi:4.1f}]"
+            for m, lo, hi in (r["loop / chunked"], r["kernels"])
+        ]
+        a, alo, ahi = r["A/A"]
+        print(
+            f"{T:5d} {r['loop s']:7.2f} {r['chunked s']:7.2f} "
+            f"{cols[0]:>17} {cols[1]:>17} "
+            f"{a:4.2f} [{alo:4.2f}, {ahi:4.2f}]"
+        )
+    T_max = max(sp)
+    for what, key in (
+        ("goal, layer loop / chunked", "loop / chunked"),
+        ("kernel loop / chunked", "kernels"),
+    ):
+        m, lo, _ = sp[T_max][key]
+        noise = "beyond" if lo > sp[T_max]["A/A"][2] else "within"
+        print(
+            f"{what} >= 10x at T={T_max}: "
+            f"{'met' if m >= 10 else 'NOT met'}\n  ({m:.1f}; q1 {lo:.1f}, "
+            f"{noise} the noise)"
+        )
+
+
+def print_breakdown(T, r, rounds, chunk_size):
+    """Where a step's time goes, part by part, in each form; and what the
+    kernels' ratio allows the layer's (the parts outside the kernel cost
+    the same in both forms)."""
+    parts = {
+        form: breakdown(T, mode, rounds=rounds, chunk_size=chunk_size)
+        for form, mode in (("chunked", "chunked"), ("loop", "recurrent"))
+    }
+    tot = {f: sum(b.values()) for f, b in parts.items()}
+    print(
+        f"\nwhere the time goes at T={T}: seconds (share of the step), "
+        f"median of {rounds}"
+    )
+    print(f"{'part':>21} {'chunked':>16} {'loop':>16}")
+    for p in parts["chunked"]:
+        cells = [
+            f"{parts[f][p]:7.3f} ({parts[f][p] / tot[f]:4.0%})"
+            for f in ("chunked", "loop")
+        ]
+        print(f"{p:>21} {cells[0]:>16} {cells[1]:>16}")
+    c = parts["chunked"]
+    rest = tot["chunked"] - c["kernel"]  # the same work in both forms
+    k = r["kernels"][0]
+    print(
+        f"outside the kernel: {rest / tot['chunked']:.0%} of the chunked "
+        f"step;\nwith the kernels {k:.1f}x apart, that predicts a layer "
+        f"ratio of {(k * c['kernel'] + rest) / tot['chunked']:.1f}"
+    )
+    need = 10 * tot["chunked"] - 9 * rest  # 10x needs k * kernel + rest
+    print(
+        f"(10x would need the kernels {need / c['kernel']:.1f}x apart, or "
+        "the rest smaller)"
+    )
+
+
 def _quartiles(x):
     q1, med, q3 = np.percentile(np.asarray(x), [25, 50, 75])
     return float(med), float(q1), float(q3)
@@ -250,8 +323,10 @@ def main(argv=()) -> int:
     if mem_T is None:
         mem_T = [min(args.T), 4 * min(args.T)]
     print(
-        "Gated DeltaNet layer, Qwen3-Next-shaped and scaled: d_model=256,\n"
-        "1 key head, 2 value heads, d_k=d_v=128, conv 4, float32, B=1;\n"
+        "Gated DeltaNet layer, Qwen3-Next-80B-A3B's widths / 16: "
+        f"d_model={SHAPE['d_model']},\n{SHAPE['n_k_heads']} key head, "
+        f"{SHAPE['n_v_heads']} value heads, d_k=d_v={SHAPE['d_k']}, conv 4, "
+        "float32, B=1;\n"
         f"chunks of {args.chunk_size}; {args.threads} BLAS thread(s)"
     )
     with blas_threads(args.threads):
@@ -262,31 +337,9 @@ def main(argv=()) -> int:
             f"({time.perf_counter() - t0:.0f} s);\nratios round by round: "
             "median [quartiles]"
         )
-        print(
-            f"{'T':>5} {'loop s':>7} {'chunk s':>7} {'layer ratio':>17} "
-            f"{'kernel ratio':>17} {'noise (A/A)':>16}"
-        )
-        for T, r in sp.items():
-            cols = [
-                f"{m:5.1f} [{lo:4.1f}, {hi:4.1f}]"
-                for m, lo, hi in (r["loop / chunked"], r["kernels"])
-            ]
-            a, alo, ahi = r["A/A"]
-            print(
-                f"{T:5d} {r['loop s']:7.2f} {r['chunked s']:7.2f} "
-                f"{cols[0]:>17} {cols[1]:>17} "
-                f"{a:4.2f} [{alo:4.2f}, {ahi:4.2f}]"
-            )
+        print_speed(sp)
         T_max = max(sp)
-        for what, key in (
-            ("layer", "loop / chunked"),
-            ("kernel", "kernels"),
-        ):
-            m, lo, _ = sp[T_max][key]
-            print(
-                f"goal, {what} loop / chunked >= 10 at T={T_max}: "
-                f"{'met' if m >= 10 else 'NOT met'} ({m:.1f}; q1 {lo:.1f})"
-            )
+        print_breakdown(T_max, sp[T_max], args.rounds, args.chunk_size)
         if mem_T:
             mem = memory(mem_T, chunk_size=args.chunk_size)
             print("\nmemory: traced peak of one forward + backward, MiB")
