@@ -40,7 +40,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..instruments.blas import blas_threads
-from ..instruments.measure import measure_memory, round_times
+from ..instruments.measure import alternating_times, measure_memory
 from ..linear_attention import (
     GatedDeltaNet,
     gated_delta_chunked_backward,
@@ -123,7 +123,7 @@ def speed(Ts=(1024, 2048, 4096), *, rounds=3, chunk_size=64):
                 T, "chunked", chunk_size=chunk_size
             ),
         }
-        t = round_times(fns, rounds=rounds)
+        t = alternating_times(fns, rounds=rounds)
         ratio = t["loop"] / t["chunked"]
         aa = t["chunked again"] / t["chunked"]
         kr = t["kernel loop"] / t["kernel chunked"]
@@ -310,7 +310,7 @@ def main(argv=()) -> int:
         "--T", type=int, nargs="+", default=[1024, 2048, 4096]
     )
     parser.add_argument("--memory-T", type=int, nargs="*", default=None)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--chunk-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(list(argv))
@@ -333,7 +333,8 @@ def main(argv=()) -> int:
         t0 = time.perf_counter()
         sp = speed(args.T, rounds=args.rounds, chunk_size=args.chunk_size)
         print(
-            f"\nspeed: forward + backward, {args.rounds} rounds in turns "
+            f"\nspeed: forward + backward, {args.rounds} rounds in turns, "
+            "the order\nreversed every other round "
             f"({time.perf_counter() - t0:.0f} s);\nratios round by round: "
             "median [quartiles]"
         )
