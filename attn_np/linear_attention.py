@@ -1062,6 +1062,9 @@ class GatedDeltaNet:
                 "a Gated DeltaNet layer is causal (its state runs forward "
                 f"in time): call forward(x, causal=True), got {causal!r}"
             )
+        # the last forward's cache is replaced: drop it before allocating
+        # the new one (the loop's holds T + 1 states)
+        self._cache = None
         name = "x" if state_cache is None else "x_chunk"
         x = as_float_array(x, name)
         check_finite(x, name)
