@@ -72,7 +72,12 @@ def layer_step(T, mode, *, chunk_size=64, dtype=np.float32, seed=0):
 
     def step():
         layer.forward(x)
-        return layer.backward(dy)
+        dx = layer.backward(dy)
+        # let the step keep nothing: the loop's cache holds T + 1 states
+        # (0.5 GB at T = 4096), and a contender that allocates while
+        # another's stay alive pays for fresh pages
+        layer._cache = None
+        return dx
 
     return step
 
