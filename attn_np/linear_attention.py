@@ -39,7 +39,8 @@ Two forms compute it:
       S_C = e^Gamma_C S_0 + (K * e^(Gamma_C - Gamma))^T U
 
   (the WY/UT representation of Yang et al. 2024). Only ``S_0`` of each
-  chunk is kept; the backward recomputes the rest chunk by chunk.
+  chunk and ``U`` (as large as ``V``) are kept; the backward recomputes
+  the rest chunk by chunk.
 
 :class:`GatedDeltaNet` is the released layer (Qwen3-Next's
 ``linear_attention``): short causal convolutions, L2-normalised ``q`` and
@@ -53,6 +54,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -241,10 +243,12 @@ def gated_delta_recurrent_forward(q, k, v, g, beta, initial_state=None):
     q, k, v, g, beta, S0 = _check_delta_inputs(
         q, k, v, g, beta, initial_state
     )
-    # time first, so that step t reads contiguous slices
-    qt, kt, vt = (np.moveaxis(x, -2, 0) for x in (q, k, v))
+    # time first and contiguous, so that step t reads one block
+    qt, kt, vt = (
+        np.ascontiguousarray(np.moveaxis(x, -2, 0)) for x in (q, k, v)
+    )
     at = np.exp(np.moveaxis(g, -2, 0))  # [T, ..., d_k or 1]
-    bt = np.moveaxis(beta, -1, 0)  # [T, ...]
+    bt = np.ascontiguousarray(np.moveaxis(beta, -1, 0))  # [T, ...]
     T = qt.shape[0]
     states = np.empty((T + 1, *S0.shape), dtype=S0.dtype)
     states[0] = S0
@@ -333,6 +337,34 @@ def gated_delta_recurrent_backward(do, cache: RecurrentCache, dstate=None):
 # -- chunked form
 
 
+@lru_cache(maxsize=64)
+def _causal_mask(C, strict):
+    """``[C, C]`` boolean, True where ``i < r`` (``strict``) or ``i <= r``
+    (made once per size: ``np.tril`` costs more than the products it
+    masks in a small chunk)."""
+    keep = np.tril(np.ones((C, C), dtype=bool), k=-1 if strict else 0)
+    keep.flags.writeable = False
+    return keep
+
+
+def _decay(x):
+    """``exp(x)`` for the decay factors (``x <= 0``), with what falls below
+    the dtype's smallest normal number set to 0: a summed decay reaches
+    ``e^-90`` within a chunk, a subnormal float32, and products of
+    subnormals run tens of times slower on most CPUs. The factors lost are
+    below ``1e-38`` (float32) or ``1e-308`` (float64) of the ones kept."""
+    e = np.exp(x)
+    np.copyto(e, 0.0, where=e < np.finfo(e.dtype).tiny)
+    return e
+
+
+def _mT(x):
+    """``[..., a, b] -> [..., b, a]``, laid out contiguously for a product:
+    NumPy's batched matmul of small matrices is about three times slower
+    with a transposed view as an operand than with the copy."""
+    return np.ascontiguousarray(x.swapaxes(-1, -2))
+
+
 def _decay_gram(x, y, gam, *, strict):
     """``<x, y>_ri = sum_d x_rd y_id exp(gam_rd - gam_id)`` for ``i < r``
     (``strict``) or ``i <= r``, else 0: ``[..., C, C]``, and the decay
@@ -342,16 +374,17 @@ def _decay_gram(x, y, gam, *, strict):
     [..., C, C]``; ``gam [..., C, d_k]`` needs ``E [..., C, C, d_k]``. The
     exponent is masked before ``exp``, so no factor overflows.
     """
-    C = x.shape[-2]
-    keep = np.tril(np.ones((C, C), dtype=bool), k=-1 if strict else 0)
+    keep = _causal_mask(x.shape[-2], strict)
     if gam.shape[-1] == 1:
         # [..., C, 1] - [..., 1, C] -> [..., C, C]
         diff = gam[..., :, 0][..., :, None] - gam[..., :, 0][..., None, :]
-        E = np.exp(np.where(keep, diff, -np.inf))
-        return (x @ y.swapaxes(-1, -2)) * E, E  # [..., C, C]
+        E = _decay(np.where(keep, diff, -np.inf))
+        G = x @ _mT(y)  # [..., C, d] @ [..., d, C] -> [..., C, C]
+        G *= E
+        return G, E
     # [..., C, 1, d_k] - [..., 1, C, d_k] -> [..., C, C, d_k]
     diff = gam[..., :, None, :] - gam[..., None, :, :]
-    E = np.exp(np.where(keep[:, :, None], diff, -np.inf))
+    E = _decay(np.where(keep[:, :, None], diff, -np.inf))
     return np.einsum("...rd,...id,...rid->...ri", x, y, E), E
 
 
@@ -360,7 +393,7 @@ def _decay_gram_backward(dG, G, x, y, E):
     if E.ndim == dG.ndim:  # one decay per head
         dGE = dG * E  # [..., C, C]
         dx = dGE @ y  # [..., C, C] @ [..., C, d] -> [..., C, d]
-        dy = dGE.swapaxes(-1, -2) @ x
+        dy = _mT(dGE) @ x
         Z = dG * G  # d/d(gam_r - gam_i)
         dgam = (Z.sum(axis=-1) - Z.sum(axis=-2))[..., None]  # [..., C, 1]
         return dx, dy, dgam
@@ -409,7 +442,7 @@ class ChunkParts:
 
 def _chunk_parts(q, k, v, gam, beta):
     """Every chunk's intra-chunk matrices at once (``[N, ..., C, ·]``)."""
-    eg = np.exp(gam)
+    eg = _decay(gam)
     KG = k * eg  # [N, ..., C, d_k]
     Gk, Ek = _decay_gram(k, k, gam, strict=True)  # [N, ..., C, C]
     Tm = unit_lower_inverse(-beta[..., None] * Gk)  # A = -diag(b) <K, K>
@@ -418,7 +451,7 @@ def _chunk_parts(q, k, v, gam, beta):
     Ut = Tm @ (beta[..., None] * v)
     P, Ep = _decay_gram(q, k, gam, strict=False)
     gC = gam[..., -1:, :]  # [N, ..., 1, d_k or 1]
-    eB = np.exp(gC - gam)
+    eB = _decay(gC - gam)
     return ChunkParts(
         eg,
         KG,
@@ -432,7 +465,7 @@ def _chunk_parts(q, k, v, gam, beta):
         q * eg,
         eB,
         k * eB,
-        np.exp(gC[..., 0, :]),
+        _decay(gC[..., 0, :]),
     )
 
 
@@ -444,6 +477,7 @@ class ChunkedCache:
     gam: np.ndarray  # [N, ..., C, d_k or 1]: decay summed within chunks
     beta: np.ndarray  # [N, ..., C]
     states: np.ndarray  # [N + 1, ..., d_k, d_v]: state entering chunk n
+    U: np.ndarray  # [N, ..., C, d_v]: the u_t (as large as v)
     T: int  # tokens before padding
     per_head: bool
 
@@ -503,6 +537,7 @@ def gated_delta_chunked_forward(
     N = qc.shape[0]
     states = np.empty((N + 1, *S0.shape), dtype=S0.dtype)
     states[0] = S0
+    U = np.empty(vc.shape, dtype=S0.dtype)  # [N, ..., C, d_v]: the u_t
     o = np.empty(vc.shape, dtype=S0.dtype)  # [N, ..., C, d_v]
     G = max(1, GROUP_TOKENS // C)  # chunks per group
     for lo in range(0, N, G):  # a group of chunks at a time
@@ -510,18 +545,21 @@ def gated_delta_chunked_forward(
         p = _chunk_parts(
             qc[lo:hi], kc[lo:hi], vc[lo:hi], gam[lo:hi], bc[lo:hi]
         )
-        eC, KBt = p.eC[..., None], p.KB.swapaxes(-1, -2)
+        eC, KBt = p.eC[..., None], _mT(p.KB)
         for n in range(hi - lo):  # the only loop: the state
             S = states[lo + n]  # [..., d_k, d_v]
             # U = U~ - W S: [..., C, d_k] @ [..., d_k, d_v] -> [..., C, d_v]
-            U = p.Ut[n] - p.W[n] @ S
+            Un = U[lo + n]
+            np.matmul(p.W[n], S, out=Un)
+            np.subtract(p.Ut[n], Un, out=Un)
             # S_C = e^G_C S + (K e^(G_C - G))^T U: [..., d_k, d_v]
-            states[lo + n + 1] = eC[n] * S + KBt[n] @ U
+            states[lo + n + 1] = eC[n] * S + KBt[n] @ Un
         # the group's outputs at once, from the states entering its chunks
-        S = states[lo:hi]  # [n, ..., d_k, d_v]
-        U = p.Ut - p.W @ S  # [n, ..., C, d_v]
-        o[lo:hi] = p.QG @ S + p.P @ U  # O = (Q e^G) S + P U
-    cache = ChunkedCache(qc, kc, vc, gam, bc, states, T, per_head)
+        # O = (Q e^G) S + P U: [n, ..., C, d_v]
+        og = o[lo:hi]
+        np.matmul(p.QG, states[lo:hi], out=og)
+        og += p.P @ U[lo:hi]
+    cache = ChunkedCache(qc, kc, vc, gam, bc, states, U, T, per_head)
     return _from_chunks(o, T), cache
 
 
@@ -561,6 +599,7 @@ def gated_delta_chunked_backward(do, cache: ChunkedCache, dstate=None):
         dS = chunk_group_backward(
             [x[sl] for x in (c.q, c.k, c.v, c.gam, c.beta)],
             c.states[sl],
+            c.U[sl],
             dO[sl],
             dS,
             [g[sl] for g in grads],
@@ -582,50 +621,57 @@ def gated_delta_chunked_backward(do, cache: ChunkedCache, dstate=None):
     )
 
 
-def chunk_group_backward(inputs, S, dO, dS, out):
+def chunk_group_backward(inputs, S, U, dO, dS, out):
     """The chunked backward for a run of chunks: ``inputs`` are their
     ``(q, k, v, gam, beta)`` (``[n, ..., C, ·]``), ``S`` the states
-    entering them, ``dO`` their output gradients and ``dS`` the gradient
-    of the state leaving the last. Writes ``(dq, dk, dv, dgam, dbeta)``
-    into ``out``; returns the gradient of the state entering the first.
+    entering them, ``U`` their ``u_t`` (kept by the forward), ``dO``
+    their output gradients and ``dS`` the gradient of the state leaving
+    the last. Writes ``(dq, dk, dv, dgam, dbeta)`` into ``out``; returns
+    the gradient of the state entering the first.
     """
     q, k, v, gam, beta = inputs
     p = _chunk_parts(q, k, v, gam, beta)  # recomputed
     N = q.shape[0]
-    U = p.Ut - p.W @ S  # recomputed: [N, ..., C, d_v]
     # what of dU and dS_0 does not wait for the next chunk's dS
-    X = p.P.swapaxes(-1, -2) @ dO  # P^T dO: [N, ..., C, d_v]
-    Y = p.QG.swapaxes(-1, -2) @ dO  # Q~^T dO: [N, ..., d_k, d_v]
-    eC, Wt = p.eC[..., None], p.W.swapaxes(-1, -2)
+    X = _mT(p.P) @ dO  # P^T dO: [N, ..., C, d_v]
+    Y = _mT(p.QG) @ dO  # Q~^T dO: [N, ..., d_k, d_v]
+    eC, Wt = p.eC[..., None], _mT(p.W)
     dSn = np.empty_like(S)  # dL/dS_C of each chunk
-    dU = np.empty_like(U)
+    C = q.shape[-2]
+    # [dO; dU] stacked on the token axis: both meet S^T below
+    dOU = np.empty((*dO.shape[:-2], 2 * C, dO.shape[-1]), dO.dtype)
+    dOU[..., :C, :] = dO
+    dU = dOU[..., C:, :]  # [N, ..., C, d_v]
     for n in range(N - 1, -1, -1):  # the state, backwards
         dSn[n] = dS
         # [C, d_k] @ [d_k, d_v] -> [C, d_v]
-        dU[n] = p.KB[n] @ dS + X[n]
+        np.matmul(p.KB[n], dS, out=dU[n])
+        dU[n] += X[n]
         dS = eC[n] * dS + Y[n] - Wt[n] @ dU[n]  # -> [d_k, d_v]
     # then the run's chunks at once
-    dKB = U @ dSn.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
+    dKB = U @ _mT(dSn)  # [C, d_v] @ [d_v, d_k]
     deC = _sum_to(np.sum(dSn * S, axis=-1), p.eC.shape)
-    dQG = dO @ S.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
-    dP = dO @ U.swapaxes(-1, -2)  # [C, d_v] @ [d_v, C]
+    # dQ~ = dO S^T, dW = -dU S^T: [2C, d_v] @ [d_v, d_k], one product
+    R = dOU @ _mT(S)
+    dQG, dW = R[..., :C, :], -R[..., C:, :]
+    dP = dO @ _mT(U)  # [C, d_v] @ [d_v, C]
     dUt = dU
-    dW = -dU @ S.swapaxes(-1, -2)  # [C, d_v] @ [d_v, d_k]
     # through the intra-chunk parts, all chunks at once
     b = beta[..., None]  # [N, ..., C, 1]
-    Tt = p.Tm.swapaxes(-1, -2)
+    Tt = _mT(p.Tm)
     # W = T (b K e^G), U~ = T (b V)
-    dTm = dW @ (b * p.KG).swapaxes(-1, -2) + dUt @ (b * v).swapaxes(-1, -2)
+    dTm = dW @ _mT(b * p.KG) + dUt @ _mT(b * v)
     dbKG, dbV = Tt @ dW, Tt @ dUt  # [N, ..., C, d]
     dbeta = np.sum(dbKG * p.KG, axis=-1) + np.sum(dbV * v, axis=-1)
     dKG, dv = b * dbKG, b * dbV
     # T = (I - A)^{-1}: dA = T^T dT T^T, only where A lives
-    C_ = q.shape[-2]
-    dA = np.tril(Tt @ dTm @ Tt, k=-1) if C_ > 1 else np.zeros_like(dTm)
+    dA = Tt @ dTm @ Tt
+    dA *= _causal_mask(C, True)
     # A = -b <K, K>
     dbeta -= np.sum(dA * p.Gk, axis=-1)
     dk1, dk2, dgam = _decay_gram_backward(-b * dA, p.Gk, k, k, p.Ek)
-    dq, dk3, dgam2 = _decay_gram_backward(np.tril(dP), p.P, q, k, p.Ep)
+    dP *= _causal_mask(C, False)
+    dq, dk3, dgam2 = _decay_gram_backward(dP, p.P, q, k, p.Ep)
     dk = dk1 + dk2 + dk3
     dgam = dgam + dgam2
     # Q~ = Q e^G, K e^G, K~ = K e^(G_C - G)
@@ -646,18 +692,30 @@ def chunk_group_backward(inputs, S, dO, dS, out):
 
 def silu(x):
     """``x * sigmoid(x)``."""
-    return x * _sigmoid(x)
+    y = _sigmoid(x)
+    y *= x
+    return y
 
 
 def _sigmoid(x):
-    # tanh form: one transcendental, no overflow for large |x|
-    return 0.5 + 0.5 * np.tanh(0.5 * x)
+    # tanh form: one transcendental, no overflow for large |x|; in place
+    # on one new array, in x's dtype
+    s = np.multiply(x, 0.5)
+    np.tanh(s, out=s)
+    s *= 0.5
+    s += 0.5
+    return s
 
 
 def _silu_backward(dy, x):
     """``d silu / dx = s (1 + x (1 - s))``, ``s = sigmoid(x)``."""
     s = _sigmoid(x)
-    return dy * (s * (1.0 + x * (1.0 - s)))
+    d = np.subtract(1.0, s, dtype=s.dtype)  # 1 - s
+    d *= x
+    d += 1.0
+    d *= s
+    d *= dy
+    return d
 
 
 def causal_conv_forward(x, w, prev=None):
@@ -667,38 +725,53 @@ def causal_conv_forward(x, w, prev=None):
     ``x [B, L, ch]``, ``w [K, ch]``, ``prev [B, K-1, ch]`` the inputs
     before the chunk (zeros: the sequence starts here). With ``xp =
     [prev, x]``, ``y_t = silu(sum_j w_j * xp_{t+j})``: ``w[K-1]`` weighs
-    the current token. Returns ``(y [B, L, ch], cache)``; ``cache.tail``
-    is the last ``K - 1`` inputs, the next chunk's ``prev``.
+    the current token. ``K`` shifted multiply-adds over whole arrays, no
+    loop over tokens. Returns ``(y [B, L, ch], (xp, w, pre))``; the last
+    ``K - 1`` rows of ``xp`` are the next chunk's ``prev``.
     """
     K = w.shape[0]
     B, L, ch = x.shape
-    if prev is None:
-        prev = np.zeros((B, K - 1, ch), dtype=x.dtype)
-    xp = np.concatenate([prev, x], axis=1)  # [B, K-1+L, ch]
-    pre = np.zeros_like(x, dtype=np.result_type(x, w))
-    for j in range(K):
-        pre += w[j] * xp[:, j : j + L]  # [ch] * [B, L, ch]
+    dtype = np.result_type(x, w)
+    xp = np.empty((B, K - 1 + L, ch), dtype=dtype)  # [prev, x]
+    xp[:, : K - 1] = 0.0 if prev is None else prev
+    xp[:, K - 1 :] = x
+    pre = np.multiply(xp[:, K - 1 :], w[K - 1])  # the current token
+    tmp = np.empty_like(pre)
+    for j in range(K - 1):  # the K - 1 earlier ones
+        np.multiply(xp[:, j : j + L], w[j], out=tmp)  # [B, L, ch] * [ch]
+        pre += tmp
     return silu(pre), (xp, w, pre)
 
 
 def causal_conv_backward(dy, cache):
     """``(dx, dw)`` of :func:`causal_conv_forward` (``prev`` is a constant:
-    a cached input)."""
+    a cached input). Input ``i`` feeds outputs ``i + m``, ``m = 0 .. K-1``,
+    through ``w[K-1-m]``: ``dx_i = sum_m w[K-1-m] dpre_(i+m)``."""
     xp, w, pre = cache
     K, L = w.shape[0], pre.shape[1]
     dpre = _silu_backward(dy, pre)  # [B, L, ch]
-    dxp = np.zeros_like(xp, dtype=dpre.dtype)
+    dx = np.multiply(dpre, w[K - 1])
+    tmp = np.empty_like(dpre)
     dw = np.empty_like(w)
     for j in range(K):
-        dw[j] = np.sum(dpre * xp[:, j : j + L], axis=(0, 1))
-        dxp[:, j : j + L] += w[j] * dpre
-    return dxp[:, K - 1 :], dw
+        np.multiply(dpre, xp[:, j : j + L], out=tmp)
+        dw[j] = tmp.sum(axis=(0, 1))
+        m = K - 1 - j
+        if 0 < m < L:
+            # [B, L-m, ch] += [ch] * [B, L-m, ch]
+            np.multiply(dpre[:, m:], w[j], out=tmp[:, : L - m])
+            dx[:, : L - m] += tmp[:, : L - m]
+    return dx, dw
 
 
 def l2norm_forward(x, eps=1e-6):
     """``x / sqrt(sum(x^2) + eps)`` over the last axis (the ``l2norm`` of
     FLA and Hugging Face, ``eps`` inside the root)."""
-    r = 1.0 / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
+    # [..., d] . [..., d] -> [..., 1]
+    r = np.einsum("...d,...d->...", x, x)[..., None]
+    r += eps
+    np.sqrt(r, out=r)
+    np.divide(1.0, r, out=r)
     y = x * r
     return y, (y, r)
 
@@ -706,7 +779,11 @@ def l2norm_forward(x, eps=1e-6):
 def l2norm_backward(dy, cache):
     """``dx = r (dy - y (y . dy))``."""
     y, r = cache
-    return r * (dy - y * np.sum(y * dy, axis=-1, keepdims=True))
+    yd = np.einsum("...d,...d->...", y, dy)[..., None]  # [..., 1]
+    dx = y * yd
+    np.subtract(dy, dx, out=dx)
+    dx *= r
+    return dx
 
 
 def softplus(x):
@@ -985,6 +1062,9 @@ class GatedDeltaNet:
                 "a Gated DeltaNet layer is causal (its state runs forward "
                 f"in time): call forward(x, causal=True), got {causal!r}"
             )
+        # the last forward's cache is replaced: drop it before allocating
+        # the new one (the loop's holds T + 1 states)
+        self._cache = None
         name = "x" if state_cache is None else "x_chunk"
         x = as_float_array(x, name)
         check_finite(x, name)
@@ -1032,25 +1112,39 @@ class GatedDeltaNet:
                 S0 = state_cache.state.reshape(B, n_k, G, d_k, d_v)
 
         xf = x3.reshape(B * L, self.d_model)  # [B*L, d_model]
-        # 1. project: [B*L, d_model] @ [d_model, ch] -> [B, L, ch]
-        q0, k0, v0 = (
-            (xf @ P[w]).reshape(B, L, -1) for w in ("W_q", "W_k", "W_v")
+        # 1. project, one product for every projection of x:
+        # [B*L, d_model] @ [d_model, ch_all] -> [B*L, ch_all]
+        W_in, names, cuts = self._in_projection()
+        h_all = xf @ W_in
+        h = dict(zip(names, np.split(h_all, cuts, axis=1)))  # views
+        # 2. one short causal convolution over the q | k | v channels,
+        # then SiLU: [B, L, n_qkv]
+        n_q, n_qkv = n_k * d_k, 2 * n_k * d_k + n_v * d_v
+        w_conv = np.concatenate(
+            [P["conv_q"], P["conv_k"], P["conv_v"]], axis=1
+        )  # [K, n_qkv]
+        prev = None if prev[0] is None else np.concatenate(prev, axis=2)
+        qkv, cconv = causal_conv_forward(
+            h_all[:, :n_qkv].reshape(B, L, n_qkv), w_conv, prev
         )
-        # 2. short causal convolutions and SiLU
-        qc, cq = causal_conv_forward(q0, P["conv_q"], prev[0])
-        kc, ck = causal_conv_forward(k0, P["conv_k"], prev[1])
-        vc, cv = causal_conv_forward(v0, P["conv_v"], prev[2])
-        # 3. heads: [B, L, n*d] -> [B, n, L, d]; q and k on the unit
-        # sphere, q scaled by 1/sqrt(d_k)
-        q, cqn = l2norm_forward(_split(qc, n_k, d_k))
-        k, ckn = l2norm_forward(_split(kc, n_k, d_k))
+        # 3. heads: q and k on the unit sphere, q scaled by 1/sqrt(d_k)
+        q, cqn = l2norm_forward(qkv[..., :n_q].reshape(B, L, n_k, d_k))
+        k, ckn = l2norm_forward(
+            qkv[..., n_q : 2 * n_q].reshape(B, L, n_k, d_k)
+        )
         q = q * (1.0 / math.sqrt(d_k))  # a Python float keeps the dtype
-        # value head j = h*G + i reads key head h: [B, n_k, G, L, d]
-        v = _split(vc, n_v, d_v).reshape(B, n_k, G, L, d_v)
-        qb = np.broadcast_to(q[:, :, None], (B, n_k, G, L, d_k))
-        kb = np.broadcast_to(k[:, :, None], (B, n_k, G, L, d_k))
+        # [B, L, n_k, d] -> [B, n_k, G, L, d]: value head j = h*G + i
+        # reads key head h (views; the kernel lays them out once)
+        v = qkv[..., 2 * n_q :].reshape(B, L, n_k, G, d_v)
+        v = v.transpose(0, 2, 3, 1, 4)
+        qb = np.broadcast_to(
+            q.transpose(0, 2, 1, 3)[:, :, None], (B, n_k, G, L, d_k)
+        )
+        kb = np.broadcast_to(
+            k.transpose(0, 2, 1, 3)[:, :, None], (B, n_k, G, L, d_k)
+        )
         # 4. gates: g [B, L, n_v (, d_k)], beta [B, L, n_v]
-        g, beta, cgate = self._gates_forward(xf, B, L)
+        g, beta, cgate = self._gates_forward(h, B, L)
         g = _gate_heads(g, n_k, G)  # -> [B, n_k, G, L (, d_k)]
         beta = _gate_heads(beta, n_k, G)
         # 5. the gated delta rule: o [B, n_k, G, L, d_v]
@@ -1060,28 +1154,31 @@ class GatedDeltaNet:
         C = min(self.chunk_size, L)
         kw = {"chunk_size": C} if use == "chunked" else {}
         o, ckern = kernel_fwd(qb, kb, v, g, beta, S0, **kw)
-        # 6. output: [B, n_k, G, L, d_v] -> [B, L, n_v, d_v]
-        o = o.reshape(B, n_v, L, d_v).transpose(0, 2, 1, 3)
+        # 6. output: [B, n_k, G, L, d_v] -> [B, L, n_v, d_v], contiguous
+        o = np.ascontiguousarray(
+            o.reshape(B, n_v, L, d_v).transpose(0, 2, 1, 3)
+        )
         on, cnorm = rmsnorm_forward(o, P["norm"], eps=self.eps)
-        z, cz = self._output_gate_forward(xf, B, L)  # [B, L, n_v, d_v]
-        y = (on * z).reshape(B * L, n_v * d_v)
+        z, cz = self._output_gate_forward(h, B, L)  # [B*L, n_v*d_v]
+        y = on.reshape(B * L, n_v * d_v) * z
         # [B*L, n_v*d_v] @ [n_v*d_v, d_model] -> [B, L, d_model]
         out = (y @ P["W_o"]).reshape(B, L, self.d_model)
 
         if state_cache is not None:
-            tails = (cq[0], ck[0], cv[0])  # [B, K-1+L, ch] each
-            K1 = self.conv_size - 1
+            xp = cconv[0]  # [B, K-1+L, n_qkv]: [prev, x] of the conv
+            tail = xp[:, xp.shape[1] - (self.conv_size - 1) :]
             state_cache.update(
                 ckern.final_state.reshape(B, n_v, d_k, d_v),
-                [t[:, t.shape[1] - K1 :] for t in tails],
+                np.split(tail, [n_q, 2 * n_q], axis=2),
                 L,
             )
             self._cache = None
         else:
             self._cache = dict(
                 xf=xf,
+                W_in=W_in,
                 shape=(B, L, unbatched),
-                conv=(cq, ck, cv),
+                conv=cconv,
                 norms=(cqn, ckn),
                 gate=cgate,
                 kernel=(use, ckern),
@@ -1092,6 +1189,32 @@ class GatedDeltaNet:
                 y=y,
             )
         return out[0] if unbatched else out
+
+    def gates(self, x):
+        """``(g, beta)`` the layer computes from ``x [B, L, d_model]``:
+        ``g [B, L, n_v (, d_k)]`` (the log decays) and ``beta [B, L,
+        n_v]``, to look at."""
+        x = as_float_array(x, "x")
+        if x.ndim != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(
+                f"x must have shape [B, L, d_model] with d_model="
+                f"{self.d_model}, got {x.shape}"
+            )
+        B, L, _ = x.shape
+        W_in, names, cuts = self._in_projection()
+        h_all = x.reshape(B * L, self.d_model) @ W_in
+        h = dict(zip(names, np.split(h_all, cuts, axis=1)))
+        g, beta, _ = self._gates_forward(h, B, L)
+        return g, beta
+
+    def _in_projection(self):
+        """``(W_in [d_model, ch_all], names, cuts)``: the projections of
+        ``x`` side by side, q, k, v first (the convolution's channels);
+        ``cuts`` are the column offsets where one ends."""
+        names = self._x_projections()
+        Ws = [self.params[n] for n in names]
+        cuts = np.cumsum([W.shape[1] for W in Ws])[:-1]
+        return np.concatenate(Ws, axis=1), names, cuts
 
     # ------------------------------------------------------------------
     # backward
@@ -1108,81 +1231,99 @@ class GatedDeltaNet:
         dy = check_upstream(dy, "dy", want, "the layer's output")
         n_k, n_v, G = self.n_k_heads, self.n_v_heads, self.group_size
         d_k, d_v = self.d_k, self.d_v
-        P, grads, xf = self.params, self.grads, c["xf"]
+        n_q, n_qkv = n_k * d_k, 2 * n_k * d_k + n_v * d_v
+        P, grads, xf, W_in = self.params, self.grads, c["xf"], c["W_in"]
+        names = self._x_projections()
+        # the gradient of every projection of x, side by side
+        dh_all = np.empty((B * L, W_in.shape[1]), dtype=c["y"].dtype)
+        cuts = np.cumsum([P[n].shape[1] for n in names])[:-1]
+        dh = dict(zip(names, np.split(dh_all, cuts, axis=1)))
         dyf = dy.reshape(B * L, self.d_model)
         # 6. output
         grads["W_o"] = c["y"].T @ dyf  # [n_v*d_v, B*L] @ [B*L, d_model]
-        dyv = (dyf @ P["W_o"].T).reshape(B, L, n_v, d_v)
-        dxf = self._output_gate_backward(dyv * c["on"], c["out_gate"])
-        do, grads["norm"] = rmsnorm_backward(dyv * c["z"], c["norm"])
-        # [B, L, n_v, d_v] -> [B, n_k, G, L, d_v]
-        do = do.transpose(0, 2, 1, 3).reshape(B, n_k, G, L, d_v)
+        dyv = dyf @ P["W_o"].T  # [B*L, n_v*d_v]
+        self._output_gate_backward(
+            dyv * c["on"].reshape(dyv.shape), c["out_gate"], dh
+        )
+        dyv *= c["z"]
+        do, grads["norm"] = rmsnorm_backward(
+            dyv.reshape(B, L, n_v, d_v), c["norm"]
+        )
+        # [B, L, n_v, d_v] -> [B, n_k, G, L, d_v] (a view)
+        do = do.reshape(B, L, n_k, G, d_v).transpose(0, 2, 3, 1, 4)
         # 5. the kernel
         use, ckern = c["kernel"]
         dq, dk, dv, dg, dbeta, _ = KERNELS[use][1](do, ckern)
-        # 4. gates: back to [B, L, n_v (, d_k)]
-        dxf += self._gates_backward(
+        # 4. gates: back to [B, L, n_v (, d_k)]; write into dh
+        self._gates_backward(
             _gate_heads_back(dg, B, L),
             _gate_heads_back(dbeta, B, L),
             c["gate"],
+            dh,
         )
-        # 3. heads: sum the broadcast over each key head's G value heads
-        dq = dq.sum(axis=2) * (1.0 / math.sqrt(d_k))  # [B, n_k, L, d_k]
-        dk = dk.sum(axis=2)
-        dqc = _merge(l2norm_backward(dq, c["norms"][0]))  # [B, L, n_k*d_k]
-        dkc = _merge(l2norm_backward(dk, c["norms"][1]))
-        dvc = _merge(dv.reshape(B, n_v, L, d_v))  # [B, L, n_v*d_v]
-        # 2. convolutions, 1. projections
-        for name, dc, cc in (
-            ("q", dqc, c["conv"][0]),
-            ("k", dkc, c["conv"][1]),
-            ("v", dvc, c["conv"][2]),
-        ):
-            d0, grads[f"conv_{name}"] = causal_conv_backward(dc, cc)
-            d0 = d0.reshape(B * L, -1)
-            W = P[f"W_{name}"]
-            grads[f"W_{name}"] = xf.T @ d0  # [d_model, B*L] @ [B*L, ch]
-            dxf = dxf + d0 @ W.T  # [B*L, ch] @ [ch, d_model]
-        dx = dxf.reshape(B, L, self.d_model)
+        # 3. heads: sum the broadcast over each key head's G value heads,
+        # [B, n_k, L, d_k] -> [B, L, n_k, d_k]
+        dq = dq.sum(axis=2).transpose(0, 2, 1, 3) * (1.0 / math.sqrt(d_k))
+        dk = dk.sum(axis=2).transpose(0, 2, 1, 3)
+        dqkv = np.empty((B, L, n_qkv), dtype=dh_all.dtype)
+        dqkv[..., :n_q] = l2norm_backward(dq, c["norms"][0]).reshape(
+            B, L, n_q
+        )
+        dqkv[..., n_q : 2 * n_q] = l2norm_backward(
+            dk, c["norms"][1]
+        ).reshape(B, L, n_q)
+        # [B, n_k, G, L, d_v] -> [B, L, n_k, G, d_v]
+        dvv = dqkv[..., 2 * n_q :].reshape(B, L, n_k, G, d_v)  # a view
+        dvv[...] = dv.transpose(0, 3, 1, 2, 4)
+        # 2. the convolution, 1. the one in-projection
+        d0, dw = causal_conv_backward(dqkv, c["conv"])
+        dh_all[:, :n_qkv] = d0.reshape(B * L, n_qkv)
+        grads["conv_q"], grads["conv_k"], grads["conv_v"] = np.split(
+            dw, [n_q, 2 * n_q], axis=1
+        )
+        # [d_model, B*L] @ [B*L, ch_all] -> [d_model, ch_all]
+        dW_in = xf.T @ dh_all
+        for n, dW in zip(names, np.split(dW_in, cuts, axis=1)):
+            grads[n] = dW
+        dx = (dh_all @ W_in.T).reshape(B, L, self.d_model)
         return dx[0] if unbatched else dx
 
     # ------------------------------------------------------------------
-    # the gates (Gated DeltaNet's; KimiDeltaAttention overrides them)
-    def _gates_forward(self, xf, B, L):
+    # the hooks a variant overrides: which projections of x it has, and
+    # its two gates (KimiDeltaAttention overrides them). ``h`` maps each
+    # name of _x_projections to its product with x, [B*L, ·]; a
+    # backward writes the gradient of each into ``dh`` (same names)
+    def _x_projections(self) -> tuple:
+        return ("W_q", "W_k", "W_v", "W_z", "W_a", "W_b")
+
+    def _gates_forward(self, h, B, L):
         """``g = -exp(A_log) softplus(x W_a + dt_bias)``, ``beta =
         sigmoid(x W_b)``: ``[B, L, n_v]`` each."""
         P = self.params
-        pre = xf @ P["W_a"] + P["dt_bias"]  # [B*L, n_v]
+        pre = h["W_a"] + P["dt_bias"]  # [B*L, n_v]
         g = -np.exp(P["A_log"]) * softplus(pre)
-        beta = _sigmoid(xf @ P["W_b"])  # [B*L, n_v]
+        beta = _sigmoid(h["W_b"])  # [B*L, n_v]
         shape = (B, L, self.n_v_heads)
         return g.reshape(shape), beta.reshape(shape), (pre, g, beta)
 
-    def _gates_backward(self, dg, dbeta, saved):
-        """Fills the gates' grads; returns their part of ``dx [B*L,
-        d_model]``."""
+    def _gates_backward(self, dg, dbeta, saved, dh):
+        """Fills the gates' grads; writes ``d(x W_a)`` and ``d(x W_b)``."""
         pre, g, beta = saved
-        P, grads, xf = self.params, self.grads, self._cache["xf"]
+        P, grads = self.params, self.grads
         dg, dbeta = dg.reshape(g.shape), dbeta.reshape(beta.shape)
         grads["A_log"] = np.sum(dg * g, axis=0)  # d(-e^A s)/dA = g
         dpre = dg * -np.exp(P["A_log"]) * _sigmoid(pre)  # softplus' = sig
         grads["dt_bias"] = dpre.sum(axis=0)
-        grads["W_a"] = xf.T @ dpre
-        db = dbeta * beta * (1.0 - beta)
-        grads["W_b"] = xf.T @ db
-        return dpre @ P["W_a"].T + db @ P["W_b"].T
+        dh["W_a"][...] = dpre
+        dh["W_b"][...] = dbeta * beta * (1.0 - beta)
 
-    def _output_gate_forward(self, xf, B, L):
-        """``silu(x W_z)``: ``[B, L, n_v, d_v]``."""
-        zp = xf @ self.params["W_z"]  # [B*L, n_v*d_v]
-        z = silu(zp).reshape(B, L, self.n_v_heads, self.d_v)
-        return z, zp
+    def _output_gate_forward(self, h, B, L):
+        """``silu(x W_z)``: ``[B*L, n_v*d_v]``."""
+        zp = h["W_z"]
+        return silu(zp), zp
 
-    def _output_gate_backward(self, dz, zp):
-        xf = self._cache["xf"]
-        dzp = _silu_backward(dz.reshape(zp.shape), zp)
-        self.grads["W_z"] = xf.T @ dzp
-        return dzp @ self.params["W_z"].T
+    def _output_gate_backward(self, dz, zp, dh):
+        dh["W_z"][...] = _silu_backward(dz, zp)
 
 
 class KimiDeltaAttention(GatedDeltaNet):
@@ -1213,6 +1354,9 @@ class KimiDeltaAttention(GatedDeltaNet):
             "W_g2": (self.d_v, n_v * self.d_v),
         }
 
+    def _x_projections(self) -> tuple:
+        return ("W_q", "W_k", "W_v", "W_b", "W_f1", "W_g1")
+
     def _gate_params(self, rng) -> dict:
         n, nk = self.n_v_heads, self.n_v_heads * self.d_k
         A = rng.uniform(1, 16, n)
@@ -1223,61 +1367,44 @@ class KimiDeltaAttention(GatedDeltaNet):
             "b_g": np.zeros(n * self.d_v, dtype=self.dtype),
         }
 
-    def _gates_forward(self, xf, B, L):
+    def _gates_forward(self, h, B, L):
         P, n_v, d_k = self.params, self.n_v_heads, self.d_k
-        h = xf @ P["W_f1"]  # [B*L, d_v]: the low rank
-        pre = (h @ P["W_f2"] + P["dt_bias"]).reshape(-1, n_v, d_k)
+        h1 = h["W_f1"]  # [B*L, d_v]: the low rank
+        pre = (h1 @ P["W_f2"] + P["dt_bias"]).reshape(-1, n_v, d_k)
         A = np.exp(P["A_log"])[:, None]  # [n_v, 1]: per head
         g = -A * softplus(pre)  # [B*L, n_v, d_k]
-        beta = _sigmoid(xf @ P["W_b"])
+        beta = _sigmoid(h["W_b"])
         return (
             g.reshape(B, L, n_v, d_k),
             beta.reshape(B, L, n_v),
-            (h, pre, g, beta),
+            (h1, pre, g, beta),
         )
 
-    def _gates_backward(self, dg, dbeta, saved):
-        h, pre, g, beta = saved
-        P, grads, xf = self.params, self.grads, self._cache["xf"]
+    def _gates_backward(self, dg, dbeta, saved, dh):
+        h1, pre, g, beta = saved
+        P, grads = self.params, self.grads
         dg, dbeta = dg.reshape(g.shape), dbeta.reshape(beta.shape)
         grads["A_log"] = np.sum(dg * g, axis=(0, 2))
         A = np.exp(P["A_log"])[:, None]
-        dpre = (dg * -A * _sigmoid(pre)).reshape(h.shape[0], -1)
+        dpre = (dg * -A * _sigmoid(pre)).reshape(h1.shape[0], -1)
         grads["dt_bias"] = dpre.sum(axis=0)
-        grads["W_f2"] = h.T @ dpre
-        dh = dpre @ P["W_f2"].T  # [B*L, d_v]
-        grads["W_f1"] = xf.T @ dh
-        db = dbeta * beta * (1.0 - beta)
-        grads["W_b"] = xf.T @ db
-        return dh @ P["W_f1"].T + db @ P["W_b"].T
+        grads["W_f2"] = h1.T @ dpre
+        dh["W_f1"][...] = dpre @ P["W_f2"].T  # [B*L, d_v]
+        dh["W_b"][...] = dbeta * beta * (1.0 - beta)
 
-    def _output_gate_forward(self, xf, B, L):
+    def _output_gate_forward(self, h, B, L):
         P = self.params
-        h = xf @ P["W_g1"]  # [B*L, d_v]
-        s = _sigmoid(h @ P["W_g2"] + P["b_g"])  # [B*L, n_v*d_v]
-        return s.reshape(B, L, self.n_v_heads, self.d_v), (h, s)
+        h1 = h["W_g1"]  # [B*L, d_v]
+        s = _sigmoid(h1 @ P["W_g2"] + P["b_g"])  # [B*L, n_v*d_v]
+        return s, (h1, s)
 
-    def _output_gate_backward(self, dz, saved):
-        h, s = saved
-        P, grads, xf = self.params, self.grads, self._cache["xf"]
-        dpre = dz.reshape(s.shape) * s * (1.0 - s)
+    def _output_gate_backward(self, dz, saved, dh):
+        h1, s = saved
+        P, grads = self.params, self.grads
+        dpre = dz * s * (1.0 - s)
         grads["b_g"] = dpre.sum(axis=0)
-        grads["W_g2"] = h.T @ dpre
-        dh = dpre @ P["W_g2"].T
-        grads["W_g1"] = xf.T @ dh
-        return dh @ P["W_g1"].T
-
-
-def _split(t, n, d):
-    """``[B, L, n*d] -> [B, n, L, d]``."""
-    B, L, _ = t.shape
-    return t.reshape(B, L, n, d).transpose(0, 2, 1, 3)
-
-
-def _merge(t):
-    """``[B, n, L, d] -> [B, L, n*d]``."""
-    B, n, L, d = t.shape
-    return t.transpose(0, 2, 1, 3).reshape(B, L, n * d)
+        grads["W_g2"] = h1.T @ dpre
+        dh["W_g1"][...] = dpre @ P["W_g2"].T
 
 
 def _gate_heads(t, n_k, G):

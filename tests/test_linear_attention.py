@@ -618,8 +618,55 @@ def test_bench_linear_prints_ratios_within_77_columns(capsys):
     assert bench.main(argv) == 0
     out = capsys.readouterr().out
     assert "layer ratio" in out and "kernel ratio" in out
-    assert "noise (A/A)" in out and "goal, kernel loop / chunked" in out
+    assert "noise (A/A)" in out and "goal, layer loop / chunked" in out
+    assert "where the time goes" in out and "kernel loop / chunked" in out
     assert "chunked peak(256) / peak(64)" in out
     assert max(len(line) for line in out.splitlines()) <= 77
     with pytest.raises(SystemExit):
         bench.main(["--rounds", "0"])
+
+
+def test_bench_breakdown_times_every_part_and_restores_the_layer():
+    from attn_np import linear_attention as la
+    from attn_np.bench import linear as bench
+
+    before = (
+        la.causal_conv_forward,
+        la.GatedDeltaNet._gates_forward,
+        dict(la.KERNELS),
+    )
+    parts = bench.breakdown(64, "chunked", rounds=1)
+    assert set(parts) == set(bench.PARTS) | {bench.REST}
+    # every part ran (so took time) and the rest is what is left
+    assert all(parts[p] > 0 for p in bench.PARTS)
+    assert parts[bench.REST] > -1e-3
+    after = (
+        la.causal_conv_forward,
+        la.GatedDeltaNet._gates_forward,
+        dict(la.KERNELS),
+    )
+    assert after == before
+
+
+def test_fused_projection_matches_separate_products():
+    # the layer multiplies x by every W_* at once; the same as one by one
+    layer = GatedDeltaNet(12, 4, 2, d_k=3, d_v=2, seed=4)
+    x = np.random.default_rng(5).standard_normal((6, 12))
+    W_in, names, cuts = layer._in_projection()
+    parts = np.split(x @ W_in, cuts, axis=1)
+    for name, h in zip(names, parts):
+        np.testing.assert_allclose(h, x @ layer.params[name], atol=1e-14)
+    assert names[:3] == ("W_q", "W_k", "W_v")
+
+
+def test_gates_helper_shapes_and_bad_input():
+    kda = KimiDeltaAttention(12, 4, 2, d_k=3, d_v=2, seed=3)
+    g, beta = kda.gates(np.random.default_rng(0).standard_normal((2, 5, 12)))
+    assert g.shape == (2, 5, 4, 3) and beta.shape == (2, 5, 4)
+    assert np.all(g < 0) and np.all((beta > 0) & (beta < 1))
+    g, beta = GatedDeltaNet(12, 4, 2, d_k=3, d_v=2).gates(
+        np.ones((1, 3, 12))
+    )
+    assert g.shape == (1, 3, 4) and beta.shape == (1, 3, 4)
+    with pytest.raises(ValueError, match="x must have shape"):
+        kda.gates(np.ones((5, 12)))

@@ -3,10 +3,10 @@ per-token loop (chapter 12).
 
 One Qwen3-Next-shaped layer, scaled to fit: Qwen3-Next-80B-A3B's linear
 layers have 16 key heads and 32 value heads of ``d_k = d_v = 128`` on a
-model width of 2048 (its ``config.json``); here 1 key head and 2 value
-heads of the same 128 dimensions on a width of 256, kernel 4, float32,
-one sequence. A step is one forward and one backward of
-:class:`attn_np.GatedDeltaNet`.
+model width of 2048 (its ``config.json``); here every count and width
+divided by 16, the head dimensions kept: 1 key head and 2 value heads of
+128 on a width of 128, kernel 4, float32, one sequence. A step is one
+forward and one backward of :class:`attn_np.GatedDeltaNet`.
 
 * **speed**: at each ``T`` the layer with ``mode="recurrent"`` (the loop
   over tokens, backpropagation through time) and ``mode="chunked"``
@@ -17,7 +17,11 @@ one sequence. A step is one forward and one backward of
   alone (the kernels on the layer's ``q, k, v, g, beta``, without the
   projections, the convolutions and the norms, which both forms share)
   take their turns in the same rounds. Goal: loop / chunked >= 10 at
-  ``T = 4096``.
+  ``T = 4096``. Both forms share every part outside the kernel (the
+  projections, the convolution, the norms, the gates), so the layer's
+  ratio is the kernels' diluted by that shared work: :func:`breakdown`
+  times each part as the layer calls it, and the report says what
+  share each takes.
 * **memory**: the peak bytes traced by tracemalloc during one step of
   each form at every ``T``. Goal: the chunked form's peak at ``4 T`` at
   most 4.5 times its peak at ``T`` (it keeps one state per chunk).
@@ -31,11 +35,12 @@ from __future__ import annotations
 
 import argparse
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
 from ..instruments.blas import blas_threads
-from ..instruments.measure import measure_memory, round_times
+from ..instruments.measure import measure_memory
 from ..linear_attention import (
     GatedDeltaNet,
     gated_delta_chunked_backward,
@@ -44,7 +49,7 @@ from ..linear_attention import (
     gated_delta_recurrent_forward,
 )
 
-SHAPE = dict(d_model=256, n_v_heads=2, n_k_heads=1, d_k=128, d_v=128)
+SHAPE = dict(d_model=128, n_v_heads=2, n_k_heads=1, d_k=128, d_v=128)
 
 
 def layer_step(T, mode, *, chunk_size=64, dtype=np.float32, seed=0):
@@ -67,7 +72,12 @@ def layer_step(T, mode, *, chunk_size=64, dtype=np.float32, seed=0):
 
     def step():
         layer.forward(x)
-        return layer.backward(dy)
+        dx = layer.backward(dy)
+        # let the step keep nothing: the loop's cache holds T + 1 states
+        # (0.5 GB at T = 4096), and a contender that allocates while
+        # another's stay alive pays for fresh pages
+        layer._cache = None
+        return dx
 
     return step
 
@@ -105,8 +115,11 @@ def kernel_step(T, form, *, chunk_size=64, dtype=np.float32, seed=0):
 
 def speed(Ts=(1024, 2048, 4096), *, rounds=3, chunk_size=64):
     """``{T: {"loop / chunked": (median, q1, q3), "kernels": (...),
-    "A/A": (...), "chunked s": best, "loop s": best}}``: the layers'
-    ratio, the kernels' alone and the noise floor, round by round."""
+    "A/A": (...), "cpu": {...}, "chunked s": best, "loop s": best}}``:
+    the layers' ratio, the kernels' alone and the noise floor, round by
+    round, in wall-clock time; ``"cpu"`` holds the same three ratios in
+    the process's CPU time (which a busy machine inflates less: it does
+    not count the time spent waiting for a core)."""
     out = {}
     for T in Ts:
         fns = {
@@ -118,14 +131,19 @@ def speed(Ts=(1024, 2048, 4096), *, rounds=3, chunk_size=64):
                 T, "chunked", chunk_size=chunk_size
             ),
         }
-        t = round_times(fns, rounds=rounds)
-        ratio = t["loop"] / t["chunked"]
-        aa = t["chunked again"] / t["chunked"]
-        kr = t["kernel loop"] / t["kernel chunked"]
+        t, cpu = _alternating_both(fns, rounds)
+        stats = {}
+        for clock, tt in (("wall", t), ("cpu", cpu)):
+            stats[clock] = {
+                "loop / chunked": _quartiles(tt["loop"] / tt["chunked"]),
+                "kernels": _quartiles(
+                    tt["kernel loop"] / tt["kernel chunked"]
+                ),
+                "A/A": _quartiles(tt["chunked again"] / tt["chunked"]),
+            }
         out[T] = {
-            "loop / chunked": _quartiles(ratio),
-            "kernels": _quartiles(kr),
-            "A/A": _quartiles(aa),
+            **stats["wall"],
+            "cpu": stats["cpu"],
             "loop s": float(t["loop"].min()),
             "chunked s": float(t["chunked"].min()),
         }
@@ -145,6 +163,184 @@ def memory(Ts=(1024, 4096), *, chunk_size=64):
     return out
 
 
+# the parts of one layer step, as the layer calls them (module functions
+# and methods looked up at call time, so a timing wrapper sees each call)
+PARTS = {
+    "kernel": ("KERNELS",),
+    "conv + SiLU": ("causal_conv_forward", "causal_conv_backward"),
+    "L2 norm": ("l2norm_forward", "l2norm_backward"),
+    "gates": (
+        "GatedDeltaNet._gates_forward",
+        "GatedDeltaNet._gates_backward",
+        "GatedDeltaNet._output_gate_forward",
+        "GatedDeltaNet._output_gate_backward",
+    ),
+    "gated RMSNorm": ("rmsnorm_forward", "rmsnorm_backward"),
+}
+#: what is left: the one in-projection, the out-projection and the
+#: reshapes between the parts, inline in forward and backward
+REST = "projections + layout"
+
+
+@contextmanager
+def timed_parts():
+    """Within the block, every call of a part of :data:`PARTS` adds its
+    time to ``spent[part]`` (the dict yielded)."""
+    from .. import linear_attention as la
+
+    spent = dict.fromkeys(PARTS, 0.0)
+    undo = []
+
+    def wrap(fn, part):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[part] += time.perf_counter() - t0
+
+        return timed
+
+    for part, names in PARTS.items():
+        for name in names:
+            if name == "KERNELS":
+                old = dict(la.KERNELS)
+                for mode, fns in old.items():
+                    la.KERNELS[mode] = tuple(wrap(f, part) for f in fns)
+                undo.append(lambda old=old: la.KERNELS.update(old))
+                continue
+            owner, attr = la, name
+            if "." in name:
+                cls, attr = name.split(".")
+                owner = getattr(la, cls)
+            old = getattr(owner, attr)
+            setattr(owner, attr, wrap(old, part))
+            undo.append(lambda o=owner, a=attr, f=old: setattr(o, a, f))
+    try:
+        yield spent
+    finally:
+        for fn in reversed(undo):
+            fn()
+
+
+def breakdown(T, mode, *, rounds=3, chunk_size=32):
+    """``{part: seconds}`` of one forward + backward of the scaled layer
+    at ``T`` (the median over ``rounds`` steps), the parts of
+    :data:`PARTS` timed as the layer calls them and :data:`REST` what
+    is left of the step."""
+    step = layer_step(T, mode, chunk_size=chunk_size)
+    step()
+    rows = []
+    for _ in range(rounds):
+        with timed_parts() as spent:
+            t0 = time.perf_counter()
+            step()
+            total = time.perf_counter() - t0
+        rows.append({**spent, REST: total - sum(spent.values())})
+    return {p: float(np.median([r[p] for r in rows])) for p in rows[0]}
+
+
+def _alternating_both(fns, rounds):
+    """:func:`~attn_np.instruments.measure.alternating_times`, reading
+    the wall clock and the process's CPU clock around every call."""
+    for fn in fns.values():
+        fn()
+    names = list(fns)
+    wall = {n: np.empty(rounds) for n in names}
+    cpu = {n: np.empty(rounds) for n in names}
+    for i in range(rounds):
+        for n in names if i % 2 == 0 else names[::-1]:
+            t0, c0 = time.perf_counter(), time.process_time()
+            fns[n]()
+            cpu[n][i] = time.process_time() - c0
+            wall[n][i] = time.perf_counter() - t0
+    return wall, cpu
+
+
+def print_speed(sp):
+    """The table of :func:`speed`'s ratios, and the goal's verdict at the
+    largest ``T``: met or not (median >= 10), and whether the ratio is
+    beyond the run's noise (its first quartile above the A/A floor's
+    third)."""
+    print(
+        f"{'T':>5} {'loop s':>7} {'chunk s':>7} {'layer ratio':>17} "
+        f"{'kernel ratio':>17} {'noise (A/A)':>16}"
+    )
+    for T, r in sp.items():
+        cols = [
+            f"{m:5.1f} [{lo:4.1f}, {hi:4.1f}]"
+            for m, lo, hi in (r["loop / chunked"], r["kernels"])
+        ]
+        a, alo, ahi = r["A/A"]
+        print(
+            f"{T:5d} {r['loop s']:7.2f} {r['chunked s']:7.2f} "
+            f"{cols[0]:>17} {cols[1]:>17} "
+            f"{a:4.2f} [{alo:4.2f}, {ahi:4.2f}]"
+        )
+    print("the same rounds in CPU time (process_time):")
+    for T, r in sp.items():
+        cols = [
+            f"{m:5.1f} [{lo:4.1f}, {hi:4.1f}]"
+            for m, lo, hi in (
+                r["cpu"]["loop / chunked"],
+                r["cpu"]["kernels"],
+            )
+        ]
+        a, alo, ahi = r["cpu"]["A/A"]
+        print(
+            f"{T:5d} {'':7s} {'':7s} {cols[0]:>17} {cols[1]:>17} "
+            f"{a:4.2f} [{alo:4.2f}, {ahi:4.2f}]"
+        )
+    T_max = max(sp)
+    for what, key in (
+        ("goal, layer loop / chunked", "loop / chunked"),
+        ("kernel loop / chunked", "kernels"),
+    ):
+        m, lo, _ = sp[T_max][key]
+        noise = "beyond" if lo > sp[T_max]["A/A"][2] else "within"
+        print(
+            f"{what} >= 10x at T={T_max}: "
+            f"{'met' if m >= 10 else 'NOT met'}\n  ({m:.1f}; q1 {lo:.1f}, "
+            f"{noise} the noise)"
+        )
+
+
+def print_breakdown(T, r, rounds, chunk_size):
+    """Where a step's time goes, part by part, in each form; and what the
+    kernels' ratio allows the layer's (the parts outside the kernel cost
+    the same in both forms)."""
+    parts = {
+        form: breakdown(T, mode, rounds=rounds, chunk_size=chunk_size)
+        for form, mode in (("chunked", "chunked"), ("loop", "recurrent"))
+    }
+    tot = {f: sum(b.values()) for f, b in parts.items()}
+    print(
+        f"\nwhere the time goes at T={T}: seconds (share of the step), "
+        f"median of {rounds}"
+    )
+    print(f"{'part':>21} {'chunked':>16} {'loop':>16}")
+    for p in parts["chunked"]:
+        cells = [
+            f"{parts[f][p]:7.3f} ({parts[f][p] / tot[f]:4.0%})"
+            for f in ("chunked", "loop")
+        ]
+        print(f"{p:>21} {cells[0]:>16} {cells[1]:>16}")
+    c = parts["chunked"]
+    rest = tot["chunked"] - c["kernel"]  # the same work in both forms
+    k = r["kernels"][0]
+    print(
+        f"outside the kernel: {rest / tot['chunked']:.0%} of the chunked "
+        f"step;\nwith the kernels {k:.1f}x apart, that predicts a layer "
+        f"ratio of {(k * c['kernel'] + rest) / tot['chunked']:.1f}"
+    )
+    # 10x: k * kernel + rest >= 10 (kernel + rest)
+    need = 10 * tot["chunked"] - rest
+    print(
+        f"(10x would need the kernels {need / c['kernel']:.1f}x apart, or "
+        "the rest smaller)"
+    )
+
+
 def _quartiles(x):
     q1, med, q3 = np.percentile(np.asarray(x), [25, 50, 75])
     return float(med), float(q1), float(q3)
@@ -159,7 +355,7 @@ def main(argv=()) -> int:
         "--T", type=int, nargs="+", default=[1024, 2048, 4096]
     )
     parser.add_argument("--memory-T", type=int, nargs="*", default=None)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--chunk-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(list(argv))
@@ -172,43 +368,24 @@ def main(argv=()) -> int:
     if mem_T is None:
         mem_T = [min(args.T), 4 * min(args.T)]
     print(
-        "Gated DeltaNet layer, Qwen3-Next-shaped and scaled: d_model=256,\n"
-        "1 key head, 2 value heads, d_k=d_v=128, conv 4, float32, B=1;\n"
+        "Gated DeltaNet layer, Qwen3-Next-80B-A3B's widths / 16: "
+        f"d_model={SHAPE['d_model']},\n{SHAPE['n_k_heads']} key head, "
+        f"{SHAPE['n_v_heads']} value heads, d_k=d_v={SHAPE['d_k']}, conv 4, "
+        "float32, B=1;\n"
         f"chunks of {args.chunk_size}; {args.threads} BLAS thread(s)"
     )
     with blas_threads(args.threads):
         t0 = time.perf_counter()
         sp = speed(args.T, rounds=args.rounds, chunk_size=args.chunk_size)
         print(
-            f"\nspeed: forward + backward, {args.rounds} rounds in turns "
+            f"\nspeed: forward + backward, {args.rounds} rounds in turns, "
+            "the order\nreversed every other round "
             f"({time.perf_counter() - t0:.0f} s);\nratios round by round: "
             "median [quartiles]"
         )
-        print(
-            f"{'T':>5} {'loop s':>7} {'chunk s':>7} {'layer ratio':>17} "
-            f"{'kernel ratio':>17} {'noise (A/A)':>16}"
-        )
-        for T, r in sp.items():
-            cols = [
-                f"{m:5.1f} [{lo:4.1f}, {hi:4.1f}]"
-                for m, lo, hi in (r["loop / chunked"], r["kernels"])
-            ]
-            a, alo, ahi = r["A/A"]
-            print(
-                f"{T:5d} {r['loop s']:7.2f} {r['chunked s']:7.2f} "
-                f"{cols[0]:>17} {cols[1]:>17} "
-                f"{a:4.2f} [{alo:4.2f}, {ahi:4.2f}]"
-            )
+        print_speed(sp)
         T_max = max(sp)
-        for what, key in (
-            ("layer", "loop / chunked"),
-            ("kernel", "kernels"),
-        ):
-            m, lo, _ = sp[T_max][key]
-            print(
-                f"goal, {what} loop / chunked >= 10 at T={T_max}: "
-                f"{'met' if m >= 10 else 'NOT met'} ({m:.1f}; q1 {lo:.1f})"
-            )
+        print_breakdown(T_max, sp[T_max], args.rounds, args.chunk_size)
         if mem_T:
             mem = memory(mem_T, chunk_size=args.chunk_size)
             print("\nmemory: traced peak of one forward + backward, MiB")
