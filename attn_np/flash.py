@@ -46,6 +46,9 @@ BLOCK_Q = 256  # query rows per tile: the fastest in the chapter-9 sweep
 BLOCK_K = 256  # keys per tile
 
 SKIP, MASKED, FULL = 0, 1, 2  # the states of a tile in block_plan
+SUB = 128  # a masked tile is worked in parts of SUB rows and keys
+LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453  # log2(e), ln(2)
+LAZY = 8.0  # the running max moves when a score passes it by 2**LAZY
 
 
 @dataclass
@@ -193,45 +196,61 @@ def flash_attention_forward(
 
 def forward_tiles(q, k, v, out, lse, scale, tiles):
     """The forward's loops for the heads of ``out``: it writes ``out``
-    and ``lse``."""
+    and ``lse``. Scores are kept in base 2 (``S log2(e)``, so that
+    ``exp2`` makes the weights: the same numbers, a faster ufunc), and
+    the running maximum ``m`` moves only when a score passes it by more
+    than ``LAZY`` (then every entry of ``exp2(S - m)`` stays below
+    ``2**LAZY``, and most tiles need no rescaling at all)."""
     batch, dt = out.shape[:-2], out.dtype
     bq, bk = tiles.shape
-    qs_buf = np.empty(batch + (bq, q.shape[-1]), dt)  # Q * scale
+    qs_buf = np.empty(batch + (bq, q.shape[-1]), dt)  # Q scale log2(e)
     s_buf = np.empty(batch + (bq, bk), dt)  # one tile of scores
     pv_buf = np.empty(batch + (bq, v.shape[-1]), dt)  # one tile's P V
+    rs_buf = np.empty(batch + (bq, 1), dt)  # one tile's row sums
+    ones = np.ones((bk, 1), dt)  # rowsum(P) = P @ 1, one BLAS call
     for i, (r0, r1) in enumerate(tiles.rows):
         qs = np.multiply(
-            q[..., r0:r1, :], scale, out=qs_buf[..., : r1 - r0, :]
+            q[..., r0:r1, :], scale * LOG2E, out=qs_buf[..., : r1 - r0, :]
         )
         m = np.full(batch + (r1 - r0, 1), -np.inf, dt)  # running max
         l = np.zeros(batch + (r1 - r0, 1), dt)  # running sum
         acc = out[..., r0:r1, :]  # view: unnormalised output [.., n_q, d_v]
         for j in tiles.in_row(i):
-            c0, c1 = tiles.cols[j]
-            s = s_buf[..., : r1 - r0, : c1 - c0]  # [..., n_q, n_k]
-            kt = k[..., c0:c1, :].swapaxes(-1, -2)  # [..., d_k, n_k]
-            np.matmul(qs, kt, out=s)  # [.., n_q, d_k] @ [.., d_k, n_k]
-            hidden = tiles.hidden(i, j)  # None: a full tile, no mask
-            if hidden is not None:
-                np.copyto(s, -np.inf, where=hidden)  # [n_q, n_k]
-            m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
-            shift = m_new  # a row of a masked tile may see nothing yet:
-            if hidden is not None:  # shift its -inf scores by 0
-                shift = np.where(m_new == -np.inf, 0.0, m_new)
-            s -= shift
-            np.exp(s, out=s)  # P~ = exp(S - m_new), masked pairs 0
-            alpha = np.exp(m - shift)  # exp(m_old - m_new): [.., n_q, 1]
-            l *= alpha
-            l += s.sum(axis=-1, keepdims=True)  # l = a l + rowsum(P~)
-            acc *= alpha  # rescale what the earlier tiles added
-            pv = pv_buf[..., : r1 - r0, :]
-            acc += np.matmul(s, v[..., c0:c1, :], out=pv)  # [.., n_q, d_v]
-            m = m_new
+            c0 = tiles.cols[j][0]
+            for a, b, ca, cb, hidden in tiles.blocks(i, j):  # rows, keys
+                s = s_buf[..., : b - a, : cb - ca]  # [..., n_q, n_k]
+                kt = k[..., c0 + ca : c0 + cb, :].swapaxes(-1, -2)
+                np.matmul(qs[..., a:b, :], kt, out=s)  # [.., d_k, n_k]
+                if hidden is not None:  # a tile on the diagonal
+                    np.copyto(s, -np.inf, where=hidden)
+                mb, lb = m[..., a:b, :], l[..., a:b, :]  # views
+                mx = s.max(axis=-1, keepdims=True)  # [..., n_q, 1]
+                if np.any(mx > mb + LAZY):  # the max moved: rescale
+                    m_new = np.maximum(mb, mx)
+                    # exp2(m_old - m_new); 0 for a row that saw nothing
+                    alpha = np.exp2(mb - _safe(m_new))
+                    lb *= alpha
+                    acc[..., a:b, :] *= alpha  # what earlier tiles added
+                    mb[...] = m_new
+                # a row of a masked tile may see nothing yet: shift by 0
+                s -= mb if hidden is None else _safe(mb)
+                np.exp2(s, out=s)  # P~ = 2^(S - m): masked pairs 0
+                rs = rs_buf[..., : b - a, :]
+                lb += np.matmul(s, ones[: cb - ca], out=rs)  # rowsum P~
+                pv = pv_buf[..., : b - a, :]
+                vj = v[..., c0 + ca : c0 + cb, :]  # [..., n_k, d_v]
+                acc[..., a:b, :] += np.matmul(s, vj, out=pv)  # [.., d_v]
         seen = l > 0  # [..., n_q, 1]: False where nothing may be attended
         acc /= np.where(seen, l, 1.0)  # O = acc / l; empty rows stay 0
-        lse[..., r0:r1] = np.where(
-            seen, m + np.log(np.where(seen, l, 1.0)), -np.inf
-        )[..., 0]  # lse = m + log(l): [..., n_q]
+        lse[..., r0:r1] = np.where(  # lse = (m + log2 l) ln 2: [.., n_q]
+            seen, (m + np.log2(np.where(seen, l, 1.0))) * LN2, -np.inf
+        )[..., 0]
+
+
+def _safe(m):
+    """``m`` with 0 where it is ``-inf`` (a row that may attend nothing
+    yet), so that ``S - m`` is ``-inf`` there rather than NaN."""
+    return np.where(m == -np.inf, 0.0, m)
 
 
 def flash_attention_backward(dout, cache: FlashCache):
@@ -280,17 +299,20 @@ def flash_attention_backward(dout, cache: FlashCache):
 
 def backward_tiles(q, k, v, out, dout, lse, dq, dk, dv, scale, tiles):
     """The backward's loops for the heads of ``out``: it adds to ``dq``,
-    ``dk`` and ``dv`` (each shaped like its input)."""
+    ``dk`` and ``dv`` (each shaped like its input). As in the forward,
+    ``P = exp2(S log2(e) - lse log2(e))``."""
     batch, dt = out.shape[:-2], dq.dtype
     (L_q, d_k), d_v = q.shape[-2:], v.shape[-1]
     bq, bk = tiles.shape
     D = np.vecdot(dout, out)[..., None]  # rowsum(dO * O): [..., L_q, 1]
-    lse = np.where(lse == -np.inf, np.inf, lse)[..., None]  # P=0
+    # lse in base 2; +inf where a row attends nothing, so that P = 0
+    lse = np.where(lse == -np.inf, np.inf, lse * LOG2E)[..., None]
     # dS K of every key tile, summed at the heads' shape [..., L_q, d_k]
     dq_all = dq
     if dq.shape != batch + (L_q, d_k):  # q broadcast: sum it at the end
         dq_all = np.zeros(batch + (L_q, d_k), dt)
     ks_buf = np.empty(k.shape[:-2] + (bk, d_k), dt)  # K * scale
+    k2_buf = np.empty(k.shape[:-2] + (bk, d_k), dt)  # K scale log2(e)
     p_buf = np.empty(batch + (bq, bk), dt)  # P of one tile
     ds_buf = np.empty(batch + (bq, bk), dt)  # dP, then dS, of one tile
     dq_buf = np.empty(batch + (bq, d_k), dt)
@@ -301,29 +323,37 @@ def backward_tiles(q, k, v, out, dout, lse, dq, dk, dv, scale, tiles):
     for j, (c0, c1) in enumerate(tiles.cols):
         kj, vj = k[..., c0:c1, :], v[..., c0:c1, :]  # [.., n_k, d]
         ks = np.multiply(kj, scale, out=ks_buf[..., : c1 - c0, :])
+        k2 = np.multiply(kj, scale * LOG2E, out=k2_buf[..., : c1 - c0, :])
         dk_j, dv_j = dk_sum[..., : c1 - c0, :], dv_sum[..., : c1 - c0, :]
         dk_j.fill(0)
         dv_j.fill(0)
         for i in tiles.in_col(j):
-            r0, r1 = tiles.rows[i]
-            q_i, do_i = q[..., r0:r1, :], dout[..., r0:r1, :]
-            p = p_buf[..., : r1 - r0, : c1 - c0]  # [..., n_q, n_k]
-            np.matmul(q_i, ks.swapaxes(-1, -2), out=p)  # S = Q (K scale)^T
-            p -= lse[..., r0:r1, :]  # S - lse
-            hidden = tiles.hidden(i, j)  # None: a full tile, no mask
-            if hidden is not None:
-                np.copyto(p, -np.inf, where=hidden)
-            np.exp(p, out=p)  # P = exp(S - lse): [..., n_q, n_k]
-            pt = p.swapaxes(-1, -2)  # [..., n_k, n_q]
-            dv_j += np.matmul(pt, do_i, out=dv_buf[..., : c1 - c0, :])
-            ds = ds_buf[..., : r1 - r0, : c1 - c0]
-            np.matmul(do_i, vj.swapaxes(-1, -2), out=ds)  # dP = dO V^T
-            ds -= D[..., r0:r1, :]  # dP - D
-            ds *= p  # dS = P * (dP - D): [..., n_q, n_k]
-            dq_i = dq_buf[..., : r1 - r0, :]
-            dq_all[..., r0:r1, :] += np.matmul(ds, ks, out=dq_i)  # dS K s
-            dst = ds.swapaxes(-1, -2)  # [..., n_k, n_q]
-            dk_j += np.matmul(dst, q_i, out=dk_buf[..., : c1 - c0, :])
+            r0 = tiles.rows[i][0]
+            for a, b, ca, cb, hidden in tiles.blocks(i, j):  # rows, keys
+                rows, keys = slice(r0 + a, r0 + b), slice(ca, cb)
+                q_i, do_i = q[..., rows, :], dout[..., rows, :]
+                p = p_buf[..., : b - a, : cb - ca]  # [..., n_q, n_k]
+                # S log2(e) = Q (K scale log2(e))^T, minus lse log2(e)
+                np.matmul(q_i, k2[..., keys, :].swapaxes(-1, -2), out=p)
+                p -= lse[..., rows, :]
+                if hidden is not None:  # a tile on the diagonal
+                    np.copyto(p, -np.inf, where=hidden)
+                np.exp2(p, out=p)  # P: [..., n_q, n_k]
+                pt = p.swapaxes(-1, -2)  # [..., n_k, n_q]
+                dvb = dv_buf[..., : cb - ca, :]
+                dv_j[..., keys, :] += np.matmul(pt, do_i, out=dvb)  # P^T dO
+                ds = ds_buf[..., : b - a, : cb - ca]
+                vt = vj[..., keys, :].swapaxes(-1, -2)  # [..., d_v, n_k]
+                np.matmul(do_i, vt, out=ds)  # dP = dO V^T
+                ds -= D[..., rows, :]  # dP - D
+                ds *= p  # dS = P * (dP - D): [..., n_q, n_k]
+                dq_i = dq_buf[..., : b - a, :]
+                dq_all[..., rows, :] += np.matmul(  # dS (K scale)
+                    ds, ks[..., keys, :], out=dq_i
+                )
+                dst = ds.swapaxes(-1, -2)  # [..., n_k, n_q]
+                dkb = dk_buf[..., : cb - ca, :]
+                dk_j[..., keys, :] += np.matmul(dst, q_i, out=dkb)
         dk_j *= scale  # dK = dS^T Q * scale
         # broadcast key/value heads: sum the query heads that shared them
         dk[..., c0:c1, :] += unbroadcast(
@@ -356,13 +386,14 @@ class Tiles:
         self.pairs = int(np.sum((self.plan != SKIP) * np.outer(n_q, n_k)))
         # [n_q, n_k] bool, True where a query may NOT attend; tiles at the
         # same distance from the diagonal share one
-        self._hidden, made = {}, {}
+        self._hidden, self._blocks, made = {}, {}, {}
         for i, j in zip(*np.nonzero(self.plan == MASKED)):
             (r0, r1), (c0, c1) = self.rows[i], self.cols[j]
             key = (r0 + L_k - L_q - c0, r1 - r0, c1 - c0)
             if key not in made:
-                made[key] = ~_tile_mask(r0, r1, c0, c1, L_q, L_k, window)
-            self._hidden[i, j] = made[key]
+                hidden = ~_tile_mask(r0, r1, c0, c1, L_q, L_k, window)
+                made[key] = hidden, _parts(hidden)
+            self._hidden[i, j], self._blocks[i, j] = made[key]
 
     def in_row(self, i):
         """The key tiles computed for query tile ``i``."""
@@ -376,6 +407,38 @@ class Tiles:
         """``[n_q, n_k]`` bool, True where the query may not attend, or
         ``None`` where it may attend every key of the tile."""
         return self._hidden.get((i, j))
+
+    def blocks(self, i, j):
+        """The parts of tile ``(i, j)`` to compute: ``(a, b, ca, cb,
+        hidden)``, rows ``a:b`` and keys ``ca:cb`` of the tile and the
+        part's mask (``None``: no mask). A full tile is one part; a
+        masked one is cut into parts of ``SUB`` rows, each over the keys
+        some of its rows may attend, so a diagonal tile of 256 computes
+        three quarters of its pairs."""
+        parts = self._blocks.get((i, j))
+        if parts is None:
+            (r0, r1), (c0, c1) = self.rows[i], self.cols[j]
+            return ((0, r1 - r0, 0, c1 - c0, None),)
+        return parts
+
+
+def _parts(hidden, sub=None):
+    """:meth:`Tiles.blocks` of a masked tile whose mask is ``hidden``:
+    per ``sub`` rows, the span of ``sub``-key parts that any of them may
+    attend (none: the rows are left out)."""
+    sub = SUB if sub is None else sub
+    n_q, n_k = hidden.shape
+    parts = []
+    for a in range(0, n_q, sub):
+        b = min(a + sub, n_q)
+        seen = ~hidden[a:b].all(axis=0)  # [n_k]: keys some row may see
+        cuts = [c for c in range(0, n_k, sub) if seen[c : c + sub].any()]
+        if not cuts:
+            continue
+        ca, cb = cuts[0], min(cuts[-1] + sub, n_k)
+        part = np.ascontiguousarray(hidden[a:b, ca:cb])
+        parts.append((a, b, ca, cb, part if part.any() else None))
+    return tuple(parts)
 
 
 def _check_tiles(L_q, L_k, block_q, block_k, causal, window):
