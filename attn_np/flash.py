@@ -48,7 +48,7 @@ BLOCK_K = 256  # keys per tile
 SKIP, MASKED, FULL = 0, 1, 2  # the states of a tile in block_plan
 SUB = 128  # a masked tile is worked in parts of SUB rows and keys
 LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453  # log2(e), ln(2)
-LAZY = 8.0  # the running max moves when a score passes it by 2**LAZY
+BIG = 16  # a row's shift moves when its tile sum passes 2**BIG
 
 
 @dataclass
@@ -65,6 +65,7 @@ class FlashCache:
     window: int | None
     block_q: int
     block_k: int
+    lse2: np.ndarray | None = None  # lse in base 2, as the kernels use it
 
 
 def block_plan(L_q, L_k, block_q, block_k, *, causal=False, window=None):
@@ -154,6 +155,7 @@ def flash_attention_forward(
     block_k=BLOCK_K,
     window=None,
     check_finite=True,
+    out=None,
 ):
     """Attention by tiles with an online softmax; ``(out, cache)``.
 
@@ -165,7 +167,9 @@ def flash_attention_forward(
     position ``p`` attends keys ``p - W < j <= p``. A query with no key
     to attend gets a zero row and ``lse = -inf``. ``check_finite`` as in
     :func:`attn_np.attention_forward`. The heads are shared out among
-    worker threads (:func:`in_parallel`).
+    worker threads (:func:`in_parallel`). ``out``: an array of the
+    output's shape and dtype to write it into (any strides: the grouped
+    core passes a view of the layout its layer merges the heads in).
     """
     q, k, v, _, scale = _check_inputs(
         q, k, v, None, False, scale, check_finite
@@ -179,28 +183,40 @@ def flash_attention_forward(
     L_q, L_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     dt = np.result_type(q, k, v)
     tiles = Tiles(L_q, L_k, block_q, block_k, causal=causal, window=window)
-    out = np.zeros(batch + (L_q, d_v), dt)  # rows that see nothing: 0
-    lse = np.full(batch + (L_q,), -np.inf, dt)  # [..., L_q]
+    out = _output_array(out, batch + (L_q, d_v), dt, "out")
+    lse2 = np.full(batch + (L_q,), -np.inf, dt)  # [..., L_q], base 2
 
     def share(take):  # one worker's heads: take(x) is its part of x
         forward_tiles(
-            take(q), take(k), take(v), take(out), take(lse, 1), scale, tiles
+            take(q), take(k), take(v), take(out), take(lse2, 1), scale, tiles
         )
 
     in_parallel(share, batch, tiles.pairs * (q.shape[-1] + d_v))
     cache = FlashCache(
-        q, k, v, out, lse, scale, causal, window, block_q, block_k
+        q,
+        k,
+        v,
+        out,
+        lse2 * LN2,
+        scale,
+        causal,
+        window,
+        block_q,
+        block_k,
+        lse2,
     )
     return out, cache
 
 
-def forward_tiles(q, k, v, out, lse, scale, tiles):
+def forward_tiles(q, k, v, out, lse2, scale, tiles):
     """The forward's loops for the heads of ``out``: it writes ``out``
-    and ``lse``. Scores are kept in base 2 (``S log2(e)``, so that
-    ``exp2`` makes the weights: the same numbers, a faster ufunc), and
-    the running maximum ``m`` moves only when a score passes it by more
-    than ``LAZY`` (then every entry of ``exp2(S - m)`` stays below
-    ``2**LAZY``, and most tiles need no rescaling at all)."""
+    and ``lse2 = lse log2(e)``. Scores are kept in base 2 (``S log2(e)``,
+    so that
+    ``exp2`` makes the weights: the same numbers, a faster ufunc). The
+    shift ``m`` of a row is its exact maximum on the row's first tile;
+    after that it moves only when a tile's row sum of ``2^(S - m)``
+    passes ``2**BIG``, by ``log2`` of that sum (:func:`_shift`): no
+    ``rowmax`` pass over the later tiles, and most need no rescaling."""
     batch, dt = out.shape[:-2], out.dtype
     bq, bk = tiles.shape
     qs_buf = np.empty(batch + (bq, q.shape[-1]), dt)  # Q scale log2(e)
@@ -212,7 +228,7 @@ def forward_tiles(q, k, v, out, lse, scale, tiles):
         qs = np.multiply(
             q[..., r0:r1, :], scale * LOG2E, out=qs_buf[..., : r1 - r0, :]
         )
-        m = np.full(batch + (r1 - r0, 1), -np.inf, dt)  # running max
+        m = np.full(batch + (r1 - r0, 1), -np.inf, dt)  # the shift
         l = np.zeros(batch + (r1 - r0, 1), dt)  # running sum
         acc = out[..., r0:r1, :]  # view: unnormalised output [.., n_q, d_v]
         for j in tiles.in_row(i):
@@ -220,31 +236,64 @@ def forward_tiles(q, k, v, out, lse, scale, tiles):
             for a, b, ca, cb, hidden in tiles.blocks(i, j):  # rows, keys
                 s = s_buf[..., : b - a, : cb - ca]  # [..., n_q, n_k]
                 kt = k[..., c0 + ca : c0 + cb, :].swapaxes(-1, -2)
-                np.matmul(qs[..., a:b, :], kt, out=s)  # [.., d_k, n_k]
-                if hidden is not None:  # a tile on the diagonal
-                    np.copyto(s, -np.inf, where=hidden)
-                mb, lb = m[..., a:b, :], l[..., a:b, :]  # views
-                mx = s.max(axis=-1, keepdims=True)  # [..., n_q, 1]
-                if np.any(mx > mb + LAZY):  # the max moved: rescale
-                    m_new = np.maximum(mb, mx)
-                    # exp2(m_old - m_new); 0 for a row that saw nothing
-                    alpha = np.exp2(mb - _safe(m_new))
-                    lb *= alpha
-                    acc[..., a:b, :] *= alpha  # what earlier tiles added
-                    mb[...] = m_new
-                # a row of a masked tile may see nothing yet: shift by 0
-                s -= mb if hidden is None else _safe(mb)
-                np.exp2(s, out=s)  # P~ = 2^(S - m): masked pairs 0
+                mb, lb, ab = m[..., a:b, :], l[..., a:b, :], acc[..., a:b, :]
                 rs = rs_buf[..., : b - a, :]
-                lb += np.matmul(s, ones[: cb - ca], out=rs)  # rowsum P~
+                for exact in (np.isneginf(mb).any(), True):
+                    np.matmul(qs[..., a:b, :], kt, out=s)  # [.., d_k, n_k]
+                    if hidden is not None:  # a tile on the diagonal
+                        np.copyto(s, -np.inf, where=hidden)
+                    if _shift(s, ones[: cb - ca], rs, mb, lb, ab, exact):
+                        break  # else 2^(S - m) overflowed: once more
+                lb += rs  # l += rowsum(P~)
                 pv = pv_buf[..., : b - a, :]
                 vj = v[..., c0 + ca : c0 + cb, :]  # [..., n_k, d_v]
-                acc[..., a:b, :] += np.matmul(s, vj, out=pv)  # [.., d_v]
+                ab += np.matmul(s, vj, out=pv)  # P~ V: [..., n_q, d_v]
         seen = l > 0  # [..., n_q, 1]: False where nothing may be attended
         acc /= np.where(seen, l, 1.0)  # O = acc / l; empty rows stay 0
-        lse[..., r0:r1] = np.where(  # lse = (m + log2 l) ln 2: [.., n_q]
-            seen, (m + np.log2(np.where(seen, l, 1.0))) * LN2, -np.inf
+        lse2[..., r0:r1] = np.where(  # lse2 = m + log2(l): [..., n_q]
+            seen, m + np.log2(np.where(seen, l, 1.0)), -np.inf
         )[..., 0]
+
+
+def _shift(s, ones, rs, m, l, acc, exact):
+    """Turn a tile's base-2 scores ``s`` into ``P~ = 2^(s - m)`` in place
+    and its row sums into ``rs``, moving the shift ``m`` of its rows (and
+    rescaling their ``l`` and ``acc`` by ``2^(m_old - m_new)``) where it
+    must. ``exact``: ``m`` becomes ``max(m, rowmax s)``, the online
+    softmax itself (a row's first tile, or after an overflow). Else the
+    old ``m`` is tried first; a row whose sum passes ``2**BIG`` shifts
+    by its ``log2``. Returns False if ``2^(s - m)`` overflowed (``s`` is
+    spoilt: make it again, with ``exact``)."""
+    if exact:
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+        _move(m, l, acc, m_new)
+    s -= _safe(m)  # a row that may attend nothing yet: shifted by 0
+    with np.errstate(over="ignore"):  # an overflow is seen in rs below
+        np.exp2(s, out=s)  # P~ = 2^(S - m): masked pairs 0
+    np.matmul(s, ones, out=rs)  # rowsum(P~) [..., n_q, 1], one product
+    if not np.any(rs > 2.0**BIG):  # no row needs a new shift
+        return True
+    if exact or not np.all(np.isfinite(rs)):
+        return exact  # (an exact shift keeps every entry at most 1)
+    # by a whole number >= 0 (0 where rs <= 1), so that m + delta is
+    # exact, and alpha = 2^(m - m_new) exactly the shift of what is kept
+    m_new = m + np.ceil(np.log2(np.maximum(rs, 1.0)))
+    alpha = np.exp2(m - m_new)  # [..., n_q, 1]
+    s *= alpha
+    rs *= alpha
+    _move(m, l, acc, m_new, alpha)
+    return True
+
+
+def _move(m, l, acc, m_new, alpha=None):
+    """Move a row's shift from ``m`` to ``m_new`` (in place): its sum
+    ``l`` and output ``acc`` so far scale by ``2^(m - m_new)``, 0 for a
+    row that saw nothing before."""
+    if alpha is None:
+        alpha = np.exp2(m - _safe(m_new))
+    l *= alpha
+    acc *= alpha  # what earlier tiles added
+    m[...] = m_new
 
 
 def _safe(m):
@@ -259,17 +308,35 @@ def flash_attention_backward(dout, cache: FlashCache):
     Outer loop over key tiles, inner over the query tiles that may
     attend them; ``P = exp(S - lse)`` is recomputed per tile and
     ``dS = P * (dP - D)`` with ``D = rowsum(dO * O)``. The heads are
-    shared out among worker threads as in the forward.
+    shared out among worker threads as in the forward
+    (:func:`backward_into`).
     """
     c = cache
+    if c.out is None:
+        raise ValueError(
+            "cache was released by a layer's backward (its output freed "
+            "once read): run the forward again"
+        )
     dout = check_upstream(dout, "dout", c.out.shape, "the attention output")
-    inputs = (c.q, c.k, c.v)
     dt = np.result_type(c.out, dout)
+    D = np.vecdot(dout, c.out)[..., None]  # rowsum(dO * O): [..., L_q, 1]
+    grads = tuple(np.zeros(x.shape, dt) for x in (c.q, c.k, c.v))
+    return backward_into(dout, c, D, grads)
+
+
+def backward_into(dout, cache: FlashCache, D, grads):
+    """The tiled backward, given ``D = rowsum(dO * O)`` ``[..., L_q, 1]``
+    and three zeroed arrays of the inputs' shapes (any strides) that it
+    adds ``dq, dk, dv`` to; returns them. It reads neither ``cache.out``
+    nor checks ``dout``: the grouped core frees the output before the
+    gradients exist (:func:`attn_np.grouped.grouped_tiled_backward`)."""
+    c = cache
+    inputs = (c.q, c.k, c.v)
+    dt = grads[0].dtype
     L_q, L_k = c.q.shape[-2], c.k.shape[-2]
     tiles = Tiles(
         L_q, L_k, c.block_q, c.block_k, causal=c.causal, window=c.window
     )
-    grads = [np.zeros(x.shape, dt) for x in inputs]  # dq, dk, dv
     lock = threading.Lock()
 
     def share(take):  # one worker's heads: take(x) is its part of x
@@ -281,9 +348,9 @@ def flash_attention_backward(dout, cache: FlashCache):
         ]
         backward_tiles(
             *(take(x) for x in inputs),
-            take(c.out),
+            take(D),
             take(dout),
-            take(c.lse, 1),
+            take(c.lse * LOG2E if c.lse2 is None else c.lse2, 1),
             *mine,
             c.scale,
             tiles,
@@ -293,20 +360,34 @@ def flash_attention_backward(dout, cache: FlashCache):
                 if not take.alone(x):
                     g += part
 
-    in_parallel(share, c.out.shape[:-2], tiles.pairs * 5 * c.q.shape[-1])
+    in_parallel(share, dout.shape[:-2], tiles.pairs * 5 * c.q.shape[-1])
     return tuple(grads)
 
 
-def backward_tiles(q, k, v, out, dout, lse, dq, dk, dv, scale, tiles):
-    """The backward's loops for the heads of ``out``: it adds to ``dq``,
-    ``dk`` and ``dv`` (each shaped like its input). As in the forward,
-    ``P = exp2(S log2(e) - lse log2(e))``."""
-    batch, dt = out.shape[:-2], dq.dtype
+def _output_array(a, shape, dt, name):
+    """Zeros of ``shape``, or the caller's ``a`` (checked, zeroed)."""
+    if a is None:
+        return np.zeros(shape, dt)
+    if not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != dt:
+        raise ValueError(
+            f"{name} must be an array of shape {shape} and dtype {dt}, got "
+            f"{getattr(a, 'dtype', type(a).__name__)} of shape "
+            f"{np.shape(a)}"
+        )
+    a[...] = 0
+    return a
+
+
+def backward_tiles(q, k, v, D, dout, lse2, dq, dk, dv, scale, tiles):
+    """The backward's loops for the heads of ``dout``: it adds to ``dq``,
+    ``dk`` and ``dv`` (each shaped like its input); ``D = rowsum(dO *
+    O)``, ``[..., L_q, 1]``. As in the forward, ``P = exp2(S log2(e) -
+    lse2)`` with ``lse2 = lse log2(e)``."""
+    batch, dt = dout.shape[:-2], dq.dtype
     (L_q, d_k), d_v = q.shape[-2:], v.shape[-1]
     bq, bk = tiles.shape
-    D = np.vecdot(dout, out)[..., None]  # rowsum(dO * O): [..., L_q, 1]
-    # lse in base 2; +inf where a row attends nothing, so that P = 0
-    lse = np.where(lse == -np.inf, np.inf, lse * LOG2E)[..., None]
+    # +inf where a row attends nothing, so that P = 0: [..., L_q, 1]
+    lse2 = np.where(lse2 == -np.inf, np.inf, lse2)[..., None]
     # dS K of every key tile, summed at the heads' shape [..., L_q, d_k]
     dq_all = dq
     if dq.shape != batch + (L_q, d_k):  # q broadcast: sum it at the end
@@ -333,9 +414,9 @@ def backward_tiles(q, k, v, out, dout, lse, dq, dk, dv, scale, tiles):
                 rows, keys = slice(r0 + a, r0 + b), slice(ca, cb)
                 q_i, do_i = q[..., rows, :], dout[..., rows, :]
                 p = p_buf[..., : b - a, : cb - ca]  # [..., n_q, n_k]
-                # S log2(e) = Q (K scale log2(e))^T, minus lse log2(e)
+                # S log2(e) = Q (K scale log2(e))^T, minus lse2
                 np.matmul(q_i, k2[..., keys, :].swapaxes(-1, -2), out=p)
-                p -= lse[..., rows, :]
+                p -= lse2[..., rows, :]
                 if hidden is not None:  # a tile on the diagonal
                     np.copyto(p, -np.inf, where=hidden)
                 np.exp2(p, out=p)  # P: [..., n_q, n_k]
