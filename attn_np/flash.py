@@ -275,9 +275,11 @@ def _shift(s, ones, rs, m, l, acc, exact):
         return True
     if exact or not np.all(np.isfinite(rs)):
         return exact  # (an exact shift keeps every entry at most 1)
-    # by a whole number >= 0 (0 where rs <= 1), so that m + delta is
-    # exact, and alpha = 2^(m - m_new) exactly the shift of what is kept
-    m_new = m + np.ceil(np.log2(np.maximum(rs, 1.0)))
+    # the rows past 2**BIG, by a whole number (so that m + delta is exact,
+    # and alpha = 2^(m - m_new) exactly the shift of what is kept); the
+    # other rows keep theirs (alpha = 1), whatever heads share the call
+    big = rs > 2.0**BIG
+    m_new = m + np.where(big, np.ceil(np.log2(np.where(big, rs, 1.0))), 0)
     alpha = np.exp2(m - m_new)  # [..., n_q, 1]
     s *= alpha
     rs *= alpha
@@ -560,6 +562,7 @@ def _tile_mask(r0, r1, c0, c1, L_q, L_k, window):
 # ---------------------------------------------------------------------------
 # -- worker threads
 PARALLEL_MIN_FLOPS = 2**24  # below this a call is too short to share out
+PARTS_PER_WORKER = 1  # the heads are cut into this many parts per worker
 
 
 def in_parallel(share, batch, flops):
@@ -582,12 +585,16 @@ def in_parallel(share, batch, flops):
         return share(_Take(batch))
     if flops * int(np.prod(batch)) < PARALLEL_MIN_FLOPS:
         return share(_Take(batch))
-    edges = np.linspace(0, batch[axis], min(workers, batch[axis]) + 1)
+    parts = min(workers * PARTS_PER_WORKER, batch[axis])
+    edges = np.linspace(0, batch[axis], parts + 1)
     takes = [
         _Take(batch, axis, slice(int(a), int(b)))
         for a, b in zip(edges[:-1].round(), edges[1:].round())
     ]
-    with blas_threads(1), ThreadPoolExecutor(len(takes)) as pool:
+    # a worker that is done takes the next part: a core the machine gives
+    # less of does less of the work
+    workers = min(workers, len(takes))
+    with blas_threads(1), ThreadPoolExecutor(workers) as pool:
         for _ in pool.map(share, takes):  # raises what a worker raised
             pass
     return None
