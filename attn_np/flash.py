@@ -2,10 +2,15 @@
 
 Dao et al. (2022) compute exact attention without ever holding the
 ``[L_q, L_k]`` score matrix. The forward walks over tiles of keys with
-an online softmax (Milakov & Gimelshein 2018): per query a running
-maximum ``m``, a running sum ``l`` and an unnormalised output, all
-rescaled by ``exp(m_old - m_new)`` whenever the maximum grows. It keeps
-the output and, per query, the log-sum-exp of its scores::
+an online softmax (Milakov & Gimelshein 2018): per query a shift
+``m``, a running sum ``l`` and an unnormalised output, all rescaled by
+``exp(m_old - m_new)`` whenever the shift moves. The rescaling is exact
+for any shift; the shift only has to keep ``exp(S - m)`` in range. Here
+it is the row's maximum over its first tile, and moves after that only
+when a tile's sum outgrows ``2**BIG`` (:func:`_shift`), so later tiles
+need no ``rowmax``. The scores are kept in base 2 (``S log2(e)``, with
+``exp2``, as GPU FlashAttention kernels do). It keeps the output and,
+per query, the log-sum-exp of its scores::
 
     lse_i = m_i + log(l_i) = log sum_j exp(S_ij)
 
