@@ -18,6 +18,11 @@ timed against itself, "A/A"):
   two BLAS threads), crediting only the FLOPs a causal kernel must do
   (:func:`causal_flops`: the projections, and half the score and value
   products). Goal: at least 0.6 at every ``L``.
+* **ceiling** (``--ceiling``): beside the rates, the kernels' matrix
+  products alone (:func:`products_step`: the same tiles, parts, shapes
+  and worker threads, nothing else), credited the same way, and the
+  kernels' time over theirs: what the elementwise work costs, and the
+  most the kernels could reach with it free.
 * **load**: the dense and the tiled layer at ``L = 2048``, each round
   once on the machine as it is and once with one more core kept busy by
   a background process (:func:`~attn_np.instruments.measure.busy_core`,
