@@ -2,10 +2,15 @@
 
 Dao et al. (2022) compute exact attention without ever holding the
 ``[L_q, L_k]`` score matrix. The forward walks over tiles of keys with
-an online softmax (Milakov & Gimelshein 2018): per query a running
-maximum ``m``, a running sum ``l`` and an unnormalised output, all
-rescaled by ``exp(m_old - m_new)`` whenever the maximum grows. It keeps
-the output and, per query, the log-sum-exp of its scores::
+an online softmax (Milakov & Gimelshein 2018): per query a shift
+``m``, a running sum ``l`` and an unnormalised output, all rescaled by
+``exp(m_old - m_new)`` whenever the shift moves. The rescaling is exact
+for any shift; the shift only has to keep ``exp(S - m)`` in range. Here
+it is the row's maximum over its first tile, and moves after that only
+when a tile's sum outgrows ``2**BIG`` (:func:`_shift`), so later tiles
+need no ``rowmax``. The scores are kept in base 2 (``S log2(e)``, with
+``exp2``, as GPU FlashAttention kernels do). It keeps the output and,
+per query, the log-sum-exp of its scores::
 
     lse_i = m_i + log(l_i) = log sum_j exp(S_ij)
 
@@ -46,6 +51,9 @@ BLOCK_Q = 256  # query rows per tile: the fastest in the chapter-9 sweep
 BLOCK_K = 256  # keys per tile
 
 SKIP, MASKED, FULL = 0, 1, 2  # the states of a tile in block_plan
+SUB = 128  # a masked tile is worked in parts of SUB rows and keys
+LOG2E, LN2 = 1.4426950408889634, 0.6931471805599453  # log2(e), ln(2)
+BIG = 16  # a row's shift moves when its tile sum passes 2**BIG
 
 
 @dataclass
@@ -62,6 +70,7 @@ class FlashCache:
     window: int | None
     block_q: int
     block_k: int
+    lse2: np.ndarray | None = None  # lse in base 2, as the kernels use it
 
 
 def block_plan(L_q, L_k, block_q, block_k, *, causal=False, window=None):
@@ -151,6 +160,7 @@ def flash_attention_forward(
     block_k=BLOCK_K,
     window=None,
     check_finite=True,
+    out=None,
 ):
     """Attention by tiles with an online softmax; ``(out, cache)``.
 
@@ -162,7 +172,9 @@ def flash_attention_forward(
     position ``p`` attends keys ``p - W < j <= p``. A query with no key
     to attend gets a zero row and ``lse = -inf``. ``check_finite`` as in
     :func:`attn_np.attention_forward`. The heads are shared out among
-    worker threads (:func:`in_parallel`).
+    worker threads (:func:`in_parallel`). ``out``: an array of the
+    output's shape and dtype to write it into (any strides: the grouped
+    core passes a view of the layout its layer merges the heads in).
     """
     q, k, v, _, scale = _check_inputs(
         q, k, v, None, False, scale, check_finite
@@ -176,62 +188,125 @@ def flash_attention_forward(
     L_q, L_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     dt = np.result_type(q, k, v)
     tiles = Tiles(L_q, L_k, block_q, block_k, causal=causal, window=window)
-    out = np.zeros(batch + (L_q, d_v), dt)  # rows that see nothing: 0
-    lse = np.full(batch + (L_q,), -np.inf, dt)  # [..., L_q]
+    out = _output_array(out, batch + (L_q, d_v), dt, "out")
+    lse2 = np.full(batch + (L_q,), -np.inf, dt)  # [..., L_q], base 2
 
     def share(take):  # one worker's heads: take(x) is its part of x
         forward_tiles(
-            take(q), take(k), take(v), take(out), take(lse, 1), scale, tiles
+            take(q), take(k), take(v), take(out), take(lse2, 1), scale, tiles
         )
 
     in_parallel(share, batch, tiles.pairs * (q.shape[-1] + d_v))
     cache = FlashCache(
-        q, k, v, out, lse, scale, causal, window, block_q, block_k
+        q,
+        k,
+        v,
+        out,
+        lse2 * LN2,
+        scale,
+        causal,
+        window,
+        block_q,
+        block_k,
+        lse2,
     )
     return out, cache
 
 
-def forward_tiles(q, k, v, out, lse, scale, tiles):
+def forward_tiles(q, k, v, out, lse2, scale, tiles):
     """The forward's loops for the heads of ``out``: it writes ``out``
-    and ``lse``."""
+    and ``lse2 = lse log2(e)``. Scores are kept in base 2 (``S log2(e)``,
+    so that
+    ``exp2`` makes the weights: the same numbers, a faster ufunc). The
+    shift ``m`` of a row is its exact maximum on the row's first tile;
+    after that it moves only when a tile's row sum of ``2^(S - m)``
+    passes ``2**BIG``, by ``log2`` of that sum (:func:`_shift`): no
+    ``rowmax`` pass over the later tiles, and most need no rescaling."""
     batch, dt = out.shape[:-2], out.dtype
     bq, bk = tiles.shape
-    qs_buf = np.empty(batch + (bq, q.shape[-1]), dt)  # Q * scale
+    qs_buf = np.empty(batch + (bq, q.shape[-1]), dt)  # Q scale log2(e)
     s_buf = np.empty(batch + (bq, bk), dt)  # one tile of scores
     pv_buf = np.empty(batch + (bq, v.shape[-1]), dt)  # one tile's P V
+    rs_buf = np.empty(batch + (bq, 1), dt)  # one tile's row sums
+    ones = np.ones((bk, 1), dt)  # rowsum(P) = P @ 1, one BLAS call
     for i, (r0, r1) in enumerate(tiles.rows):
         qs = np.multiply(
-            q[..., r0:r1, :], scale, out=qs_buf[..., : r1 - r0, :]
+            q[..., r0:r1, :], scale * LOG2E, out=qs_buf[..., : r1 - r0, :]
         )
-        m = np.full(batch + (r1 - r0, 1), -np.inf, dt)  # running max
+        m = np.full(batch + (r1 - r0, 1), -np.inf, dt)  # the shift
         l = np.zeros(batch + (r1 - r0, 1), dt)  # running sum
         acc = out[..., r0:r1, :]  # view: unnormalised output [.., n_q, d_v]
         for j in tiles.in_row(i):
-            c0, c1 = tiles.cols[j]
-            s = s_buf[..., : r1 - r0, : c1 - c0]  # [..., n_q, n_k]
-            kt = k[..., c0:c1, :].swapaxes(-1, -2)  # [..., d_k, n_k]
-            np.matmul(qs, kt, out=s)  # [.., n_q, d_k] @ [.., d_k, n_k]
-            hidden = tiles.hidden(i, j)  # None: a full tile, no mask
-            if hidden is not None:
-                np.copyto(s, -np.inf, where=hidden)  # [n_q, n_k]
-            m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
-            shift = m_new  # a row of a masked tile may see nothing yet:
-            if hidden is not None:  # shift its -inf scores by 0
-                shift = np.where(m_new == -np.inf, 0.0, m_new)
-            s -= shift
-            np.exp(s, out=s)  # P~ = exp(S - m_new), masked pairs 0
-            alpha = np.exp(m - shift)  # exp(m_old - m_new): [.., n_q, 1]
-            l *= alpha
-            l += s.sum(axis=-1, keepdims=True)  # l = a l + rowsum(P~)
-            acc *= alpha  # rescale what the earlier tiles added
-            pv = pv_buf[..., : r1 - r0, :]
-            acc += np.matmul(s, v[..., c0:c1, :], out=pv)  # [.., n_q, d_v]
-            m = m_new
+            c0 = tiles.cols[j][0]
+            for a, b, ca, cb, hidden in tiles.blocks(i, j):  # rows, keys
+                s = s_buf[..., : b - a, : cb - ca]  # [..., n_q, n_k]
+                kt = k[..., c0 + ca : c0 + cb, :].swapaxes(-1, -2)
+                mb, lb, ab = m[..., a:b, :], l[..., a:b, :], acc[..., a:b, :]
+                rs = rs_buf[..., : b - a, :]
+                for exact in (np.isneginf(mb).any(), True):
+                    np.matmul(qs[..., a:b, :], kt, out=s)  # [.., d_k, n_k]
+                    if hidden is not None:  # a tile on the diagonal
+                        np.copyto(s, -np.inf, where=hidden)
+                    if _shift(s, ones[: cb - ca], rs, mb, lb, ab, exact):
+                        break  # else 2^(S - m) overflowed: once more
+                lb += rs  # l += rowsum(P~)
+                pv = pv_buf[..., : b - a, :]
+                vj = v[..., c0 + ca : c0 + cb, :]  # [..., n_k, d_v]
+                ab += np.matmul(s, vj, out=pv)  # P~ V: [..., n_q, d_v]
         seen = l > 0  # [..., n_q, 1]: False where nothing may be attended
         acc /= np.where(seen, l, 1.0)  # O = acc / l; empty rows stay 0
-        lse[..., r0:r1] = np.where(
-            seen, m + np.log(np.where(seen, l, 1.0)), -np.inf
-        )[..., 0]  # lse = m + log(l): [..., n_q]
+        lse2[..., r0:r1] = np.where(  # lse2 = m + log2(l): [..., n_q]
+            seen, m + np.log2(np.where(seen, l, 1.0)), -np.inf
+        )[..., 0]
+
+
+def _shift(s, ones, rs, m, l, acc, exact):
+    """Turn a tile's base-2 scores ``s`` into ``P~ = 2^(s - m)`` in place
+    and its row sums into ``rs``, moving the shift ``m`` of its rows (and
+    rescaling their ``l`` and ``acc`` by ``2^(m_old - m_new)``) where it
+    must. ``exact``: ``m`` becomes ``max(m, rowmax s)``, the online
+    softmax itself (a row's first tile, or after an overflow). Else the
+    old ``m`` is tried first; a row whose sum passes ``2**BIG`` shifts
+    by its ``log2``. Returns False if ``2^(s - m)`` overflowed (``s`` is
+    spoilt: make it again, with ``exact``)."""
+    if exact:
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+        _move(m, l, acc, m_new)
+    s -= _safe(m)  # a row that may attend nothing yet: shifted by 0
+    with np.errstate(over="ignore"):  # an overflow is seen in rs below
+        np.exp2(s, out=s)  # P~ = 2^(S - m): masked pairs 0
+    np.matmul(s, ones, out=rs)  # rowsum(P~) [..., n_q, 1], one product
+    if not np.any(rs > 2.0**BIG):  # no row needs a new shift
+        return True
+    if exact or not np.all(np.isfinite(rs)):
+        return exact  # (an exact shift keeps every entry at most 1)
+    # the rows past 2**BIG, by a whole number (so that m + delta is exact,
+    # and alpha = 2^(m - m_new) exactly the shift of what is kept); the
+    # other rows keep theirs (alpha = 1), whatever heads share the call
+    big = rs > 2.0**BIG
+    m_new = m + np.where(big, np.ceil(np.log2(np.where(big, rs, 1.0))), 0)
+    alpha = np.exp2(m - m_new)  # [..., n_q, 1]
+    s *= alpha
+    rs *= alpha
+    _move(m, l, acc, m_new, alpha)
+    return True
+
+
+def _move(m, l, acc, m_new, alpha=None):
+    """Move a row's shift from ``m`` to ``m_new`` (in place): its sum
+    ``l`` and output ``acc`` so far scale by ``2^(m - m_new)``, 0 for a
+    row that saw nothing before."""
+    if alpha is None:
+        alpha = np.exp2(m - _safe(m_new))
+    l *= alpha
+    acc *= alpha  # what earlier tiles added
+    m[...] = m_new
+
+
+def _safe(m):
+    """``m`` with 0 where it is ``-inf`` (a row that may attend nothing
+    yet), so that ``S - m`` is ``-inf`` there rather than NaN."""
+    return np.where(m == -np.inf, 0.0, m)
 
 
 def flash_attention_backward(dout, cache: FlashCache):
@@ -240,17 +315,35 @@ def flash_attention_backward(dout, cache: FlashCache):
     Outer loop over key tiles, inner over the query tiles that may
     attend them; ``P = exp(S - lse)`` is recomputed per tile and
     ``dS = P * (dP - D)`` with ``D = rowsum(dO * O)``. The heads are
-    shared out among worker threads as in the forward.
+    shared out among worker threads as in the forward
+    (:func:`backward_into`).
     """
     c = cache
+    if c.out is None:
+        raise ValueError(
+            "cache was released by a layer's backward (its output freed "
+            "once read): run the forward again"
+        )
     dout = check_upstream(dout, "dout", c.out.shape, "the attention output")
-    inputs = (c.q, c.k, c.v)
     dt = np.result_type(c.out, dout)
+    D = np.vecdot(dout, c.out)[..., None]  # rowsum(dO * O): [..., L_q, 1]
+    grads = tuple(np.zeros(x.shape, dt) for x in (c.q, c.k, c.v))
+    return backward_into(dout, c, D, grads)
+
+
+def backward_into(dout, cache: FlashCache, D, grads):
+    """The tiled backward, given ``D = rowsum(dO * O)`` ``[..., L_q, 1]``
+    and three zeroed arrays of the inputs' shapes (any strides) that it
+    adds ``dq, dk, dv`` to; returns them. It reads neither ``cache.out``
+    nor checks ``dout``: the grouped core frees the output before the
+    gradients exist (:func:`attn_np.grouped.grouped_tiled_backward`)."""
+    c = cache
+    inputs = (c.q, c.k, c.v)
+    dt = grads[0].dtype
     L_q, L_k = c.q.shape[-2], c.k.shape[-2]
     tiles = Tiles(
         L_q, L_k, c.block_q, c.block_k, causal=c.causal, window=c.window
     )
-    grads = [np.zeros(x.shape, dt) for x in inputs]  # dq, dk, dv
     lock = threading.Lock()
 
     def share(take):  # one worker's heads: take(x) is its part of x
@@ -262,9 +355,9 @@ def flash_attention_backward(dout, cache: FlashCache):
         ]
         backward_tiles(
             *(take(x) for x in inputs),
-            take(c.out),
+            take(D),
             take(dout),
-            take(c.lse, 1),
+            take(c.lse * LOG2E if c.lse2 is None else c.lse2, 1),
             *mine,
             c.scale,
             tiles,
@@ -274,23 +367,40 @@ def flash_attention_backward(dout, cache: FlashCache):
                 if not take.alone(x):
                     g += part
 
-    in_parallel(share, c.out.shape[:-2], tiles.pairs * 5 * c.q.shape[-1])
+    in_parallel(share, dout.shape[:-2], tiles.pairs * 5 * c.q.shape[-1])
     return tuple(grads)
 
 
-def backward_tiles(q, k, v, out, dout, lse, dq, dk, dv, scale, tiles):
-    """The backward's loops for the heads of ``out``: it adds to ``dq``,
-    ``dk`` and ``dv`` (each shaped like its input)."""
-    batch, dt = out.shape[:-2], dq.dtype
+def _output_array(a, shape, dt, name):
+    """Zeros of ``shape``, or the caller's ``a`` (checked, zeroed)."""
+    if a is None:
+        return np.zeros(shape, dt)
+    if not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != dt:
+        raise ValueError(
+            f"{name} must be an array of shape {shape} and dtype {dt}, got "
+            f"{getattr(a, 'dtype', type(a).__name__)} of shape "
+            f"{np.shape(a)}"
+        )
+    a[...] = 0
+    return a
+
+
+def backward_tiles(q, k, v, D, dout, lse2, dq, dk, dv, scale, tiles):
+    """The backward's loops for the heads of ``dout``: it adds to ``dq``,
+    ``dk`` and ``dv`` (each shaped like its input); ``D = rowsum(dO *
+    O)``, ``[..., L_q, 1]``. As in the forward, ``P = exp2(S log2(e) -
+    lse2)`` with ``lse2 = lse log2(e)``."""
+    batch, dt = dout.shape[:-2], dq.dtype
     (L_q, d_k), d_v = q.shape[-2:], v.shape[-1]
     bq, bk = tiles.shape
-    D = np.vecdot(dout, out)[..., None]  # rowsum(dO * O): [..., L_q, 1]
-    lse = np.where(lse == -np.inf, np.inf, lse)[..., None]  # P=0
+    # +inf where a row attends nothing, so that P = 0: [..., L_q, 1]
+    lse2 = np.where(lse2 == -np.inf, np.inf, lse2)[..., None]
     # dS K of every key tile, summed at the heads' shape [..., L_q, d_k]
     dq_all = dq
     if dq.shape != batch + (L_q, d_k):  # q broadcast: sum it at the end
         dq_all = np.zeros(batch + (L_q, d_k), dt)
     ks_buf = np.empty(k.shape[:-2] + (bk, d_k), dt)  # K * scale
+    k2_buf = np.empty(k.shape[:-2] + (bk, d_k), dt)  # K scale log2(e)
     p_buf = np.empty(batch + (bq, bk), dt)  # P of one tile
     ds_buf = np.empty(batch + (bq, bk), dt)  # dP, then dS, of one tile
     dq_buf = np.empty(batch + (bq, d_k), dt)
@@ -301,29 +411,37 @@ def backward_tiles(q, k, v, out, dout, lse, dq, dk, dv, scale, tiles):
     for j, (c0, c1) in enumerate(tiles.cols):
         kj, vj = k[..., c0:c1, :], v[..., c0:c1, :]  # [.., n_k, d]
         ks = np.multiply(kj, scale, out=ks_buf[..., : c1 - c0, :])
+        k2 = np.multiply(kj, scale * LOG2E, out=k2_buf[..., : c1 - c0, :])
         dk_j, dv_j = dk_sum[..., : c1 - c0, :], dv_sum[..., : c1 - c0, :]
         dk_j.fill(0)
         dv_j.fill(0)
         for i in tiles.in_col(j):
-            r0, r1 = tiles.rows[i]
-            q_i, do_i = q[..., r0:r1, :], dout[..., r0:r1, :]
-            p = p_buf[..., : r1 - r0, : c1 - c0]  # [..., n_q, n_k]
-            np.matmul(q_i, ks.swapaxes(-1, -2), out=p)  # S = Q (K scale)^T
-            p -= lse[..., r0:r1, :]  # S - lse
-            hidden = tiles.hidden(i, j)  # None: a full tile, no mask
-            if hidden is not None:
-                np.copyto(p, -np.inf, where=hidden)
-            np.exp(p, out=p)  # P = exp(S - lse): [..., n_q, n_k]
-            pt = p.swapaxes(-1, -2)  # [..., n_k, n_q]
-            dv_j += np.matmul(pt, do_i, out=dv_buf[..., : c1 - c0, :])
-            ds = ds_buf[..., : r1 - r0, : c1 - c0]
-            np.matmul(do_i, vj.swapaxes(-1, -2), out=ds)  # dP = dO V^T
-            ds -= D[..., r0:r1, :]  # dP - D
-            ds *= p  # dS = P * (dP - D): [..., n_q, n_k]
-            dq_i = dq_buf[..., : r1 - r0, :]
-            dq_all[..., r0:r1, :] += np.matmul(ds, ks, out=dq_i)  # dS K s
-            dst = ds.swapaxes(-1, -2)  # [..., n_k, n_q]
-            dk_j += np.matmul(dst, q_i, out=dk_buf[..., : c1 - c0, :])
+            r0 = tiles.rows[i][0]
+            for a, b, ca, cb, hidden in tiles.blocks(i, j):  # rows, keys
+                rows, keys = slice(r0 + a, r0 + b), slice(ca, cb)
+                q_i, do_i = q[..., rows, :], dout[..., rows, :]
+                p = p_buf[..., : b - a, : cb - ca]  # [..., n_q, n_k]
+                # S log2(e) = Q (K scale log2(e))^T, minus lse2
+                np.matmul(q_i, k2[..., keys, :].swapaxes(-1, -2), out=p)
+                p -= lse2[..., rows, :]
+                if hidden is not None:  # a tile on the diagonal
+                    np.copyto(p, -np.inf, where=hidden)
+                np.exp2(p, out=p)  # P: [..., n_q, n_k]
+                pt = p.swapaxes(-1, -2)  # [..., n_k, n_q]
+                dvb = dv_buf[..., : cb - ca, :]
+                dv_j[..., keys, :] += np.matmul(pt, do_i, out=dvb)  # P^T dO
+                ds = ds_buf[..., : b - a, : cb - ca]
+                vt = vj[..., keys, :].swapaxes(-1, -2)  # [..., d_v, n_k]
+                np.matmul(do_i, vt, out=ds)  # dP = dO V^T
+                ds -= D[..., rows, :]  # dP - D
+                ds *= p  # dS = P * (dP - D): [..., n_q, n_k]
+                dq_i = dq_buf[..., : b - a, :]
+                dq_all[..., rows, :] += np.matmul(  # dS (K scale)
+                    ds, ks[..., keys, :], out=dq_i
+                )
+                dst = ds.swapaxes(-1, -2)  # [..., n_k, n_q]
+                dkb = dk_buf[..., : cb - ca, :]
+                dk_j[..., keys, :] += np.matmul(dst, q_i, out=dkb)
         dk_j *= scale  # dK = dS^T Q * scale
         # broadcast key/value heads: sum the query heads that shared them
         dk[..., c0:c1, :] += unbroadcast(
@@ -356,13 +474,14 @@ class Tiles:
         self.pairs = int(np.sum((self.plan != SKIP) * np.outer(n_q, n_k)))
         # [n_q, n_k] bool, True where a query may NOT attend; tiles at the
         # same distance from the diagonal share one
-        self._hidden, made = {}, {}
+        self._hidden, self._blocks, made = {}, {}, {}
         for i, j in zip(*np.nonzero(self.plan == MASKED)):
             (r0, r1), (c0, c1) = self.rows[i], self.cols[j]
             key = (r0 + L_k - L_q - c0, r1 - r0, c1 - c0)
             if key not in made:
-                made[key] = ~_tile_mask(r0, r1, c0, c1, L_q, L_k, window)
-            self._hidden[i, j] = made[key]
+                hidden = ~_tile_mask(r0, r1, c0, c1, L_q, L_k, window)
+                made[key] = hidden, _parts(hidden)
+            self._hidden[i, j], self._blocks[i, j] = made[key]
 
     def in_row(self, i):
         """The key tiles computed for query tile ``i``."""
@@ -376,6 +495,38 @@ class Tiles:
         """``[n_q, n_k]`` bool, True where the query may not attend, or
         ``None`` where it may attend every key of the tile."""
         return self._hidden.get((i, j))
+
+    def blocks(self, i, j):
+        """The parts of tile ``(i, j)`` to compute: ``(a, b, ca, cb,
+        hidden)``, rows ``a:b`` and keys ``ca:cb`` of the tile and the
+        part's mask (``None``: no mask). A full tile is one part; a
+        masked one is cut into parts of ``SUB`` rows, each over the keys
+        some of its rows may attend, so a diagonal tile of 256 computes
+        three quarters of its pairs."""
+        parts = self._blocks.get((i, j))
+        if parts is None:
+            (r0, r1), (c0, c1) = self.rows[i], self.cols[j]
+            return ((0, r1 - r0, 0, c1 - c0, None),)
+        return parts
+
+
+def _parts(hidden, sub=None):
+    """:meth:`Tiles.blocks` of a masked tile whose mask is ``hidden``:
+    per ``sub`` rows, the span of ``sub``-key parts that any of them may
+    attend (none: the rows are left out)."""
+    sub = SUB if sub is None else sub
+    n_q, n_k = hidden.shape
+    parts = []
+    for a in range(0, n_q, sub):
+        b = min(a + sub, n_q)
+        seen = ~hidden[a:b].all(axis=0)  # [n_k]: keys some row may see
+        cuts = [c for c in range(0, n_k, sub) if seen[c : c + sub].any()]
+        if not cuts:
+            continue
+        ca, cb = cuts[0], min(cuts[-1] + sub, n_k)
+        part = np.ascontiguousarray(hidden[a:b, ca:cb])
+        parts.append((a, b, ca, cb, part if part.any() else None))
+    return tuple(parts)
 
 
 def _check_tiles(L_q, L_k, block_q, block_k, causal, window):
@@ -416,6 +567,7 @@ def _tile_mask(r0, r1, c0, c1, L_q, L_k, window):
 # ---------------------------------------------------------------------------
 # -- worker threads
 PARALLEL_MIN_FLOPS = 2**24  # below this a call is too short to share out
+PARTS_PER_WORKER = 1  # the heads are cut into this many parts per worker
 
 
 def in_parallel(share, batch, flops):
@@ -438,12 +590,16 @@ def in_parallel(share, batch, flops):
         return share(_Take(batch))
     if flops * int(np.prod(batch)) < PARALLEL_MIN_FLOPS:
         return share(_Take(batch))
-    edges = np.linspace(0, batch[axis], min(workers, batch[axis]) + 1)
+    parts = min(workers * PARTS_PER_WORKER, batch[axis])
+    edges = np.linspace(0, batch[axis], parts + 1)
     takes = [
         _Take(batch, axis, slice(int(a), int(b)))
         for a, b in zip(edges[:-1].round(), edges[1:].round())
     ]
-    with blas_threads(1), ThreadPoolExecutor(len(takes)) as pool:
+    # a worker that is done takes the next part: a core the machine gives
+    # less of does less of the work
+    workers = min(workers, len(takes))
+    with blas_threads(1), ThreadPoolExecutor(workers) as pool:
         for _ in pool.map(share, takes):  # raises what a worker raised
             pass
     return None

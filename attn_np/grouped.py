@@ -28,7 +28,7 @@ object with ``forward(s, ctx) -> (s2, saved)`` and ``backward(ds2, saved)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -50,7 +50,7 @@ from .attention import unbroadcast
 from .flash import (
     BLOCK_K,
     BLOCK_Q,
-    flash_attention_backward,
+    backward_into,
     flash_attention_forward,
 )
 from .masks import position_mask
@@ -207,15 +207,25 @@ def _forward(
     return o, cache
 
 
-def grouped_attention_backward(do, cache: GroupedCache) -> dict:
+def grouped_attention_backward(
+    do, cache: GroupedCache, *, release=False
+) -> dict:
     """``{"q", "k", "v"}`` gradients with their inputs' shapes (``dk``,
     ``dv`` summed over each group), plus ``"sinks"`` and every score mod's
-    parameter gradients when present. The stacked products throughout."""
+    parameter gradients when present. The stacked products throughout.
+    ``release=True`` (a layer's backward, its cache's last): the tiled
+    backward frees the cached output as soon as it has read it."""
     c = cache
     if not isinstance(c, GroupedCache):
         raise TypeError(
             "cache must be the GroupedCache of grouped_attention_forward, "
             f"got {type(c).__name__}"
+        )
+    release = check_flag(release, "release")
+    if c.out is None:
+        raise ValueError(
+            "cache was released by a grouped_attention_backward with "
+            "release=True (a layer's backward): run the forward again"
         )
     do = check_upstream(do, "do", c.out.shape, "the attention output")
     if c.inputs is not None:
@@ -225,7 +235,7 @@ def grouped_attention_backward(do, cache: GroupedCache) -> dict:
             "grouped_attention_backward",
         )
     if c.tiled is not None:  # FlashAttention's backward, by tiles
-        return grouped_tiled_backward(do, c)
+        return grouped_tiled_backward(do, c, release)
     B, n_kv, G, L_q, d_k = c.q.shape
     L_k, d_v = c.k.shape[2], c.v.shape[3]
     p = c.weights.reshape(B, n_kv, G * L_q, L_k)  # a view
@@ -337,7 +347,12 @@ def grouped_tiled_forward(
     With ``sinks`` (logits ``a`` broadcasting to ``[B, n_kv, G, L_q, 1]``)
     no new kernel: a row's keys hold ``e^lse`` of its softmax's mass and
     the sink ``e^a``, so the sink layer's output is the tiled output times
-    ``w = e^lse / (e^lse + e^a) = sigmoid(lse - a)``."""
+    ``w = e^lse / (e^lse + e^a) = sigmoid(lse - a)``.
+
+    The output is written in the layout the layer merges heads in,
+    ``[B, L_q, n_kv, G, d_v]`` (``o`` is a view of it): the layer's
+    ``merge_groups(o)`` is then a view too, not a second copy."""
+    o = _merged(q.shape[:-1] + v.shape[-1:], np.result_type(q, k, v))
     o, fc = flash_attention_forward(
         q,
         k[:, :, None],
@@ -348,34 +363,51 @@ def grouped_tiled_forward(
         block_q=block_q,
         block_k=block_k,
         check_finite=False,
+        out=o,
     )  # [B, n_kv, G, L_q, d_v]
     if sinks is None:
         return o, GroupedCache(q, k, v, o, None, scale, tiled=fc)
     w, p_sink = _sink_split(fc.lse, sinks)  # [B, n_kv, G, L_q, 1] each
-    o = o * w  # O' = w O: [B, n_kv, G, L_q, d_v]
-    fc = replace(fc, out=o)  # the backward reads O' (its D, below)
+    o *= w  # O' = w O, in place: the backward reads O' (its D, below)
     return o, GroupedCache(q, k, v, o, None, scale, sinks, p_sink, tiled=fc)
 
 
-def grouped_tiled_backward(do, c: GroupedCache) -> dict:
+def _merged(shape, dtype):
+    """Zeros of ``shape`` ``[B, heads..., L, d]`` stored as ``[B, L,
+    heads..., d]``, the order :func:`~attn_np.heads.merge_groups` and
+    :func:`~attn_np.heads.merge_heads` put the heads in (a view)."""
+    B, *heads, L, d = shape
+    n = len(heads)
+    stored = np.zeros((B, L, *heads, d), dtype)  # [B, L, heads..., d]
+    return stored.transpose(0, *range(2, 2 + n), 1, 2 + n)
+
+
+def grouped_tiled_backward(do, c: GroupedCache, release=False) -> dict:
     """The tiled backward; with sinks, of ``O' = w O``. Since ``P' = w P``,
     ``dS = P' * (dP' - D')`` with ``dP' = dO' V^T``, ``D' = rowsum(dO' *
     O')`` is ``P * ((w dO') V^T - w D')``: the tiled backward with upstream
     ``w dO'`` and row term ``w D'``, which is its own ``rowsum(dout * out)``
-    when it reads ``out = O'``. The sink: ``da = -p_sink D'``."""
-    if c.sinks is None:
-        dq, dk, dv = flash_attention_backward(do, c.tiled)
-        return {"q": dq, "k": dk[:, :, 0], "v": dv[:, :, 0]}
-    w, p_sink = _sink_split(c.tiled.lse, c.sinks)  # [.., L_q, 1] each
-    dq, dk, dv = flash_attention_backward(w * do, c.tiled)
-    inner = np.sum(do * c.out, axis=-1, keepdims=True)  # D': [.., L_q, 1]
-    da = -p_sink * inner  # [B, n_kv, G, L_q, 1]
-    return {
-        "q": dq,
-        "k": dk[:, :, 0],
-        "v": dv[:, :, 0],
-        "sinks": unbroadcast(da, c.sinks.shape),
-    }
+    when it reads ``out = O'``. The sink: ``da = -p_sink D'``.
+    ``release=True``: the cache's output is freed once read (the caller's
+    last backward); a second backward on the cache raises."""
+    D = np.vecdot(do, c.out)[..., None]  # rowsum(dO' * O'): [.., L_q, 1]
+    dt, grads = np.result_type(c.out, do), {}
+    if c.sinks is not None:
+        w, p_sink = _sink_split(c.tiled.lse, c.sinks)  # [.., L_q, 1] each
+        grads["sinks"] = unbroadcast(-p_sink * D, c.sinks.shape)  # da
+        do, D = w * do, w * D  # the tiled backward's upstream and D
+    if release:  # the output's last reader was D
+        c.out = c.tiled.out = None
+    # the gradients, in the layout the layer merges them in (as o)
+    dk, dv = _merged(c.k.shape, dt), _merged(c.v.shape, dt)
+    dq, dk, dv = backward_into(
+        do,
+        c.tiled,
+        D,
+        (_merged(c.q.shape, dt), dk[:, :, None], dv[:, :, None]),
+    )
+    grads.update(q=dq, k=dk[:, :, 0], v=dv[:, :, 0])
+    return grads
 
 
 def _sink_split(lse, sinks):

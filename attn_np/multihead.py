@@ -335,7 +335,8 @@ class GroupedQueryAttention:
         if self._cache is None:
             raise RuntimeError(
                 "backward needs a preceding forward without kv_cache "
-                "(decoding with a cache is inference only)"
+                "(decoding with a cache is inference only; with "
+                "flash=True each forward serves one backward)"
             )
         x3, o, att, rope, unbatched, saved = self._cache
         B, L, _ = x3.shape
@@ -349,7 +350,11 @@ class GroupedQueryAttention:
         check_finite(dy, "dy")
         check_unchanged(saved, {"x": x3}, "backward")
         do, dx_out = self.output_backward(dy.reshape(B, L, self.d_model), o)
-        g = grouped_attention_backward(do, att)  # dk, dv summed per group
+        if self.flash:  # O(L) memory: the tiled core frees o once read,
+            self._cache = o = None  # so this forward serves one backward
+        # dk, dv summed per group
+        g = grouped_attention_backward(do, att, release=self.flash)
+        del do  # read: freed before the projections' gradients
         for name in g.keys() - {"q", "k", "v"}:  # sinks, score mods' params
             self.grads[name] = g.pop(name).reshape(self.params[name].shape)
         self.position_backward(g, rope)  # g["q"], g["k"] turned back
@@ -385,14 +390,20 @@ class GroupedQueryAttention:
         W = self.params
         # [B, n_kv, G, L, d_k] -> [B, L, h*d_k]; k, v: [B, n_kv, L, d] ->
         # [B, L, n_kv*d]
-        dq = merge_groups(g.pop("q"))
-        dk, dv = merge_heads(g.pop("k")), merge_heads(g.pop("v"))
         xf = flat(x3)  # [B*L, d_model]
-        # [d_model, B*L] @ [B*L, h*d_k] -> [d_model, h*d_k]
-        self.grads["W_q"] = xf.T @ flat(dq)
-        self.grads["W_k"] = xf.T @ flat(dk)  # -> [d_model, n_kv*d_k]
-        self.grads["W_v"] = xf.T @ flat(dv)  # -> [d_model, n_kv*d_v]
-        return dq @ W["W_q"].T + dk @ W["W_k"].T + dv @ W["W_v"].T
+        dx = None
+        for name, merge in (
+            ("q", merge_groups),
+            ("k", merge_heads),
+            ("v", merge_heads),
+        ):  # one at a time, each freed once used
+            d = merge(g.pop(name))
+            # [d_model, B*L] @ [B*L, h*d_k] -> [d_model, h*d_k]
+            self.grads["W_" + name] = xf.T @ flat(d)
+            part = d @ W["W_" + name].T  # [B, L, d_model]
+            dx = part if dx is None else np.add(dx, part, out=dx)
+            d = part = None
+        return dx
 
     # ------------------------------------------------------------------
     def check_cache(self, kv_cache, x3):

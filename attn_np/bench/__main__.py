@@ -55,7 +55,13 @@ BENCHMARKS: dict[str, Bench] = {
         "attn_np.bench.flash",
         sizes=("--rounds",),
         size_lists=("--L", "--memory-L"),
-        flags=("--sweep", "--skip-memory", "--why-load", "--skip-load"),
+        flags=(
+            "--sweep",
+            "--skip-memory",
+            "--why-load",
+            "--skip-load",
+            "--ceiling",
+        ),
     ),
     "linear": Bench(
         "attn_np.bench.linear",

@@ -18,6 +18,11 @@ timed against itself, "A/A"):
   two BLAS threads), crediting only the FLOPs a causal kernel must do
   (:func:`causal_flops`: the projections, and half the score and value
   products). Goal: at least 0.6 at every ``L``.
+* **ceiling** (``--ceiling``): beside the rates, the kernels' matrix
+  products alone (:func:`products_step`: the same tiles, parts, shapes
+  and worker threads, nothing else), credited the same way, and the
+  kernels' time over theirs: what the elementwise work costs, and the
+  most the kernels could reach with it free.
 * **load**: the dense and the tiled layer at ``L = 2048``, each round
   once on the machine as it is and once with one more core kept busy by
   a background process (:func:`~attn_np.instruments.measure.busy_core`,
@@ -44,8 +49,10 @@ from ..costs import layer as costs
 from ..flash import (
     BLOCK_K,
     BLOCK_Q,
+    Tiles,
     flash_attention_backward,
     flash_attention_forward,
+    in_parallel,
 )
 from ..instruments.measure import (
     alternating_times,
@@ -206,6 +213,49 @@ def block_sweep(
     return best, rate
 
 
+def products_step(L, *, n_heads=8, d_k=64, dtype=np.float32):
+    """The tiled kernels' matrix products alone on ``[1, h, L, d_k]``,
+    causal, forward and backward: the same tiles and parts
+    (:meth:`~attn_np.flash.Tiles.blocks`), shapes and worker threads,
+    and nothing else. Its rate is the ceiling of the kernels' own."""
+    rng = np.random.default_rng(0)
+    q, k, v, do = (
+        rng.standard_normal((1, n_heads, L, d_k)).astype(dtype)
+        for _ in range(4)
+    )
+    tiles = Tiles(L, L, BLOCK_Q, BLOCK_K, causal=True, window=None)
+
+    def share(take):
+        qh, kh, vh, dh = take(q), take(k), take(v), take(do)
+        s = np.empty(qh.shape[:-2] + tiles.shape, dtype)
+        o = np.empty(qh.shape[:-2] + (max(tiles.shape), d_k), dtype)
+        for i, j in zip(*np.nonzero(tiles.plan)):
+            r0, c0 = tiles.rows[i][0], tiles.cols[j][0]
+            for a, b, ca, cb, _ in tiles.blocks(i, j):
+                qi, di = (
+                    qh[..., r0 + a : r0 + b, :],
+                    dh[..., r0 + a : r0 + b, :],
+                )
+                kj, vj = (
+                    kh[..., c0 + ca : c0 + cb, :],
+                    vh[..., c0 + ca : c0 + cb, :],
+                )
+                p = s[..., : b - a, : cb - ca]
+                rows, keys = o[..., : b - a, :], o[..., : cb - ca, :]
+                np.matmul(qi, kj.swapaxes(-1, -2), out=p)  # forward S
+                np.matmul(p, vj, out=rows)  # P V
+                np.matmul(qi, kj.swapaxes(-1, -2), out=p)  # backward S
+                np.matmul(p.swapaxes(-1, -2), di, out=keys)  # dV
+                np.matmul(di, vj.swapaxes(-1, -2), out=p)  # dP
+                np.matmul(p, kj, out=rows)  # dQ
+                np.matmul(p.swapaxes(-1, -2), qi, out=keys)  # dK
+
+    def step():
+        in_parallel(share, (1, n_heads), tiles.pairs * 7 * d_k)
+
+    return step
+
+
 def causal_flops(
     L, *, B=1, d_model=512, n_heads=8, kernel_only=False
 ) -> int:
@@ -225,7 +275,9 @@ def causal_flops(
     return full - attention // 2
 
 
-def rates(Ls=(2048, 4096, 8192), *, rounds=5, dtype=np.float32):
+def rates(
+    Ls=(2048, 4096, 8192), *, rounds=5, dtype=np.float32, ceiling=False
+):
     """The tiled layer and kernels against the matmul rate, per ``L``.
 
     Per ``L``, five contenders in turns: the ``[2048, 2048]`` matmul,
@@ -234,23 +286,25 @@ def rates(Ls=(2048, 4096, 8192), *, rounds=5, dtype=np.float32):
     (median, low, high)}}`` for ``"layer"``, ``"kernels"`` (fractions
     of the round's matmul rate, :func:`causal_flops` credited),
     ``"layer A/A"``, ``"kernels A/A"`` (time ratios) and
-    ``"matmul GFLOP/s"``.
+    ``"matmul GFLOP/s"``. ``ceiling=True`` adds ``"products"``: the
+    kernels' matrix products alone (:func:`products_step`), credited the
+    same way, and ``"kernels / products"`` (time).
     """
     mm, mm_flops = matmul_probe(2048, dtype)
     result = {}
     for L in Ls:
         layer = layer_step(L, flash=True, dtype=dtype)
         kernels = kernel_step(L, BLOCK_Q, BLOCK_K, dtype=dtype)
-        t = alternating_times(
-            {
-                "matmul": mm,
-                "layer": layer,
-                "kernels": kernels,
-                "layer again": layer,
-                "kernels again": kernels,
-            },
-            rounds=rounds,
-        )
+        fns = {
+            "matmul": mm,
+            "layer": layer,
+            "kernels": kernels,
+            "layer again": layer,
+            "kernels again": kernels,
+        }
+        if ceiling:
+            fns["products"] = products_step(L, dtype=dtype)
+        t = alternating_times(fns, rounds=rounds)
         rate = mm_flops / t["matmul"]  # FLOP/s, round by round
         r = {"matmul GFLOP/s": _spread(rate / 1e9)}
         for name, flops in (
@@ -259,6 +313,12 @@ def rates(Ls=(2048, 4096, 8192), *, rounds=5, dtype=np.float32):
         ):
             r[name] = _spread(flops / t[name] / rate)
             r[f"{name} A/A"] = ratio_spread(t[name], t[f"{name} again"])
+        if ceiling:
+            flops = causal_flops(L, kernel_only=True)
+            r["products"] = _spread(flops / t["products"] / rate)
+            r["kernels / products"] = ratio_spread(
+                t["kernels"], t["products"]
+            )
         result[L] = r
     return result
 
@@ -355,6 +415,11 @@ def main(argv=()) -> int:
     )
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also time the kernels' matrix products alone",
+    )
+    parser.add_argument(
         "--why-load",
         action="store_true",
         help="also time one tile product with 1 and 2 BLAS threads",
@@ -395,7 +460,7 @@ def main(argv=()) -> int:
 
     if args.L:
         t0 = time.perf_counter()
-        res = rates(args.L, rounds=args.rounds)
+        res = rates(args.L, rounds=args.rounds, ceiling=args.ceiling)
         print(
             "\nrate: forward + backward as a fraction of the round's\n"
             "[2048, 2048] matmul rate, crediting the FLOPs a causal\n"
@@ -414,6 +479,12 @@ def main(argv=()) -> int:
                     f"{_fmt(r['matmul GFLOP/s'], 0):>17}"
                 )
                 worst = min(worst, r[name][0])
+            if "products" in r:
+                print(
+                    f"{L:6d}  {'products':8s}{_fmt(r['products']):>17} "
+                    f"{'kernels/products':>17} "
+                    f"{_fmt(r['kernels / products']):>17}"
+                )
         print(
             f"goal: at least 0.6 at every L: "
             f"{'met' if worst >= 0.6 else 'NOT met'} (worst {worst:.2f})"
