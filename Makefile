@@ -9,7 +9,9 @@ STAMP  := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum
 export PYTHONHASHSEED := 0
 # Two pytest workers (pytest-xdist) for the unit tests and for nbval: this machine has 2 cores, and most
 # cells and tests are single-threaded NumPy. nbval's --dist loadscope keeps each notebook's cells in order
-# in one worker and one kernel. WORKERS=0 runs everything in one process.
+# in one worker and one kernel; --no-loadscope-reorder keeps notebooks/conftest.py's order, the longest
+# notebooks first (the time scripts/execute_notebooks.py recorded), so the two workers end together.
+# WORKERS=0 runs everything in one process.
 WORKERS ?= 2
 
 venv: $(STAMP)
@@ -51,7 +53,7 @@ unit: venv
 	$(BIN)/python -m pytest -q -n $(WORKERS) tests --ignore=tests/browser
 
 nbval: venv
-	$(BIN)/python -m pytest -q -p no:randomly -n $(WORKERS) --dist loadscope --nbval --nbval-current-env notebooks
+	$(BIN)/python -m pytest -q -p no:randomly -n $(WORKERS) --dist loadscope --no-loadscope-reorder --nbval --nbval-current-env notebooks
 
 book-strict: venv
 	$(BIN)/jupyter-book build --all --warningiserror --keep-going .
