@@ -16,7 +16,8 @@ WORKERS ?= 2
 
 venv: $(STAMP)
 
-# The environment: exact pins from requirements.txt, then attn_np itself (editable, so notebooks
+# The environment: exact pins from requirements.txt (what make test needs; JupyterLab's are in
+# requirements-lab.txt, for make lab), then attn_np itself (editable, so notebooks
 # import the working tree's code without touching sys.path).
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -68,10 +69,19 @@ browser: venv
 figures: venv
 	$(BIN)/python scripts/make_figures.py
 
-# JupyterLab on notebooks/, with jupyterlab-myst (requirements.txt) rendering the book's MyST. Jupyter
-# refuses to run as root unless told: the flag is added only when make runs as root (as CI does).
+# JupyterLab on notebooks/, with jupyterlab-myst rendering the book's MyST. Its 44 packages are pinned in
+# requirements-lab.txt and installed into .venv the first time `make lab` runs: make test needs none of
+# them (and jsonschema, imported by every pytest, Sphinx and nbformat process, takes about 1.6 s of CPU
+# to import when JupyterLab's rfc3987-syntax is installed). Jupyter refuses to run as root unless told:
+# the flag is added only when make runs as root (as CI does).
+LAB_STAMP := $(VENV)/.lab-installed-$(shell cat requirements-lab.txt | cksum | cut -d' ' -f1)
+$(LAB_STAMP): requirements-lab.txt $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-lab.txt
+	rm -f $(VENV)/.lab-installed-*
+	touch $@
+
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
-lab: venv
+lab: $(LAB_STAMP)
 	$(BIN)/jupyter lab $(ALLOW_ROOT) notebooks
 
 notebooks: venv
