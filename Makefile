@@ -9,12 +9,15 @@ STAMP  := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum
 export PYTHONHASHSEED := 0
 # Two pytest workers (pytest-xdist) for the unit tests and for nbval: this machine has 2 cores, and most
 # cells and tests are single-threaded NumPy. nbval's --dist loadscope keeps each notebook's cells in order
-# in one worker and one kernel. WORKERS=0 runs everything in one process.
+# in one worker and one kernel; --no-loadscope-reorder keeps notebooks/conftest.py's order, the longest
+# notebooks first (the time scripts/execute_notebooks.py recorded), so the two workers end together.
+# WORKERS=0 runs everything in one process.
 WORKERS ?= 2
 
 venv: $(STAMP)
 
-# The environment: exact pins from requirements.txt, then attn_np itself (editable, so notebooks
+# The environment: exact pins from requirements.txt (what make test needs; JupyterLab's are in
+# requirements-lab.txt, for make lab), then attn_np itself (editable, so notebooks
 # import the working tree's code without touching sys.path).
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,7 +54,7 @@ unit: venv
 	$(BIN)/python -m pytest -q -n $(WORKERS) tests --ignore=tests/browser
 
 nbval: venv
-	$(BIN)/python -m pytest -q -p no:randomly -n $(WORKERS) --dist loadscope --nbval --nbval-current-env notebooks
+	$(BIN)/python -m pytest -q -p no:randomly -n $(WORKERS) --dist loadscope --no-loadscope-reorder --nbval --nbval-current-env notebooks
 
 book-strict: venv
 	$(BIN)/jupyter-book build --all --warningiserror --keep-going .
@@ -66,10 +69,19 @@ browser: venv
 figures: venv
 	$(BIN)/python scripts/make_figures.py
 
-# JupyterLab on notebooks/, with jupyterlab-myst (requirements.txt) rendering the book's MyST. Jupyter
-# refuses to run as root unless told: the flag is added only when make runs as root (as CI does).
+# JupyterLab on notebooks/, with jupyterlab-myst rendering the book's MyST. Its 44 packages are pinned in
+# requirements-lab.txt and installed into .venv the first time `make lab` runs: make test needs none of
+# them (and jsonschema, imported by every pytest, Sphinx and nbformat process, takes about 1.6 s of CPU
+# to import when JupyterLab's rfc3987-syntax is installed). Jupyter refuses to run as root unless told:
+# the flag is added only when make runs as root (as CI does).
+LAB_STAMP := $(VENV)/.lab-installed-$(shell cat requirements-lab.txt | cksum | cut -d' ' -f1)
+$(LAB_STAMP): requirements-lab.txt $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-lab.txt
+	rm -f $(VENV)/.lab-installed-*
+	touch $@
+
 ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
-lab: venv
+lab: $(LAB_STAMP)
 	$(BIN)/jupyter lab $(ALLOW_ROOT) notebooks
 
 notebooks: venv

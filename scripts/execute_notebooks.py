@@ -7,7 +7,9 @@ Cells tagged ``hide-input`` or ``hide-cell`` (folded in the HTML book) get Jupyt
 folding metadata, so a solution stays folded in JupyterLab too.
 
 Outputs are stored without per-cell timing metadata so that re-running an unchanged notebook
-changes nothing but machine-dependent outputs (timings, in cells tagged ``nbval-ignore-output``).
+changes nothing but machine-dependent outputs (timings, in cells tagged ``nbval-ignore-output``)
+and the whole notebook's execution time in seconds (``metadata.attn_np.execution_seconds``), which
+``notebooks/conftest.py`` reads to run the longest notebooks first under nbval.
 """
 
 from __future__ import annotations
@@ -55,6 +57,9 @@ def execute(path: Path) -> float:
         "name": "python3",
     }
     nb.metadata.pop("widgets", None)
+    # how long it took, for notebooks/conftest.py: nbval starts the longest
+    # notebooks first, so that its two workers finish together
+    nb.metadata["attn_np"] = {"execution_seconds": round(elapsed)}
     nbformat.write(nb, path)
     return elapsed
 

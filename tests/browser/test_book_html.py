@@ -21,7 +21,7 @@ navigation and page-contents dialogs and ☰ hides the sidebar at 1280 px; the f
 every page of ``_toc.yml``.
 
 A full-page screenshot of every page at both sizes is saved under ``_build/screenshots/``
-(``NAME.png`` at 1280 px, ``NAME__phone.jpg`` at 390 px) for a person to look at.
+(``NAME.jpg`` at 1280 px, ``NAME__phone.jpg`` at 390 px) for a person to look at.
 The last line printed says how many pages, math elements, images, external requests and console errors
 were counted, and how long it took. ``BOOK_HTML`` points the test at another built book.
 
@@ -30,13 +30,13 @@ It is not collected by ``make unit`` (``--ignore=tests/browser``): it needs the 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import http.server
 import os
 import re
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -226,48 +226,72 @@ NAV_STATE = r"""
 """
 
 
-def try_navigation(page, base: str, rel: str, phone: bool) -> dict:
+async def until(page, predicate: str, timeout_ms: int = 5_000) -> None:
+    """Wait until the JavaScript ``predicate`` holds on ``page``, at most
+    ``timeout_ms``: a reader's tap takes effect when the theme has done its
+    work, not after a fixed pause. A timeout is not an error here: the
+    state is read afterwards and the test judges it."""
+    try:
+        await page.wait_for_function(predicate, timeout=timeout_ms)
+    except (
+        Exception
+    ):  # playwright's TimeoutError: the check reports the state
+        pass
+
+
+def _state_is(key: str, field: str, want: bool) -> str:
+    """A predicate on NAV_STATE: ``NAV_STATE()[key][field] == want`` (or,
+    for the sidebar, ``NAV_STATE().sidebarShown == want``)."""
+    got = f"s.{key}" if field == "" else f"s.{key}.{field}"
+    return f"() => {{ const s = ({NAV_STATE})(); return !!{got} === {str(want).lower()}; }}"
+
+
+async def try_navigation(
+    page, base: str, rel: str, phone: bool, net
+) -> dict:
     """Open ``rel``, use its navigation as a reader would, and say what opened."""
-    page.goto(base + rel, wait_until="load")
-    page.wait_for_timeout(
-        500
-    )  # the theme wires its buttons once the page has loaded
-    out = {"page": rel, "before": page.evaluate(NAV_STATE)}
+    await page.goto(base + rel, wait_until="load")
+    await (
+        net.quiet()
+    )  # the theme wires its buttons by the time the page has loaded
+    out = {"page": rel, "before": await page.evaluate(NAV_STATE)}
     if phone:
         for which, sel, key in (
             ("navigation", ".primary-toggle", "primary"),
             ("page contents", ".secondary-toggle", "secondary"),
         ):
             buttons = [
-                b for b in page.query_selector_all(sel) if b.is_visible()
+                b
+                for b in await page.query_selector_all(sel)
+                if await b.is_visible()
             ]
             if not buttons:
                 out[which] = {"error": f"no visible {sel} button"}
                 continue
-            buttons[0].tap()
-            page.wait_for_timeout(500)
-            out[which] = page.evaluate(NAV_STATE)[key]
-            page.keyboard.press("Escape")
-            page.wait_for_timeout(300)
+            await buttons[0].tap()
+            await until(page, _state_is(key, "open", True))
+            out[which] = (await page.evaluate(NAV_STATE))[key]
+            await page.keyboard.press("Escape")
+            await until(page, _state_is(key, "open", False))
     else:
         buttons = [
             b
-            for b in page.query_selector_all(".primary-toggle")
-            if b.is_visible()
+            for b in await page.query_selector_all(".primary-toggle")
+            if await b.is_visible()
         ]
         if not buttons:
             out["toggle"] = {
                 "error": "no visible ☰ (.primary-toggle) button"
             }
             return out
-        buttons[0].click()
-        page.wait_for_timeout(800)
-        hidden = page.evaluate(NAV_STATE)
-        buttons[0].click()
-        page.wait_for_timeout(800)
+        await buttons[0].click()
+        await until(page, _state_is("sidebarShown", "", False))
+        hidden = await page.evaluate(NAV_STATE)
+        await buttons[0].click()
+        await until(page, _state_is("sidebarShown", "", True))
         out["toggle"] = {
             "after one click": hidden,
-            "after two": page.evaluate(NAV_STATE),
+            "after two": await page.evaluate(NAV_STATE),
         }
     return out
 
@@ -350,36 +374,55 @@ async () => {
 """
 
 
-def extra_probes(page, base: str, report: BookReport) -> dict:
+async def extra_probes(page, base: str, report: BookReport, net) -> dict:
     """Two checks that no single page view makes: MathJax's lazy loading, and a search that finds pages."""
     extras = {}
     with_math = [rel for rel, p in report.pages.items() if p["mathjax"]]
     if with_math:
-        page.goto(base + with_math[0], wait_until="load")
-        page.evaluate("async () => { await MathJax.startup.promise; }")
-        extras["autoload"] = page.evaluate(AUTOLOAD_PROBE)
-        settle(page)
+        await page.goto(base + with_math[0], wait_until="load")
+        await page.evaluate("async () => { await MathJax.startup.promise; }")
+        extras["autoload"] = await page.evaluate(AUTOLOAD_PROBE)
+        await net.quiet()  # the extensions MathJax fetched, before leaving
     if "search.html" in report.pages:
-        page.goto(base + "search.html?q=attention", wait_until="load")
+        await page.goto(base + "search.html?q=attention", wait_until="load")
         try:
-            page.wait_for_selector(
+            await page.wait_for_selector(
                 "#search-results ul.search li", timeout=15_000
             )
         except Exception:
             pass
-        extras["search_hits"] = page.locator(
+        extras["search_hits"] = await page.locator(
             "#search-results ul.search li"
         ).count()
+        await net.quiet()
     return extras
 
 
-def settle(page, timeout_ms: int = 15_000) -> None:
-    """Wait until the page's requests are done, but never hang on one that is not: the probes
-    themselves wait for MathJax, fonts and images."""
-    try:
-        page.wait_for_load_state("networkidle", timeout=timeout_ms)
-    except Exception:  # playwright's TimeoutError: carry on, the probe waits for what matters
-        pass
+class Requests:
+    """The requests one tab has in flight. ``quiet()`` waits until none is
+    (bounded), so a page is left only when everything it asked for has
+    arrived or failed: a request cut off by the next page would be a
+    failure charged to the wrong page. (Playwright's ``networkidle`` waits
+    for 500 ms of silence after the last one, on every page.)"""
+
+    def __init__(self, page):
+        self.pending = set()
+        page.on("request", lambda r: self.pending.add(r))
+        page.on("requestfinished", lambda r: self.pending.discard(r))
+        page.on("requestfailed", lambda r: self.pending.discard(r))
+
+    async def quiet(self, timeout_s: float = 15.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.pending and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+
+
+# A page that sends the reader on (<meta http-equiv="refresh">), as the book's index.html does.
+REFRESH = re.compile(r"<meta[^>]+http-equiv=[\"']?refresh", re.IGNORECASE)
+
+# Tabs open at once for each window size. Two per size on 2 cores: while one tab waits for its page,
+# MathJax or a screenshot, the other works (BOOK_TABS overrides it).
+TABS = int(os.environ.get("BOOK_TABS", "2"))
 
 
 def nav_page(root: Path) -> str:
@@ -389,32 +432,27 @@ def nav_page(root: Path) -> str:
     return chapters[0] if chapters else "index.html"
 
 
-def browse(root: Path) -> BookReport:
-    from playwright.sync_api import sync_playwright
+async def _browse(root: Path, report: BookReport, chromium: str) -> None:
+    """Every page at both window sizes in one Chromium: one browser context per size (the phone's
+    with touch and a mobile viewport), ``TABS`` tabs in each, taking the pages from one queue."""
+    from playwright.async_api import async_playwright
 
-    report = BookReport()
-    if SCREENSHOTS.exists():
-        shutil.rmtree(SCREENSHOTS)
-    SCREENSHOTS.mkdir(parents=True)
-    start = time.perf_counter()
-    server, base = serve(root)
-    report.base = base
-    chromium = ensure_chromium()
+    base = report.base
+    pages = html_pages(root)
 
-    def one_viewport(name: str) -> None:
-        """Every page at one window size, in a browser of its own (the two sizes run side by
-        side, one thread each: Playwright wants one instance per thread)."""
-        width, height = VIEWPORTS[name]
-        phone = name == "phone"
+    async def open_tab(context, name: str):
+        """A tab that blocks every request off 127.0.0.1 and charges what goes wrong (console
+        errors, page errors, failed requests) to the page it is showing."""
+        page = await context.new_page()
         current = {"page": ""}
 
-        def on_route(route):
+        async def on_route(route):
             host = urlsplit(route.request.url).hostname
             if host in LOCAL_HOSTS:
-                route.continue_()
+                await route.continue_()
             else:
                 report.external.append((current["page"], route.request.url))
-                route.abort()
+                await route.abort()
 
         def on_console(msg):
             if msg.type == "error":
@@ -445,92 +483,110 @@ def browse(root: Path) -> BookReport:
                     )
                 )
 
-        with (
-            sync_playwright() as pw,
-            tempfile.TemporaryDirectory(
-                prefix="chromium-profile-"
-            ) as profile,  # a fresh --user-data-dir for every run
-        ):
-            context = pw.chromium.launch_persistent_context(
-                profile,
-                executable_path=chromium,
-                headless=True,
-                args=CHROMIUM_FLAGS,
-                viewport={"width": width, "height": height},
-                has_touch=phone,
-                is_mobile=phone,
-                service_workers="block",
-            )
-            context.route("**/*", on_route)
-            # a busy machine is slow, not wrong
-            context.set_default_timeout(120_000)
-            page = context.pages[0] if context.pages else context.new_page()
-            page.on("console", on_console)
-            page.on(
-                "pageerror",
-                lambda err: report.console.append(
-                    (current["page"], f"page error: {err}")
-                ),
-            )
-            page.on("response", on_response)
-            page.on("requestfailed", on_failed)
-            for rel in html_pages(root):
-                current["page"] = rel if not phone else f"{rel} (390 px)"
-                page.goto(base + rel, wait_until="load")
-                settle(page)
-                if not phone:
-                    report.pages[rel] = page.evaluate(
-                        PAGE_PROBE, MATH_TIMEOUT_MS
-                    )
-                view = page.evaluate(page_stats.PROBE, MATH_TIMEOUT_MS)
-                view["figures"] = page_stats.figure_text(
-                    view["images"], root
-                )
-                view["rawMyst"] = page.evaluate(RAW_MYST_PROBE)
-                report.views[rel, name] = view
-                settle(page)  # fonts MathJax asked for while typesetting
-                stem = rel[: -len(".html")].replace("/", "__")
-                if (
-                    phone
-                ):  # JPEG: a 30,000 px phone page encodes in half the time
-                    page.screenshot(
-                        path=str(SCREENSHOTS / f"{stem}__phone.jpg"),
-                        full_page=True,
-                        type="jpeg",
-                        quality=70,
-                    )
-                else:
-                    page.screenshot(
-                        path=str(SCREENSHOTS / f"{stem}.png"), full_page=True
-                    )
-            current["page"] = f"(navigation at {name})"
-            report.nav[name] = try_navigation(
-                page, base, nav_page(root), phone
-            )
-            if not phone:
-                current["page"] = "(extra probes: MathJax autoload, search)"
-                report.extras = extra_probes(page, base, report)
-            context.close()
+        net = Requests(page)
+        await page.route("**/*", on_route)
+        page.on("console", on_console)
+        page.on(
+            "pageerror",
+            lambda err: report.console.append(
+                (current["page"], f"page error: {err}")
+            ),
+        )
+        page.on("response", on_response)
+        page.on("requestfailed", on_failed)
+        return page, current, net
 
-    errors = []
+    async def view(page, current, net, name: str, rel: str) -> None:
+        """One page at one window size: the probes, then a full-page screenshot."""
+        phone = name == "phone"
+        current["page"] = rel if not phone else f"{rel} (390 px)"
+        await page.goto(base + rel, wait_until="load")
+        if REFRESH.search((root / rel).read_text(errors="replace")):
+            # a redirect page (index.html): measure the page it leads to
+            await page.wait_for_url(
+                lambda url: url != base + rel, wait_until="load"
+            )
+        await net.quiet()
+        if not phone:
+            report.pages[rel] = await page.evaluate(
+                PAGE_PROBE, MATH_TIMEOUT_MS
+            )
+        probe = await page.evaluate(page_stats.PROBE, MATH_TIMEOUT_MS)
+        probe["figures"] = page_stats.figure_text(probe["images"], root)
+        probe["rawMyst"] = await page.evaluate(RAW_MYST_PROBE)
+        report.views[rel, name] = probe
+        # fonts MathJax asked for while typesetting, before the picture
+        await page.evaluate("async () => { await document.fonts.ready; }")
+        await net.quiet()
+        stem = rel[: -len(".html")].replace("/", "__")
+        # JPEG at both sizes: a full-page PNG of a 25,000 px chapter takes about 1.4x as long
+        # to capture and encode, and nothing reads the pictures but a person
+        suffix = "__phone.jpg" if phone else ".jpg"
+        await page.screenshot(
+            path=str(SCREENSHOTS / f"{stem}{suffix}"),
+            full_page=True,
+            type="jpeg",
+            quality=80,
+        )
 
-    def run(name):
+    async def one_size(browser, name: str) -> None:
+        width, height = VIEWPORTS[name]
+        phone = name == "phone"
+        context = await browser.new_context(
+            viewport={"width": width, "height": height},
+            has_touch=phone,
+            is_mobile=phone,
+            service_workers="block",
+        )
+        context.set_default_timeout(
+            120_000
+        )  # a busy machine is slow, not wrong
+        queue = list(pages)
+        tabs = [await open_tab(context, name) for _ in range(TABS)]
+
+        async def work(tab):
+            while queue:
+                await view(*tab, name, queue.pop(0))
+
+        await asyncio.gather(*(work(tab) for tab in tabs))
+        page, current, net = tabs[0]
+        current["page"] = f"(navigation at {name})"
+        report.nav[name] = await try_navigation(
+            page, base, nav_page(root), phone, net
+        )
+        if not phone:
+            current["page"] = "(extra probes: MathJax autoload, search)"
+            report.extras = await extra_probes(page, base, report, net)
+        await context.close()
+
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(
+            executable_path=chromium, headless=True, args=CHROMIUM_FLAGS
+        )
         try:
-            one_viewport(name)
-        except BaseException as err:  # re-raised below, in the test's thread
-            errors.append(err)
+            await asyncio.gather(
+                *(one_size(browser, name) for name in VIEWPORTS)
+            )
+        finally:
+            await browser.close()
 
-    threads = [threading.Thread(target=run, args=(n,)) for n in VIEWPORTS]
+
+def browse(root: Path) -> BookReport:
+    report = BookReport()
+    if SCREENSHOTS.exists():
+        shutil.rmtree(SCREENSHOTS)
+    SCREENSHOTS.mkdir(parents=True)
+    start = time.perf_counter()
+    server, report.base = serve(root)
+    chromium = ensure_chromium()
     try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        asyncio.run(_browse(root, report, chromium))
     finally:
         server.shutdown()
         server.server_close()
-    if errors:
-        raise errors[0]
+    # every page in the order html_pages lists them, whichever tab finished it first
+    report.pages = dict(sorted(report.pages.items()))
+    report.views = dict(sorted(report.views.items()))
     report.seconds = time.perf_counter() - start
     return report
 
@@ -591,7 +647,7 @@ def test_every_page_was_opened_and_screenshotted(report):
         stem + suffix
         for p in expected
         for stem in [p[: -len(".html")].replace("/", "__")]
-        for suffix in (".png", "__phone.jpg")
+        for suffix in (".jpg", "__phone.jpg")
         if stem + suffix not in shots
     ]
     assert not missing, f"no screenshot for: {missing}"
