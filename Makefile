@@ -6,6 +6,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
+LAB_STAMP := $(VENV)/.lab-installed-$(shell cat requirements-lab.txt | cksum | cut -d' ' -f1)
 export PYTHONHASHSEED := 0
 # Two pytest workers (pytest-xdist) for the unit tests and for nbval: this machine has 2 cores, and most
 # cells and tests are single-threaded NumPy. nbval's --dist loadscope keeps each notebook's cells in order
@@ -26,7 +27,8 @@ $(STAMP): requirements.txt pyproject.toml
 	rm -f $(VENV)/.installed-*
 	touch $@
 
-book: venv
+# make book sets up everything a reader needs, JupyterLab's pins included (make lab then starts at once).
+book: venv $(LAB_STAMP)
 	$(BIN)/jupyter-book build --all .
 	@echo
 	@echo "The book is built. Open: file://$(CURDIR)/_build/html/index.html"
@@ -70,11 +72,10 @@ figures: venv
 	$(BIN)/python scripts/make_figures.py
 
 # JupyterLab on notebooks/, with jupyterlab-myst rendering the book's MyST. Its 44 packages are pinned in
-# requirements-lab.txt and installed into .venv the first time `make lab` runs: make test needs none of
+# requirements-lab.txt and installed into .venv by `make book` (or the first `make lab`): make test needs none of
 # them (and jsonschema, imported by every pytest, Sphinx and nbformat process, takes about 1.6 s of CPU
 # to import when JupyterLab's rfc3987-syntax is installed). Jupyter refuses to run as root unless told:
 # the flag is added only when make runs as root (as CI does).
-LAB_STAMP := $(VENV)/.lab-installed-$(shell cat requirements-lab.txt | cksum | cut -d' ' -f1)
 $(LAB_STAMP): requirements-lab.txt $(STAMP)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-lab.txt
 	rm -f $(VENV)/.lab-installed-*
