@@ -166,6 +166,9 @@ LEVERS = {
     "stacked products": "a group's G query rows in one product against "
     "its keys and values (min_stacked_rows = 1), not one product per query "
     "head",
+    "per-head products": "one product per query head, its key/value head "
+    "broadcast (min_stacked_rows above G), even where a group's rows "
+    "would be stacked",
     "1 BLAS thread": "the whole step on one BLAS thread",
     "1 BLAS thread, attention": "the two products over the cache on one "
     "BLAS thread, the projections on all",
@@ -268,6 +271,10 @@ def lever_steps(d_model, n_heads, n_kv_heads, context, seed=0) -> dict:
         d_model, n_heads, n_kv_heads, seed=seed, dtype=np.float32
     )
     stacked.min_stacked_rows = 1
+    per_head = GroupedQueryAttention(
+        d_model, n_heads, n_kv_heads, seed=seed, dtype=np.float32
+    )
+    per_head.min_stacked_rows = n_heads + 1
     one_thread = _AttendOnOneThread(
         d_model, n_heads, n_kv_heads, seed=seed, dtype=np.float32
     )
@@ -283,6 +290,7 @@ def lever_steps(d_model, n_heads, n_kv_heads, context, seed=0) -> dict:
         "library": step,
         "nothing (A/A)": step,
         "stacked products": undone_step(stacked, cache, x),
+        "per-head products": undone_step(per_head, cache, x),
         "1 BLAS thread": within(lambda: blas_threads(1)),
         "1 BLAS thread, attention": undone_step(one_thread, cache, x),
         "cache rows on 64 B": aligned[2],
@@ -373,6 +381,37 @@ def lever_table(levers) -> list[str]:
                 f"{text:>9} " if clear else f"{'(' + text + ')':>10}"
             )
         out.append(f"{name:28}" + "".join(cells))
+    return out
+
+
+def lever_verdicts(levers) -> list[str]:
+    """One line per family of :func:`run_levers`' result: the levers that
+    changed its step beyond this run's noise floor (the quartiles of the
+    change clear of 0 and of the ``nothing (A/A)`` row's quartiles),
+    faster or slower, and those within the noise."""
+    out = []
+    for fam, lev in levers.items():
+        _, aa_low, aa_high = lev["nothing (A/A)"]
+        kinds = {"faster": [], "slower": [], "within the noise": []}
+        for name in LEVERS:
+            if name == "nothing (A/A)":
+                continue
+            median, low, high = lev[name]
+            text = f"{name} ({median * 1e3:+.2f} ms)"
+            if high < min(0.0, aa_low):
+                kinds["faster"].append(text)
+            elif low > max(0.0, aa_high):
+                kinds["slower"].append(text)
+            else:
+                kinds["within the noise"].append(name)
+        out.append(
+            f"{fam}: "
+            + "; ".join(
+                f"{kind}: {', '.join(names)}"
+                for kind, names in kinds.items()
+                if names
+            )
+        )
     return out
 
 
