@@ -51,6 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attn_np import decode_workers
 from attn_np.costs.decode import decode_step_cost
 from attn_np.costs.latent import latent_decode_step_cost
 from attn_np.instruments.blas import blas_threads
@@ -169,6 +170,9 @@ LEVERS = {
     "per-head products": "one product per query head, its key/value head "
     "broadcast (min_stacked_rows above G), even where a group's rows "
     "would be stacked",
+    "no workers": "the attention over the cache in one piece, BLAS's "
+    "own threads inside each product (decode_workers(False)), instead of "
+    "its heads dealt out to worker threads with one BLAS thread each",
     "1 BLAS thread": "the whole step on one BLAS thread",
     "1 BLAS thread, attention": "the two products over the cache on one "
     "BLAS thread, the projections on all",
@@ -291,6 +295,7 @@ def lever_steps(d_model, n_heads, n_kv_heads, context, seed=0) -> dict:
         "nothing (A/A)": step,
         "stacked products": undone_step(stacked, cache, x),
         "per-head products": undone_step(per_head, cache, x),
+        "no workers": within(lambda: decode_workers(False)),
         "1 BLAS thread": within(lambda: blas_threads(1)),
         "1 BLAS thread, attention": undone_step(one_thread, cache, x),
         "cache rows on 64 B": aligned[2],

@@ -1,0 +1,141 @@
+"""Worker threads for a decode step (chapter 4).
+
+A decode step is a few dozen short BLAS calls: matrix-vector products with
+the weights and, per head, over the cache. With two BLAS threads each call
+splits its work and waits for both halves at its end; on a busy machine
+the second thread waits for a core at every call. Instead, the step's
+work is dealt out once to as many workers as BLAS may use threads, and
+BLAS runs one thread in each: NumPy lets go of Python's lock in BLAS and
+in its ufuncs, so the workers run at the same time, each streaming its
+own contiguous part of the memory (half the heads of the cache, half the
+rows of a weight matrix).
+
+The pool of workers is made once and kept, since starting threads for
+every step would cost more than some steps take. A call made from inside
+a worker runs its tasks in that worker, one after the other.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import numpy as np
+
+from ._checks import check_flag
+from .instruments.blas import blas_threads, get_blas_threads
+
+_POOL = None  # the workers, made at the first call that shares out
+_LOCK = threading.Lock()
+_INSIDE = threading.local()  # set in a thread running a shared task
+_SHARED = {"on": True}  # decode_workers() switches it
+
+
+@contextmanager
+def decode_workers(enabled: bool = True):
+    """``with decode_workers(False): ...`` makes every decode step in the
+    block in one piece, BLAS's own threads inside each product, instead
+    of dealing its heads and its weights' rows out to worker threads with
+    one BLAS thread each (the default). The same numbers to rounding: a
+    switch for measuring (``python -m attn_np.bench decode --levers``).
+    """
+    before = _SHARED["on"]
+    _SHARED["on"] = check_flag(enabled, "enabled")
+    try:
+        yield
+    finally:
+        _SHARED["on"] = before
+
+
+def sharing() -> bool:
+    """Whether decode steps are shared out (:func:`decode_workers`)."""
+    return _SHARED["on"]
+
+
+def worker_count() -> int:
+    """How many workers a step is shared out to: as many as BLAS may use
+    threads (1 where NumPy's BLAS is not OpenBLAS)."""
+    return get_blas_threads() or 1
+
+
+def _pool(n):
+    global _POOL
+    with _LOCK:
+        if _POOL is None or _POOL._max_workers < n:
+            _POOL = ThreadPoolExecutor(n, thread_name_prefix="attn_np")
+        return _POOL
+
+
+def _run(task, errstate):
+    """``task()`` under the caller's floating-point error handling (NumPy
+    keeps it per thread)."""
+    _INSIDE.active = True
+    try:
+        with np.errstate(**errstate):
+            return task()
+    finally:
+        _INSIDE.active = False
+
+
+def run_tasks(tasks) -> list:
+    """Run every function of nothing in ``tasks`` at the same time, BLAS
+    on one thread in each (the first in the calling thread); returns
+    their results in order, and raises what a task raised, after all of
+    them have ended. Each task runs under the caller's
+    :func:`numpy.errstate`."""
+    tasks = list(tasks)
+    if len(tasks) < 2 or getattr(_INSIDE, "active", False):
+        return [task() for task in tasks]
+    pool = _pool(len(tasks) - 1)
+    errstate = np.geterr()
+    with blas_threads(1):
+        futures = [pool.submit(_run, t, errstate) for t in tasks[1:]]
+        try:
+            first = _run(tasks[0], errstate)
+        finally:
+            rest = [f.exception() for f in futures]  # waits for all
+    for error in rest:
+        if error is not None:
+            raise error
+    return [first] + [f.result() for f in futures]
+
+
+def split(n: int, parts: int) -> list[slice]:
+    """``n`` items as ``parts`` contiguous slices, as even as can be."""
+    edges = [round(i * n / parts) for i in range(parts + 1)]
+    return [slice(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+# a product of a few rows with weights of at least this many bytes in all
+# is shared out (:func:`row_products`)
+SHARED_MIN_BYTES = 2**21
+SHARED_MAX_ROWS = 16
+
+
+def row_products(x, *weights) -> list:
+    """``[x @ W for W in weights]`` for ``x [..., d]`` with a few rows (a
+    decode step): each worker multiplies its own contiguous block of the
+    rows of every ``W [d, n]`` by the matching columns of ``x``, and the
+    blocks' sums are added. In one piece (BLAS's threads) for many rows,
+    small weights or one worker."""
+    rows = x.size // max(1, x.shape[-1])
+    n = worker_count()
+    if (
+        n < 2
+        or not _SHARED["on"]
+        or rows > SHARED_MAX_ROWS
+        or sum(W.nbytes for W in weights) < SHARED_MIN_BYTES
+        or getattr(_INSIDE, "active", False)
+    ):
+        return [x @ W for W in weights]
+
+    def task(sl):  # [.., d_part] @ [d_part, n] for every W
+        return lambda: [x[..., sl] @ W[sl] for W in weights]
+
+    parts = run_tasks(task(sl) for sl in split(x.shape[-1], n))
+    out = parts[0]  # fresh arrays: the other blocks are added in place
+    for more in parts[1:]:
+        for y, y_more in zip(out, more):
+            y += y_more
+    return out
