@@ -17,6 +17,7 @@ a worker runs its tasks in that worker, one after the other.
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from ._checks import check_flag
 from .instruments.blas import blas_threads, get_blas_threads
 
 _POOL = None  # the workers, made at the first call that shares out
+_POOL_SIZE = 0
 _LOCK = threading.Lock()
 _INSIDE = threading.local()  # set in a thread running a shared task
 _SHARED = {"on": True}  # decode_workers() switches it
@@ -60,11 +62,23 @@ def worker_count() -> int:
 
 
 def _pool(n):
-    global _POOL
+    """The kept pool, with at least ``n`` threads."""
+    global _POOL, _POOL_SIZE
     with _LOCK:
-        if _POOL is None or _POOL._max_workers < n:
+        if _POOL is None or _POOL_SIZE < n:
             _POOL = ThreadPoolExecutor(n, thread_name_prefix="attn_np")
+            _POOL_SIZE = n
         return _POOL
+
+
+def _forget_pool():
+    """In a child made by ``fork``: the parent's threads are not there."""
+    global _POOL, _POOL_SIZE, _LOCK
+    _POOL, _POOL_SIZE, _LOCK = None, 0, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _run(task, errstate):

@@ -156,3 +156,17 @@ def test_decode_steps_with_shared_weights(monkeypatch, shared):
         full = layer.forward(x, causal=True)
         y, _ = decode(layer, x, cache)
         assert np.abs(y - full).max() < 1e-12, layer
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork")
+def test_a_forked_child_makes_its_own_workers():
+    """A child made by fork does not wait for the parent's threads."""
+    import os
+
+    workers.run_tasks([lambda: 1, lambda: 2])  # the parent's pool exists
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if the tasks ran
+        ok = workers.run_tasks([lambda: 1, lambda: 2]) == [1, 2]
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
