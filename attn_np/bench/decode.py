@@ -9,7 +9,9 @@ and as chapter 7's multi-head latent attention on its absorbed decode path
 It prints one table, all from the same run:
 
 * the streaming-read bandwidth of this machine, the reference: the fastest
-  of :func:`~attn_np.instruments.measure.read_probes` over 256 MiB;
+  of :func:`~attn_np.instruments.measure.read_probes` over 256 MiB and of
+  :func:`worker_probes` (the same read made as the step's workers make
+  their products);
 * for each family: the bytes a step must read (the four projection
   matrices and the cached keys and values), the best step time, the bytes
   per second and their fraction of the reference;
@@ -52,6 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from attn_np import decode_workers
+from attn_np._workers import row_products, run_tasks, split, worker_count
 from attn_np.costs.decode import decode_step_cost
 from attn_np.costs.latent import latent_decode_step_cost
 from attn_np.instruments.blas import blas_threads
@@ -181,7 +184,8 @@ LEVERS = {
     "instead of np.empty's, rows context + 1 positions apart",
     "no temporaries": "the step's arithmetic alone, on a copy of the "
     "cache's buffer: no checks or head-split copies, outputs into arrays "
-    "allocated once",
+    "allocated once, in one piece (BLAS's own threads, no workers: read "
+    "it against the 'no workers' row)",
 }
 
 
@@ -545,6 +549,22 @@ def flushed_rounds(fns: dict, flush, *, rounds: int) -> dict:
     return times
 
 
+def worker_probes(nbytes) -> dict:
+    """The read probe of a decode step's workers (:mod:`attn_np._workers`),
+    to time beside :func:`~attn_np.instruments.measure.read_probes`:
+    ``x @ A`` over ``nbytes`` of float32, each worker on its own
+    contiguous block of ``A``'s rows with one BLAS thread
+    (:func:`~attn_np._workers.row_products`, as the layers' projections),
+    ``{name: (fn, bytes read)}``. A reference that left out the step's own
+    way of reading would flatter it."""
+    a = np.ones(nbytes // 4, dtype=np.float32)  # written: every page there
+    At = a.reshape(1024, -1)  # [1024, n], as the x @ A probe's
+    x = np.ones((1, 1024), dtype=np.float32)
+    return {
+        "x @ A (workers)": (lambda: row_products(x, At), a.nbytes),
+    }
+
+
 def quartiles(x) -> tuple[float, float, float]:
     """``(median, lower quartile, upper quartile)`` of ``x``."""
     low, median, high = np.percentile(
@@ -602,12 +622,22 @@ def run(
         flush_bytes = 2 * cpu_cache_sizes().get("L3", 32 * 2**20)
     flush = np.ones(max(1, flush_bytes // 4), dtype=np.float32)
     probes = read_probes(probe_bytes)
+    probes.update(worker_probes(probe_bytes))
     fns = {name: (fn, False) for name, (fn, _) in probes.items()}
-    # the matmul rate, in turns too: [n, n] @ [n, n], 2 n^3 FLOPs
+    # the matmul rate, in turns too: [n, n] @ [n, n], 2 n^3 FLOPs, as
+    # BLAS's threads make it and as the step's workers would
     n_mm = 1024
     a = np.ones((n_mm, n_mm), dtype=np.float32)
     c = np.empty_like(a)
     fns["matmul"] = (lambda: np.matmul(a, a, out=c), False)
+    halves = split(n_mm, max(2, worker_count()))
+
+    def matmul_in_workers():  # each worker its block of rows of c
+        run_tasks(
+            lambda sl=sl: np.matmul(a[sl], a, out=c[sl]) for sl in halves
+        )
+
+    fns["matmul (workers)"] = (matmul_in_workers, False)
     cases = {
         fam: step_case(fam, d_model, n_heads, context, batch)
         for fam in (*fams, "MLA")
@@ -631,13 +661,20 @@ def run(
     }
     ref_name = max(bandwidths, key=bandwidths.get)
     ref = bandwidths[ref_name]
-    matmul_rate = 2 * n_mm**3 / times["matmul"]  # FLOP/s
+    # FLOP/s: the faster of the two ways
+    matmul_rate = (
+        2 * n_mm**3 / min(times["matmul"], times["matmul (workers)"])
+    )
     # round by round: the fastest probe of the round, its matmul rate
     ref_r = np.max(
         [nbytes / per_round[name] for name, (_, nbytes) in probes.items()],
         axis=0,
     )
-    mm_r = 2 * n_mm**3 / per_round["matmul"]
+    mm_r = (
+        2
+        * n_mm**3
+        / np.minimum(per_round["matmul"], per_round["matmul (workers)"])
+    )
     rows = {}
     for fam, case in cases.items():
         w_bytes, kv_bytes = case["weight_bytes"], case["kv_bytes"]
