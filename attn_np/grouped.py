@@ -190,6 +190,11 @@ def _forward(
     # a decode step (a few queries over a long cache): the heads shared
     # out to worker threads, the same products (:func:`decode_workers`)
     axis = None if score_mods else _decode_axis(q.shape, L_k, v.shape[-1])
+    if axis == 2 and allowed is None and sinks is None:
+        # one key/value head: its positions shared out instead, so that
+        # each worker's products keep all the group's rows
+        o, p = _attend_positions_in_workers(qs, k, v, scale, per_head)
+        return o, GroupedCache(q, k, v, o, p, scale)
     if axis is not None:  # a decode step: the heads shared out
         o, p, p_sink = _attend_in_workers(
             qs, k, v, allowed, sinks, scale, per_head, axis
@@ -257,6 +262,43 @@ def _decode_axis(q_shape, L_k, d_v):
     ):
         return None
     return next((a for a in (1, 2, 0) if q_shape[a] >= 2), None)
+
+
+def _attend_positions_in_workers(qs, k, v, scale, per_head):
+    """A decode step over one key/value head (MQA, MLA's absorbed step)
+    with no mask and no sink, its cached positions dealt out to the
+    workers (FlashDecoding's split of the keys): worker ``i`` scores its
+    keys, subtracts its rows' maxima ``m_i``, exponentiates and sums them
+    (``l_i``) and weights its values (``o_i``). With ``m = max_i m_i`` and
+    ``w_i = exp(m_i - m)``: ``o = sum_i w_i o_i / sum_i w_i l_i``, and
+    worker ``i``'s exponentials times ``w_i / l`` are its part of ``p``.
+    The same softmax, rounded in another order."""
+    B, n_kv, G, L_q, _ = qs.shape
+    L_k = k.shape[2]
+    p = np.empty((B, n_kv, G, L_q, L_k), dtype=qs.dtype)
+    parts = split(L_k, worker_count())
+
+    def task(sl):
+        def run():
+            s = _scores(qs, k[:, :, sl], per_head)  # [.., G, L_q, n_i]
+            check_scores(s, scale)
+            m = s.max(axis=-1, keepdims=True)  # finite: [.., L_q, 1]
+            s -= m
+            np.exp(s, out=s)  # <= 1
+            p[..., sl] = s
+            l = s.sum(axis=-1, keepdims=True)  # >= 1
+            return m, l, _weighted_values(s, v[:, :, sl], per_head)
+
+        return run
+
+    stats = run_tasks(task(sl) for sl in parts)
+    m = np.max([m_i for m_i, _, _ in stats], axis=0)  # [.., L_q, 1]
+    w = [np.exp(m_i - m) for m_i, _, _ in stats]
+    total = sum(w_i * l_i for w_i, (_, l_i, _) in zip(w, stats))
+    o = sum(w_i * o_i for w_i, (_, _, o_i) in zip(w, stats)) / total
+    for sl, w_i in zip(parts, w):
+        p[..., sl] *= w_i / total
+    return o, p
 
 
 def _attend_in_workers(qs, k, v, allowed, sinks, scale, per_head, axis):
