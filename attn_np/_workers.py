@@ -31,16 +31,21 @@ _POOL = None  # the workers, made at the first call that shares out
 _POOL_SIZE = 0
 _LOCK = threading.Lock()
 _INSIDE = threading.local()  # set in a thread running a shared task
-_SHARED = {"on": True}  # decode_workers() switches it
+# off by default: on a quiet two-core machine a step shared out took about
+# 1.6 times as long as one made with BLAS's threads; on a busy one, a
+# fraction (python -m attn_np.bench decode --levers, the "workers" row)
+_SHARED = {"on": False}  # decode_workers() switches it
 
 
 @contextmanager
 def decode_workers(enabled: bool = True):
-    """``with decode_workers(False): ...`` makes every decode step in the
-    block in one piece, BLAS's own threads inside each product, instead
-    of dealing its heads and its weights' rows out to worker threads with
-    one BLAS thread each (the default). The same numbers to rounding: a
-    switch for measuring (``python -m attn_np.bench decode --levers``).
+    """``with decode_workers(): ...`` deals every decode step in the block
+    out to worker threads with one BLAS thread each (its heads, or one
+    key/value head's positions, and its weights' rows) instead of making
+    each product in one piece with BLAS's own threads (the default);
+    ``decode_workers(False)`` switches it off again. The same numbers to
+    rounding. Which is faster depends on the machine and how busy it is:
+    ``python -m attn_np.bench decode --levers`` measures it.
     """
     before = _SHARED["on"]
     _SHARED["on"] = check_flag(enabled, "enabled")

@@ -15,10 +15,10 @@ products are made: the group's ``G * L_q`` query rows stacked into one
 ``dS^T Q`` sums the group's gradients into its key/value head), or, for a
 decode step with few rows (:func:`per_head_rows`), one product per query
 head against ``k [B, n_kv, 1, L_k, d_k]``, which BLAS may stream faster;
-``tiled=True`` runs FlashAttention's kernels (:mod:`attn_np.flash`). A
-decode step over a long cache deals its heads out to worker threads with
-one BLAS thread each (:mod:`attn_np._workers`; the same products, so the
-same numbers).
+``tiled=True`` runs FlashAttention's kernels (:mod:`attn_np.flash`). Within
+:func:`~attn_np.decode_workers` a decode step over a long cache deals
+its heads out to worker threads with one BLAS thread each
+(:mod:`attn_np._workers`; the same products, so the same numbers).
 With ``causal=True`` the mask comes from positions
 (:func:`~attn_np.position_mask`: the causal rule, windows and sink tokens).
 

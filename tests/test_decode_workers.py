@@ -1,7 +1,8 @@
-"""A decode step's heads dealt out to worker threads (attn_np._workers,
-the grouped core's decode path): the same outputs and attention weights
+"""A decode step dealt out to worker threads (attn_np._workers, within
+decode_workers(); off by default): the same outputs and attention weights
 as in one piece, for every family, sinks and windows, and MLA's absorbed
-step; a worker's error reaches the caller; the switch turns it off."""
+step; a worker's error reaches the caller; the switch turns it on and
+off."""
 
 import numpy as np
 import pytest
@@ -31,7 +32,7 @@ def shared(monkeypatch):
         return real(tasks)
 
     monkeypatch.setattr(grouped, "run_tasks", counting)
-    with blas_threads(2):
+    with blas_threads(2), decode_workers():
         yield calls
 
 
@@ -78,14 +79,22 @@ def test_shared_latent_steps_equal_the_full_forward(shared):
     assert np.abs(y - full).max() < 1e-12 and shared
 
 
-def test_the_switch_turns_sharing_off(shared):
+def test_the_switch_turns_sharing_on_and_off(shared):
     layer = GroupedQueryAttention(32, 8, 2, seed=0)
     x = np.random.default_rng(1).standard_normal((1, 6, 32))
     with decode_workers(False):
         decode(layer, x, KVCache(), chunks=(5, 1))
-    assert shared == []
+        assert not workers.sharing()
+    assert shared == [] and workers.sharing()
     decode(layer, x, KVCache(), chunks=(5, 1))
     assert shared == [2, 2]  # the prefill of 5 and the step, two workers
+
+
+def test_off_by_default():
+    assert not workers.sharing()
+    with decode_workers():
+        assert workers.sharing()
+    assert not workers.sharing()
     with pytest.raises(TypeError, match="enabled must be True or False"):
         with decode_workers("yes"):
             pass
@@ -126,7 +135,7 @@ def test_row_products_equal_the_products(monkeypatch, shape):
     x = rng.standard_normal(shape)
     weights = [rng.standard_normal((40, n)) for n in (7, 1, 33)]
     weights[1] = weights[1].astype(np.float32)
-    with blas_threads(2):
+    with blas_threads(2), decode_workers():
         got = workers.row_products(x, *weights)
     for y, W in zip(got, weights):
         want = x @ W
@@ -190,7 +199,7 @@ def test_positions_shared_out_equal_the_softmax(monkeypatch):
     k = rng.standard_normal((2, 1, 41, 8))
     k[:, :, 25:] *= 30  # the second worker's keys dominate
     v = rng.standard_normal((2, 1, 41, 3))
-    with blas_threads(2):
+    with blas_threads(2), decode_workers():
         o, c = grouped.grouped_attention_forward(q, k, v)
         with decode_workers(False):
             o1, c1 = grouped.grouped_attention_forward(q, k, v)

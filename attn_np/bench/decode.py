@@ -173,9 +173,10 @@ LEVERS = {
     "per-head products": "one product per query head, its key/value head "
     "broadcast (min_stacked_rows above G), even where a group's rows "
     "would be stacked",
-    "no workers": "the attention over the cache in one piece, BLAS's "
-    "own threads inside each product (decode_workers(False)), instead of "
-    "its heads dealt out to worker threads with one BLAS thread each",
+    "workers": "the step dealt out to worker threads with one BLAS "
+    "thread each (decode_workers()): its heads (MQA and MLA: its cached "
+    "positions) and the rows of its weights, instead of each product in "
+    "one piece on BLAS's own threads",
     "1 BLAS thread": "the whole step on one BLAS thread",
     "1 BLAS thread, attention": "the two products over the cache on one "
     "BLAS thread, the projections on all",
@@ -184,8 +185,7 @@ LEVERS = {
     "instead of np.empty's, rows context + 1 positions apart",
     "no temporaries": "the step's arithmetic alone, on a copy of the "
     "cache's buffer: no checks or head-split copies, outputs into arrays "
-    "allocated once, in one piece (BLAS's own threads, no workers: read "
-    "it against the 'no workers' row)",
+    "allocated once",
 }
 
 
@@ -299,7 +299,7 @@ def lever_steps(d_model, n_heads, n_kv_heads, context, seed=0) -> dict:
         "nothing (A/A)": step,
         "stacked products": undone_step(stacked, cache, x),
         "per-head products": undone_step(per_head, cache, x),
-        "no workers": within(lambda: decode_workers(False)),
+        "workers": within(decode_workers),
         "1 BLAS thread": within(lambda: blas_threads(1)),
         "1 BLAS thread, attention": undone_step(one_thread, cache, x),
         "cache rows on 64 B": aligned[2],
