@@ -3,12 +3,16 @@
 A decode step is a few dozen short BLAS calls: matrix-vector products with
 the weights and, per head, over the cache. With two BLAS threads each call
 splits its work and waits for both halves at its end; on a busy machine
-the second thread waits for a core at every call. Instead, the step's
-work is dealt out once to as many workers as BLAS may use threads, and
-BLAS runs one thread in each: NumPy lets go of Python's lock in BLAS and
-in its ufuncs, so the workers run at the same time, each streaming its
-own contiguous part of the memory (half the heads of the cache, half the
-rows of a weight matrix).
+the second thread waits for a core at every call. Within
+:func:`decode_workers`, a step's attention is dealt out once to as many
+workers as BLAS may use threads, and BLAS runs one thread in each: NumPy
+lets go of Python's lock in BLAS and in its ufuncs, so the workers run at
+the same time, each on its own part of the cache (half the key/value
+heads, or half of one head's positions). :func:`row_products` deals a
+product with a weight matrix out by its rows (the decode benchmark reads
+memory that way too). Off by default: on a quiet two-core machine a step
+dealt out took about 1.6 times as long as one on BLAS's own threads, on a
+busy one a fraction (``python -m attn_np.bench decode --levers``).
 
 The pool of workers is made once and kept, since starting threads for
 every step would cost more than some steps take. A call made from inside
@@ -31,18 +35,17 @@ _POOL = None  # the workers, made at the first call that shares out
 _POOL_SIZE = 0
 _LOCK = threading.Lock()
 _INSIDE = threading.local()  # set in a thread running a shared task
-# off by default: on a quiet two-core machine a step shared out took about
-# 1.6 times as long as one made with BLAS's threads; on a busy one, a
-# fraction (python -m attn_np.bench decode --levers, the "workers" row)
-_SHARED = {"on": False}  # decode_workers() switches it
+_SHARED = {
+    "on": False
+}  # off by default (the module's docstring)  # decode_workers() switches it
 
 
 @contextmanager
 def decode_workers(enabled: bool = True):
-    """``with decode_workers(): ...`` deals every decode step in the block
-    out to worker threads with one BLAS thread each (its heads, or one
-    key/value head's positions, and its weights' rows) instead of making
-    each product in one piece with BLAS's own threads (the default);
+    """``with decode_workers(): ...`` deals the attention of every decode
+    step in the block out to worker threads with one BLAS thread each (its
+    heads, or one key/value head's positions) instead of making each
+    product in one piece with BLAS's own threads (the default);
     ``decode_workers(False)`` switches it off again. The same numbers to
     rounding. Which is faster depends on the machine and how busy it is:
     ``python -m attn_np.bench decode --levers`` measures it.

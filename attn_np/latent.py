@@ -41,7 +41,6 @@ from ._checks import (
     check_upstream,
     fingerprint,
 )
-from ._workers import row_products
 from .grouped import (
     group_mask,
     grouped_attention_backward,
@@ -276,8 +275,7 @@ class MultiHeadLatentAttention:
             )
         o = merge_heads(o)  # [B, h, L, d_v] -> [B, L, h*d_v]
         with np.errstate(over="ignore", invalid="ignore"):  # checked:
-            # [B, L, h*d_v] @ [h*d_v, d] (few rows: shared out)
-            (y,) = row_products(o, self.params["W_o"])
+            y = o @ self.params["W_o"]  # [B, L, h*d_v] @ [h*d_v, d]
         check_overflow(y, "y", "x or the weights are too large")
         self._cache = None  # the absorbed and cached paths: inference only
         if not absorb and kv_cache is None:
@@ -316,10 +314,10 @@ class MultiHeadLatentAttention:
             c_q = x3 @ W["W_dq"]  # [B, L, d] @ [d, d_cq] -> [B, L, d_cq]
             if self.latent_norm:
                 c_q, norm = rmsnorm_forward(c_q, W["g_q"])  # [B, L, d_cq]
-            # [B, L, d_cq] @ [d_cq, h*d_h], [B, L, d_cq] @ [d_cq, h*d_R]
-            q_c, q_r = row_products(c_q, W["W_uq"], W["W_qr"])
-        else:  # [B, L, d] @ [d, h*d_h], [B, L, d] @ [d, h*d_R]
-            q_c, q_r = row_products(x3, W["W_q"], W["W_qr"])
+            q_c = c_q @ W["W_uq"]  # [B, L, d_cq] @ [d_cq, h*d_h]
+        else:
+            q_c = x3 @ W["W_q"]  # [B, L, d] @ [d, h*d_h] -> [B, L, h*d_h]
+        q_r = c_q @ W["W_qr"]  # [B, L, d_cq or d] @ [., h*d_R]
         q_c = split_heads(q_c, h, self.d_head)  # -> [B, h, L, d_h]
         q_r = split_heads(q_r, h, self.d_rope)  # -> [B, h, L, d_R]
         q_r, rope = self.rotary.forward(q_r, pos)  # rotated: [B, h, L, d_R]
@@ -402,20 +400,21 @@ class MultiHeadLatentAttention:
         kv = kv_cache.rows[:, None]  # [B, 1, n, d_c + d_R]: one key for all
         q = np.zeros((B, 1, h, L, kv.shape[-1]), dtype=dt)
         s = np.zeros((B, 1, h, L, kv.shape[2]), dtype=dt)
+        queries = ("W_q",) if self.d_latent_q is None else ("W_dq",)
 
-        def weights():  # as the absorbed step makes them (row_products)
+        def weights():
+            c_q = xf @ W[queries[0]]  # [B*L, d] @ [d, h*d_h or d_cq]
             if self.d_latent_q is not None:
-                c_q = xf @ W["W_dq"]  # [B*L, d] @ [d, d_cq]
-                c_q = row_products(c_q, W["W_uq"], W["W_qr"])  # [B*L, h*d]
-            else:  # [B*L, d] @ [d, h*d_h], [B*L, d] @ [d, h*d_R]
-                c_q = row_products(xf, W["W_q"], W["W_qr"])
+                c_q = (c_q @ W["W_uq"], c_q @ W["W_qr"])  # [B*L, h*d]
+            else:
+                c_q = (c_q, xf @ W["W_qr"])  # [B*L, d] @ [d, h*d_R]
             return (
                 *c_q,
                 xf @ W["W_dkv"],  # [B*L, d] @ [d, d_c]
                 xf @ W["W_kr"],  # [B*L, d] @ [d, d_R]
                 q_c @ w_uk,  # [B, h, L, d_h] @ [h, d_h, d_c]
                 o_lat @ w_uv,  # [B, h, L, d_c] @ [h, d_c, d_v]
-                *row_products(o, W["W_o"]),  # [B*L, h*d_v] @ [h*d_v, d]
+                o @ W["W_o"],  # [B*L, h*d_v] @ [h*d_v, d]
             )
 
         def attention():  # -> [B, 1, h, L, d_c]

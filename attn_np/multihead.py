@@ -32,7 +32,6 @@ from ._checks import (
     check_window,
     fingerprint,
 )
-from ._workers import row_products
 from .grouped import (
     MIN_STACKED_ROWS,
     group_mask,
@@ -277,12 +276,12 @@ class GroupedQueryAttention:
         # the B*L positions as the rows of one matrix: one BLAS call each
         xf = flat(x3)  # [B*L, d_model]
         B, L = x3.shape[:2]
-        # [B*L, d_model] @ [d_model, h*d_k], [.., n_kv*d_k], [.., n_kv*d_v]
-        # (a decode step's few rows: shared out to workers, row_products)
-        q, k, v = row_products(xf, W["W_q"], W["W_k"], W["W_v"])
-        q = split_groups(q.reshape(B, L, -1), n_kv, G, self.d_k)  # heads
-        k = split_heads(k.reshape(B, L, -1), n_kv, self.d_k)
-        v = split_heads(v.reshape(B, L, -1), n_kv, self.d_v)
+        # [B*L, d_model] @ [d_model, h*d_k] -> [B, L, h*d_k] -> heads
+        q = split_groups(
+            (xf @ W["W_q"]).reshape(B, L, -1), n_kv, G, self.d_k
+        )
+        k = split_heads((xf @ W["W_k"]).reshape(B, L, -1), n_kv, self.d_k)
+        v = split_heads((xf @ W["W_v"]).reshape(B, L, -1), n_kv, self.d_v)
         return q, k, v
 
     def position(self, q, k, positions):
@@ -324,8 +323,8 @@ class GroupedQueryAttention:
         o = merge_groups(o)  # [B, L, h*d_v]
         B, L, _ = o.shape
         # [B*L, h*d_v] @ [h*d_v, d_model] -> [B, L, d_model]
-        (y,) = row_products(flat(o), self.params["W_o"])
-        return y.reshape(B, L, self.d_model), o
+        y = (flat(o) @ self.params["W_o"]).reshape(B, L, self.d_model)
+        return y, o
 
     # -----------------------------------------------------------------
     # backward
@@ -430,7 +429,7 @@ class GroupedQueryAttention:
         benchmark): ``{"weights": fn, "attention": fn, "softmax": fn}``.
 
         ``weights`` makes the four products with the projection matrices
-        as :meth:`project` and :meth:`output` make them, ``attention`` runs
+        (:meth:`project`'s and :meth:`output`'s), ``attention`` runs
         :meth:`attend` over the cached keys and values (its softmax
         included) and ``softmax`` the softmax alone over scores of that
         shape. The cache is read, never changed.
@@ -447,10 +446,11 @@ class GroupedQueryAttention:
         where = {"causal": True}  # the queries at the last L positions
 
         def weights():  # [B*L, d] @ [d, n] three times, [B*L, h*d_v] @ W_o
-            # as project and output make them (row_products)
             return (
-                *row_products(xf, W["W_q"], W["W_k"], W["W_v"]),
-                *row_products(o, W["W_o"]),
+                xf @ W["W_q"],
+                xf @ W["W_k"],
+                xf @ W["W_v"],
+                o @ W["W_o"],
             )
 
         def attention():

@@ -128,8 +128,9 @@ def test_run_tasks_in_order_and_nested_calls_run_in_place():
 
 @pytest.mark.parametrize("shape", [(3, 40), (2, 1, 40)])
 def test_row_products_equal_the_products(monkeypatch, shape):
-    """Each worker's block of rows of every weight, the blocks added: the
-    products to rounding, for 2-D and 3-D inputs and mixed dtypes."""
+    """Each worker's block of rows of every weight, the blocks added (the
+    bench's worker probe): the products to rounding, for 2-D and 3-D
+    inputs and mixed dtypes."""
     monkeypatch.setattr(workers, "SHARED_MIN_BYTES", 0)
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape)
@@ -141,32 +142,6 @@ def test_row_products_equal_the_products(monkeypatch, shape):
         want = x @ W
         assert y.shape == want.shape and y.dtype == want.dtype
         assert np.abs(y - want).max() < 1e-12
-
-
-def test_decode_steps_with_shared_weights(monkeypatch, shared):
-    """The weight products shared out too: decode still equals the full
-    forward (MHA, GQA, MLA)."""
-    monkeypatch.setattr(workers, "SHARED_MIN_BYTES", 0)
-    x = np.random.default_rng(3).standard_normal((1, 23, 32))
-    for layer, cache in (
-        (GroupedQueryAttention(32, 8, 8, seed=1), KVCache()),
-        (GroupedQueryAttention(32, 8, 2, seed=1), KVCache()),
-        (
-            MultiHeadLatentAttention(
-                32, 4, d_head=8, d_latent_kv=16, d_rope=4, seed=1
-            ),
-            LatentKVCache(),
-        ),
-        (
-            MultiHeadLatentAttention(
-                32, 4, d_head=8, d_latent_kv=16, d_rope=4, d_latent_q=12
-            ),
-            LatentKVCache(),
-        ),
-    ):
-        full = layer.forward(x, causal=True)
-        y, _ = decode(layer, x, cache)
-        assert np.abs(y - full).max() < 1e-12, layer
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="no fork")

@@ -173,10 +173,10 @@ LEVERS = {
     "per-head products": "one product per query head, its key/value head "
     "broadcast (min_stacked_rows above G), even where a group's rows "
     "would be stacked",
-    "workers": "the step dealt out to worker threads with one BLAS "
-    "thread each (decode_workers()): its heads (MQA and MLA: its cached "
-    "positions) and the rows of its weights, instead of each product in "
-    "one piece on BLAS's own threads",
+    "workers": "the step's attention dealt out to worker threads with "
+    "one BLAS thread each (decode_workers()): its key/value heads (MQA: "
+    "its cached positions), instead of each product in one piece on "
+    "BLAS's own threads",
     "1 BLAS thread": "the whole step on one BLAS thread",
     "1 BLAS thread, attention": "the two products over the cache on one "
     "BLAS thread, the projections on all",
