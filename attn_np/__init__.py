@@ -95,6 +95,7 @@ The options of chapters 10 to 12, one sentence each:
 """
 
 from . import costs, instruments, training
+from ._workers import decode_workers
 from .attention import (
     AttentionCache,
     attention_backward,
@@ -226,6 +227,7 @@ __all__ = [
     "costs",
     "cross_entropy_backward",
     "cross_entropy_forward",
+    "decode_workers",
     "flash_attention_backward",
     "flash_attention_forward",
     "from_hf_config",

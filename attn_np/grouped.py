@@ -15,7 +15,10 @@ products are made: the group's ``G * L_q`` query rows stacked into one
 ``dS^T Q`` sums the group's gradients into its key/value head), or, for a
 decode step with few rows (:func:`per_head_rows`), one product per query
 head against ``k [B, n_kv, 1, L_k, d_k]``, which BLAS may stream faster;
-``tiled=True`` runs FlashAttention's kernels (:mod:`attn_np.flash`).
+``tiled=True`` runs FlashAttention's kernels (:mod:`attn_np.flash`). Within
+:func:`~attn_np.decode_workers` a decode step over a long cache deals
+its heads out to worker threads with one BLAS thread each
+(:mod:`attn_np._workers`; the same products, so the same numbers).
 With ``causal=True`` the mask comes from positions
 (:func:`~attn_np.position_mask`: the causal rule, windows and sink tokens).
 
@@ -46,6 +49,7 @@ from ._checks import (
     check_window,
     fingerprint,
 )
+from ._workers import run_tasks, sharing, split, worker_count
 from .attention import unbroadcast
 from .flash import (
     BLOCK_K,
@@ -180,14 +184,23 @@ def _forward(
         if c is not None:
             allowed = c if allowed is None else allowed & c
     per_head = per_head_rows(G, L_q, min_stacked_rows)
+    if sinks is not None:  # chapter 8: a sink logit per row
+        sinks = check_sinks(sinks, full[:-1] + (1,), "[B, n_kv, G, L_q, 1]")
     qs = q * scale  # [B, n_kv, G, L_q, d_k]
-    if per_head:  # one product per query head, k broadcast over G:
-        # [.., G, L_q, d_k] @ [.., 1, d_k, L_k] -> [.., G, L_q, L_k]
-        s = qs @ k[:, :, None].swapaxes(-1, -2)
-    else:  # a group's rows stacked, one product per key/value head:
-        # [.., G*L_q, d_k] @ [.., d_k, L_k] -> [.., G*L_q, L_k]
-        s = qs.reshape(B, n_kv, G * L_q, d_k) @ k.swapaxes(-1, -2)
-        s = s.reshape(full)  # a view: [B, n_kv, G, L_q, L_k]
+    # a decode step (a few queries over a long cache): the heads shared
+    # out to worker threads, the same products (:func:`decode_workers`)
+    axis = None if score_mods else _decode_axis(q.shape, L_k, v.shape[-1])
+    if axis == 2 and allowed is None and sinks is None:
+        # one key/value head: its positions shared out instead, so that
+        # each worker's products keep all the group's rows
+        o, p = _attend_positions_in_workers(qs, k, v, scale, per_head)
+        return o, GroupedCache(q, k, v, o, p, scale)
+    if axis is not None:  # a decode step: the heads shared out
+        o, p, p_sink = _attend_in_workers(
+            qs, k, v, allowed, sinks, scale, per_head, axis
+        )
+        return o, GroupedCache(q, k, v, o, p, scale, sinks, p_sink)
+    s = _scores(qs, k, per_head)  # [B, n_kv, G, L_q, L_k]
     mods = []
     if score_mods:  # chapter 10: soft caps, biases, ...
         pos = pos or _positions(None, None, L_q, L_k)
@@ -195,16 +208,143 @@ def _forward(
     for mod in score_mods:
         s, saved = mod.forward(s, ctx)
         mods.append((mod, saved))
-    check_scores(s, scale)  # after the mods: a soft cap may tame them
-    p_sink = None
-    if sinks is None:  # [B, n_kv, G, L_q, L_k], in the scores' memory
-        p = masked_softmax(s, allowed, -1, overwrite=True)
-    else:  # chapter 8: one more softmax column per row, without a value
-        sinks = check_sinks(sinks, full[:-1] + (1,), "[B, n_kv, G, L_q, 1]")
-        p, p_sink = sink_softmax(s, sinks, allowed, overwrite=True)
+    # after the mods (a soft cap may tame the scores): [B, n_kv, G, L_q,
+    # L_k] in the scores' memory, and [.., 1] or None
+    p, p_sink = _softmax(s, allowed, sinks, scale)
     o = _weighted_values(p, v, per_head)  # [B, n_kv, G, L_q, d_v]
     cache = GroupedCache(q, k, v, o, p, scale, sinks, p_sink, mods)
     return o, cache
+
+
+def _scores(qs, k, per_head):
+    """``qs k^T`` for scaled queries ``qs [B, n_kv, G, L_q, d_k]``: one
+    product per query head, or a group's rows stacked."""
+    B, n_kv, G, L_q, d_k = qs.shape
+    if per_head:  # one product per query head, k broadcast over G:
+        # [.., G, L_q, d_k] @ [.., 1, d_k, L_k] -> [.., G, L_q, L_k]
+        return qs @ k[:, :, None].swapaxes(-1, -2)
+    # a group's rows stacked, one product per key/value head:
+    # [.., G*L_q, d_k] @ [.., d_k, L_k] -> [.., G*L_q, L_k]
+    s = qs.reshape(B, n_kv, G * L_q, d_k) @ k.swapaxes(-1, -2)
+    return s.reshape(B, n_kv, G, L_q, -1)  # a view: [.., G, L_q, L_k]
+
+
+def _softmax(s, allowed, sinks, scale):
+    """``(p, p_sink)``: the checked scores' softmax in their own memory,
+    with a sink column (chapter 8) when ``sinks`` is not None."""
+    check_scores(s, scale)
+    if sinks is None:  # [B, n_kv, G, L_q, L_k]
+        return masked_softmax(s, allowed, -1, overwrite=True), None
+    return sink_softmax(s, sinks, allowed, overwrite=True)
+
+
+# a decode step over a cache shares its heads out to worker threads from
+# this many FLOPs of its two products on (:func:`_decode_axis`), and for
+# chunks of at most DECODE_MAX_ROWS queries
+DECODE_PARALLEL_MIN_FLOPS = 2**22
+DECODE_MAX_ROWS = 16
+
+
+def _decode_axis(q_shape, L_k, d_v):
+    """The axis of ``q [B, n_kv, G, L_q, d_k]`` whose heads a decode step
+    shares out to workers (:mod:`attn_np._workers`): the key/value heads
+    (each worker streams its own part of the cache), else the query heads
+    of the one group (they share it), else the batch; None for a call too
+    short, or too many queries (not a decode step), or one worker."""
+    B, n_kv, G, L_q, d_k = q_shape
+    workers = worker_count()
+    flops = 2 * B * n_kv * G * L_q * L_k * (d_k + d_v)
+    if (
+        not sharing()
+        or workers < 2
+        or L_q > DECODE_MAX_ROWS
+        or flops < DECODE_PARALLEL_MIN_FLOPS
+    ):
+        return None
+    return next((a for a in (1, 2, 0) if q_shape[a] >= 2), None)
+
+
+def _attend_positions_in_workers(qs, k, v, scale, per_head):
+    """A decode step over one key/value head (MQA, MLA's absorbed step)
+    with no mask and no sink, its cached positions dealt out to the
+    workers (FlashDecoding's split of the keys): worker ``i`` scores its
+    keys, subtracts its rows' maxima ``m_i``, exponentiates and sums them
+    (``l_i``) and weights its values (``o_i``). With ``m = max_i m_i`` and
+    ``w_i = exp(m_i - m)``: ``o = sum_i w_i o_i / sum_i w_i l_i``, and
+    worker ``i``'s exponentials times ``w_i / l`` are its part of ``p``.
+    The same softmax, rounded in another order."""
+    B, n_kv, G, L_q, _ = qs.shape
+    L_k = k.shape[2]
+    p = np.empty((B, n_kv, G, L_q, L_k), dtype=qs.dtype)
+    parts = split(L_k, worker_count())
+
+    def task(sl):
+        def run():
+            s = _scores(qs, k[:, :, sl], per_head)  # [.., G, L_q, n_i]
+            check_scores(s, scale)
+            m = s.max(axis=-1, keepdims=True)  # finite: [.., L_q, 1]
+            s -= m
+            np.exp(s, out=s)  # <= 1
+            p[..., sl] = s
+            l = s.sum(axis=-1, keepdims=True)  # >= 1
+            return m, l, _weighted_values(s, v[:, :, sl], per_head)
+
+        return run
+
+    stats = run_tasks(task(sl) for sl in parts)
+    m = np.max([m_i for m_i, _, _ in stats], axis=0)  # [.., L_q, 1]
+    w = [np.exp(m_i - m) for m_i, _, _ in stats]
+    total = sum(w_i * l_i for w_i, (_, l_i, _) in zip(w, stats))
+    o = sum(w_i * o_i for w_i, (_, _, o_i) in zip(w, stats)) / total
+    for sl, w_i in zip(parts, w):
+        p[..., sl] *= w_i / total
+    return o, p
+
+
+def _attend_in_workers(qs, k, v, allowed, sinks, scale, per_head, axis):
+    """The dense core of a decode step with the heads of ``axis`` (of
+    ``[B, n_kv, G, L_q, .]``) dealt out to the workers, each writing its
+    part of ``o``, ``p`` (and the sink weights); the same numbers as in
+    one piece (each head's products are the same products)."""
+    B, n_kv, G, L_q, _ = qs.shape
+    full = (B, n_kv, G, L_q)
+    o = np.empty(full + (v.shape[-1],), dtype=qs.dtype)
+    p = np.empty(full + (k.shape[2],), dtype=qs.dtype)
+    p_sink = None if sinks is None else np.empty(full + (1,), qs.dtype)
+
+    def part(x, sl, core=0):
+        """``x``'s part along ``axis`` (``x`` broadcasts to ``[B, n_kv,
+        G, L_q, ...]`` from the right, ``core`` axes beyond L_q; 4-D
+        keys and values have no G axis)."""
+        if x is None:
+            return None
+        a = axis - (4 + core - x.ndim)
+        if a < 0 or x.shape[a] == 1:
+            return x  # broadcast along the axis: every worker reads it
+        return x[(slice(None),) * a + (sl,)]
+
+    def kv_part(x, sl):  # [B, n_kv, L_k, d]: no G axis to split
+        return x if axis == 2 else x[(slice(None),) * axis + (sl,)]
+
+    def task(sl):
+        def run():
+            pi, ps = _softmax(
+                _scores(part(qs, sl, 1), kv_part(k, sl), per_head),
+                part(allowed, sl, 1),
+                part(sinks, sl, 1),
+                scale,
+            )
+            part(o, sl, 1)[...] = _weighted_values(
+                pi, kv_part(v, sl), per_head
+            )
+            part(p, sl, 1)[...] = pi
+            if ps is not None:
+                part(p_sink, sl, 1)[...] = ps
+
+        return run
+
+    run_tasks(task(sl) for sl in split(qs.shape[axis], worker_count()))
+    return o, p, p_sink
 
 
 def grouped_attention_backward(

@@ -299,3 +299,50 @@ def test_latent_setup_and_parts_are_the_steps_work():
     y_exp = layer.forward(x, kv_cache=cache, absorb=False)
     cache.truncate(CTX)
     np.testing.assert_allclose(y_abs, y_exp, rtol=1e-3, atol=1e-4)
+
+
+def test_roof_fractions_are_paired_with_their_noise_floor(result):
+    """Each family's fraction of its roof, round by round, with the step
+    timed against itself beside it, and a verdict read from the two."""
+    for row in result["rows"].values():
+        for key in ("roof paired", "A/A paired"):
+            median, low, high = row[key]
+            assert 0 < low <= median <= high
+        assert row["roof time"] == pytest.approx(
+            bench.roof_time(
+                row["weight_bytes"],
+                row["kv_bytes"],
+                row["attention_flops"],
+                result["reference"],
+                result["matmul_rate"],
+            )
+        )
+        assert row["of roof"] == pytest.approx(
+            row["roof time"] / row["time"]
+        )
+        assert row["verdict"] == bench.roof_verdict(
+            row["roof paired"], row["A/A paired"]
+        )
+    lines = bench.roof_lines(result)
+    assert len(lines) == 1 + 2 * 4 and max(map(len, lines)) <= 77
+
+
+def test_roof_time_is_the_longer_of_cache_and_flops_after_weights():
+    # weights 2 s at 1 B/s; cache 3 s against FLOPs 5 s: the FLOPs
+    assert bench.roof_time(2, 3, 10, 1.0, 2.0) == 2 + 5
+    assert bench.roof_time(2, 3, 2, 1.0, 2.0) == 2 + 3
+    rates = np.array([1.0, 2.0])  # one per round
+    assert list(bench.roof_time(2, 4, 2, rates, 1.0)) == [6.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    "of_roof, a_a, starts",
+    [
+        ((0.9, 0.87, 0.93), (1.0, 0.97, 1.03), "at the goal"),
+        ((0.6, 0.55, 0.65), (1.0, 0.97, 1.03), "below the goal"),
+        ((0.86, 0.80, 0.90), (1.0, 0.97, 1.03), "within the noise"),
+        ((0.9, 0.87, 0.93), (1.0, 0.7, 1.4), "too noisy"),
+    ],
+)
+def test_roof_verdict(of_roof, a_a, starts):
+    assert bench.roof_verdict(of_roof, a_a).startswith(starts)

@@ -9,7 +9,9 @@ and as chapter 7's multi-head latent attention on its absorbed decode path
 It prints one table, all from the same run:
 
 * the streaming-read bandwidth of this machine, the reference: the fastest
-  of :func:`~attn_np.instruments.measure.read_probes` over 256 MiB;
+  of :func:`~attn_np.instruments.measure.read_probes` over 256 MiB and of
+  :func:`worker_probes` (the same read made as the step's workers make
+  their products);
 * for each family: the bytes a step must read (the four projection
   matrices and the cached keys and values), the best step time, the bytes
   per second and their fraction of the reference;
@@ -24,11 +26,18 @@ It prints one table, all from the same run:
   over the cache (its softmax apart) and the softmax; the rest of the step
   is the remainder.
 
-Every candidate is timed in turns with the reference
-(:func:`attn_np.instruments.measure.best_times`), so a busy moment on a
-shared machine slows all of them alike, and the best round of each is kept.
-A read of twice the last-level cache runs before each part, so that no part
-finds its data left in the CPU's caches by the one before.
+Every candidate is timed in turns with the reference, the order reversed
+every other round (:func:`flushed_rounds`), so a busy moment on a shared
+machine slows all of them alike; the table keeps the best round of each.
+A read of twice the last-level cache runs before each step and part, so
+that none finds its data left in the CPU's caches by the one before.
+
+The goal of issue 25 is read from paired ratios: in every round, the
+step's roof computed from that round's own probes (:func:`roof_time`)
+over that round's step, with the median and quartiles over the rounds,
+beside the run's own noise floor, the step timed twice in the same round
+(A/A), and a verdict (:func:`roof_verdict`) that says when the run is too
+noisy to conclude.
 
 ``--levers`` adds a second table: each lever of issue 17 (``LEVERS``) timed
 beside the library's step (:func:`run_levers`).
@@ -44,14 +53,12 @@ from pathlib import Path
 
 import numpy as np
 
+from attn_np import decode_workers
+from attn_np._workers import row_products, run_tasks, split, worker_count
 from attn_np.costs.decode import decode_step_cost
 from attn_np.costs.latent import latent_decode_step_cost
 from attn_np.instruments.blas import blas_threads
-from attn_np.instruments.measure import (
-    best_times,
-    paired_difference,
-    read_probes,
-)
+from attn_np.instruments.measure import paired_difference, read_probes
 from attn_np.instruments.plotting import format_bytes
 from attn_np.kv_cache import KVCache
 from attn_np.latent import LatentKVCache, MultiHeadLatentAttention
@@ -69,6 +76,9 @@ ROOF_GOAL = 0.85
 RATIO_GOAL = 0.8
 # the parts of a step timed alone
 PARTS = ("weights", "attention", "softmax")
+# a run whose A/A quartiles stray further than this from 1 is too noisy
+# to conclude on a fraction of the roof
+NOISE = 0.10
 
 
 def cpu_cache_sizes() -> dict:
@@ -160,6 +170,13 @@ LEVERS = {
     "stacked products": "a group's G query rows in one product against "
     "its keys and values (min_stacked_rows = 1), not one product per query "
     "head",
+    "per-head products": "one product per query head, its key/value head "
+    "broadcast (min_stacked_rows above G), even where a group's rows "
+    "would be stacked",
+    "workers": "the step's attention dealt out to worker threads with "
+    "one BLAS thread each (decode_workers()): its key/value heads (MQA: "
+    "its cached positions), instead of each product in one piece on "
+    "BLAS's own threads",
     "1 BLAS thread": "the whole step on one BLAS thread",
     "1 BLAS thread, attention": "the two products over the cache on one "
     "BLAS thread, the projections on all",
@@ -262,6 +279,10 @@ def lever_steps(d_model, n_heads, n_kv_heads, context, seed=0) -> dict:
         d_model, n_heads, n_kv_heads, seed=seed, dtype=np.float32
     )
     stacked.min_stacked_rows = 1
+    per_head = GroupedQueryAttention(
+        d_model, n_heads, n_kv_heads, seed=seed, dtype=np.float32
+    )
+    per_head.min_stacked_rows = n_heads + 1
     one_thread = _AttendOnOneThread(
         d_model, n_heads, n_kv_heads, seed=seed, dtype=np.float32
     )
@@ -277,6 +298,8 @@ def lever_steps(d_model, n_heads, n_kv_heads, context, seed=0) -> dict:
         "library": step,
         "nothing (A/A)": step,
         "stacked products": undone_step(stacked, cache, x),
+        "per-head products": undone_step(per_head, cache, x),
+        "workers": within(decode_workers),
         "1 BLAS thread": within(lambda: blas_threads(1)),
         "1 BLAS thread, attention": undone_step(one_thread, cache, x),
         "cache rows on 64 B": aligned[2],
@@ -367,6 +390,37 @@ def lever_table(levers) -> list[str]:
                 f"{text:>9} " if clear else f"{'(' + text + ')':>10}"
             )
         out.append(f"{name:28}" + "".join(cells))
+    return out
+
+
+def lever_verdicts(levers) -> list[str]:
+    """One line per family of :func:`run_levers`' result: the levers that
+    changed its step beyond this run's noise floor (the quartiles of the
+    change clear of 0 and of the ``nothing (A/A)`` row's quartiles),
+    faster or slower, and those within the noise."""
+    out = []
+    for fam, lev in levers.items():
+        _, aa_low, aa_high = lev["nothing (A/A)"]
+        kinds = {"faster": [], "slower": [], "within the noise": []}
+        for name in LEVERS:
+            if name == "nothing (A/A)":
+                continue
+            median, low, high = lev[name]
+            text = f"{name} ({median * 1e3:+.2f} ms)"
+            if high < min(0.0, aa_low):
+                kinds["faster"].append(text)
+            elif low > max(0.0, aa_high):
+                kinds["slower"].append(text)
+            else:
+                kinds["within the noise"].append(name)
+        out.append(
+            f"{fam}: "
+            + "; ".join(
+                f"{kind}: {', '.join(names)}"
+                for kind, names in kinds.items()
+                if names
+            )
+        )
     return out
 
 
@@ -473,6 +527,75 @@ def step_case(family, d_model, n_heads, context, batch=1) -> dict:
     }
 
 
+def flushed_rounds(fns: dict, flush, *, rounds: int) -> dict:
+    """Every round's time of each ``fn`` in ``fns`` (``{name: (fn,
+    flushed)}``), in turns, the order reversed every other round (as
+    :func:`~attn_np.instruments.measure.alternating_times`): ``{name:
+    array of rounds seconds}``. Where ``flushed`` is true, ``flush()``
+    runs just before ``fn``, untimed, so that the call finds none of its
+    data left in the CPU's caches by the one before it."""
+    names = list(fns)
+    for fn, _ in fns.values():  # warm-up
+        fn()
+    times = {name: np.empty(rounds) for name in names}
+    for i in range(rounds):
+        for name in names if i % 2 == 0 else names[::-1]:
+            fn, flushed = fns[name]
+            if flushed:
+                flush()
+            t0 = time.perf_counter()
+            fn()
+            times[name][i] = time.perf_counter() - t0
+    return times
+
+
+def worker_probes(nbytes) -> dict:
+    """The read probe of a decode step's workers (:mod:`attn_np._workers`),
+    to time beside :func:`~attn_np.instruments.measure.read_probes`:
+    ``x @ A`` over ``nbytes`` of float32, each worker on its own
+    contiguous block of ``A``'s rows with one BLAS thread
+    (:func:`~attn_np._workers.row_products`, as the layers' projections),
+    ``{name: (fn, bytes read)}``. A reference that left out the step's own
+    way of reading would flatter it."""
+    a = np.ones(nbytes // 4, dtype=np.float32)  # written: every page there
+    At = a.reshape(1024, -1)  # [1024, n], as the x @ A probe's
+    x = np.ones((1, 1024), dtype=np.float32)
+    return {
+        "x @ A (workers)": (lambda: row_products(x, At), a.nbytes),
+    }
+
+
+def quartiles(x) -> tuple[float, float, float]:
+    """``(median, lower quartile, upper quartile)`` of ``x``."""
+    low, median, high = np.percentile(
+        np.asarray(x, dtype=float), [25, 50, 75]
+    )
+    return float(median), float(low), float(high)
+
+
+def roof_verdict(of_roof, a_a, goal=None, noise=None) -> str:
+    """A short verdict on one family's step: ``of_roof`` and ``a_a`` are
+    ``(median, low, high)`` of the paired fractions of the roof and of the
+    step timed against itself (the run's noise floor).
+
+    Too noisy to conclude when the A/A quartiles stray more than
+    ``noise`` (default :data:`NOISE`) from 1; else at the goal when the
+    lower quartile of the fraction is at or above ``goal`` (default
+    :data:`ROOF_GOAL`), below it when the upper quartile is below, and
+    undecided (within the noise of the goal) between."""
+    goal = ROOF_GOAL if goal is None else goal
+    noise = NOISE if noise is None else noise
+    median, low, high = of_roof
+    spread = max(abs(a_a[1] - 1), abs(a_a[2] - 1))
+    if not spread <= noise:
+        return f"too noisy to conclude (A/A strays {spread:.0%} from 1)"
+    if low >= goal:
+        return f"at the goal (>= {goal} beyond the noise)"
+    if high < goal:
+        return f"below the goal of {goal}, beyond the noise"
+    return f"within the noise of the goal of {goal}"
+
+
 def run(
     d_model=2048,
     n_heads=16,
@@ -484,46 +607,74 @@ def run(
 ):
     """Measure; returns a dict of every figure :func:`main` prints.
 
-    ``flush_bytes`` (default: twice the last-level cache, or 64 MiB) is
-    read before each part, untimed.
+    Everything is timed in turns, the order reversed every other round
+    (:func:`flushed_rounds`), with ``flush_bytes`` (default: twice the
+    last-level cache, or 64 MiB) read before each step and part, untimed.
+    The table's figures are best times (the least disturbed round of
+    each). The fractions of the roof are paired: in every round the roof
+    is computed from that round's own probes and divided by that round's
+    step, and their median and quartiles are kept (``"roof paired"``);
+    the step timed a second time in the same round gives the run's own
+    noise floor (``"A/A paired"``: the second time over the first).
     """
     fams = families(n_heads)
     if flush_bytes is None:
         flush_bytes = 2 * cpu_cache_sizes().get("L3", 32 * 2**20)
     flush = np.ones(max(1, flush_bytes // 4), dtype=np.float32)
     probes = read_probes(probe_bytes)
-    fns = {name: fn for name, (fn, _) in probes.items()}
-    # the matmul rate, in turns too: [n, n] @ [n, n], 2 n^3 FLOPs
+    probes.update(worker_probes(probe_bytes))
+    fns = {name: (fn, False) for name, (fn, _) in probes.items()}
+    # the matmul rate, in turns too: [n, n] @ [n, n], 2 n^3 FLOPs, as
+    # BLAS's threads make it and as the step's workers would
     n_mm = 1024
     a = np.ones((n_mm, n_mm), dtype=np.float32)
     c = np.empty_like(a)
-    fns["matmul"] = lambda: np.matmul(a, a, out=c)
+    fns["matmul"] = (lambda: np.matmul(a, a, out=c), False)
+    halves = split(n_mm, max(2, worker_count()))
+
+    def matmul_in_workers():  # each worker its block of rows of c
+        run_tasks(
+            lambda sl=sl: np.matmul(a[sl], a, out=c[sl]) for sl in halves
+        )
+
+    fns["matmul (workers)"] = (matmul_in_workers, False)
     cases = {
         fam: step_case(fam, d_model, n_heads, context, batch)
         for fam in (*fams, "MLA")
     }
     for fam, case in cases.items():
-        fns[f"{fam} (flush)"] = flush.sum
-        fns[fam] = case["step"]
+        fns[fam] = (case["step"], True)
         for part, fn in case["parts"].items():
-            fns[f"{fam} {part} (flush)"] = flush.sum
-            fns[f"{fam} {part}"] = fn
+            fns[f"{fam} {part}"] = (fn, True)
             if part == "attention":
                 # right after itself, with no read between: its cache is
                 # still in the CPU's caches where it fits (MQA's, not
                 # MHA's)
-                fns[f"{fam} attention (again)"] = fn
+                fns[f"{fam} attention (again)"] = (fn, False)
         # the step again, after its parts: the same code timed against
         # itself, this run's noise floor for the step's time
-        fns[f"{fam} (flush again)"] = flush.sum
-        fns[f"{fam} (A/A)"] = case["step"]
-    times = best_times(fns, rounds=rounds)
+        fns[f"{fam} (A/A)"] = (case["step"], True)
+    per_round = flushed_rounds(fns, flush.sum, rounds=rounds)
+    times = {name: float(ts.min()) for name, ts in per_round.items()}
     bandwidths = {
         name: nbytes / times[name] for name, (_, nbytes) in probes.items()
     }
     ref_name = max(bandwidths, key=bandwidths.get)
     ref = bandwidths[ref_name]
-    matmul_rate = 2 * n_mm**3 / times["matmul"]  # FLOP/s
+    # FLOP/s: the faster of the two ways
+    matmul_rate = (
+        2 * n_mm**3 / min(times["matmul"], times["matmul (workers)"])
+    )
+    # round by round: the fastest probe of the round, its matmul rate
+    ref_r = np.max(
+        [nbytes / per_round[name] for name, (_, nbytes) in probes.items()],
+        axis=0,
+    )
+    mm_r = (
+        2
+        * n_mm**3
+        / np.minimum(per_round["matmul"], per_round["matmul (workers)"])
+    )
     rows = {}
     for fam, case in cases.items():
         w_bytes, kv_bytes = case["weight_bytes"], case["kv_bytes"]
@@ -532,22 +683,31 @@ def run(
         part = {p: times[f"{fam} {p}"] for p in PARTS}
         part["attention (again)"] = times[f"{fam} attention (again)"]
         # the most this step could reach on this machine
-        best = w_bytes / ref + max(kv_bytes / ref, att_flops / matmul_rate)
+        best = roof_time(w_bytes, kv_bytes, att_flops, ref, matmul_rate)
+        # the same, round by round, over that round's step
+        roof_r = roof_time(w_bytes, kv_bytes, att_flops, ref_r, mm_r)
         step_bytes = w_bytes + kv_bytes
         rows[fam] = {
             "n_kv_heads": fams.get(fam),  # None for MLA
             "cache_bytes": case["cache"].nbytes,
             "step_bytes": step_bytes,
             "weight_bytes": w_bytes,
+            "kv_bytes": kv_bytes,
             "attention_flops": att_flops,
             "time": t,
             "bytes_per_s": step_bytes / t,
             "fraction": step_bytes / t / ref,
             "roof": step_bytes / ref / best,
+            "roof time": best,
             # the roof's time over the step's: 1 at the roof
             "of roof": best / t,
             # the same step timed again in each round: best over best
             "A/A": times[f"{fam} (A/A)"] / t,
+            # paired, round by round: (median, lower, upper quartile)
+            "roof paired": quartiles(roof_r / per_round[fam]),
+            "A/A paired": quartiles(
+                per_round[f"{fam} (A/A)"] / per_round[fam]
+            ),
             # weights at the reference, the attention as fast as it runs
             # right after itself: the most this step's BLAS calls allow
             "best": step_bytes
@@ -564,6 +724,8 @@ def run(
                 "rest": t - part["weights"] - part["attention"],
             },
         }
+        row = rows[fam]
+        row["verdict"] = roof_verdict(row["roof paired"], row["A/A paired"])
     mha, mqa = rows["MHA"], rows["MQA"]
     return {
         "config": {
@@ -581,7 +743,50 @@ def run(
         "rows": rows,
         "mha_over_mqa": mha["time"] / mqa["time"],
         "bytes_mha_over_mqa": mha["step_bytes"] / mqa["step_bytes"],
+        "load": _load(),
     }
+
+
+def roof_time(weight_bytes, kv_bytes, flops, reference, matmul_rate):
+    """The shortest time a decode step could take on this machine (its
+    roof), in seconds: its weights read at the ``reference`` bandwidth
+    (bytes/s), then its attention, which cannot take less than the longer
+    of reading its cache at the reference and doing its FLOPs at the
+    ``matmul_rate`` (FLOP/s): a product streams its operand while it
+    computes, but the attention needs the projected query first and the
+    output projection needs the attention. Works on arrays of rates too
+    (one per round)."""
+    return weight_bytes / reference + np.maximum(
+        kv_bytes / reference, flops / matmul_rate
+    )
+
+
+def roof_lines(r) -> list[str]:
+    """The lines of the paired summary: per family, the fraction of the
+    roof (median and quartiles over the rounds; ``best``: the best round
+    of the roof over the best round of the step), the A/A floor beside it
+    and the verdict, at most 77 characters each."""
+    out = [
+        f"{'':5}{'of its roof, paired':19}{'best':>6}"
+        f"{'':3}{'A/A, paired (noise)':19}"
+    ]
+    for fam, row in r["rows"].items():
+        f, aa = row["roof paired"], row["A/A paired"]
+        out.append(
+            f"{fam:4} {f[0]:4.2f} [{f[1]:4.2f}, {f[2]:4.2f}]"
+            f"  {row['of roof']:4.2f}"
+            f"   {aa[0]:4.2f} [{aa[1]:4.2f}, {aa[2]:4.2f}]"
+        )
+        out.append(f"{'':5}{row['verdict']}")
+    return out
+
+
+def _load():
+    """The 1-minute load average (None where the OS does not tell)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 def _ms(seconds, sign="") -> str:
@@ -706,18 +911,29 @@ def main(argv) -> int:
         )
     )
     rows = r["rows"]
+    load = r["load"]
     say(
-        f"of its roof (goal >= {ROOF_GOAL}; A/A: the step timed again, "
-        "best over best): "
-        + ", ".join(
-            f"{f} {w['of roof']:.2f} (A/A {w['A/A']:.2f})"
-            for f, w in rows.items()
+        f"of its roof (goal >= {ROOF_GOAL}), paired: in each of the "
+        f"{c['rounds']} rounds the roof from that round's own probes over "
+        "that round's step; the median and [quartiles] over the rounds. "
+        "A/A: the same step timed again in the same round over the first, "
+        "this run's noise floor (1 = no noise)"
+        + (
+            f"; load average {load:.1f} at the end"
+            if load is not None
+            else ""
         )
-        + ": "
+        + ":"
+    )
+    for line in roof_lines(r):
+        print(line)
+    met = [f for f, w in rows.items() if w["verdict"].startswith("at the")]
+    say(
+        f"goal, every family at >= {ROOF_GOAL} of its roof: "
         + (
             "met"
-            if all(w["of roof"] >= ROOF_GOAL for w in rows.values())
-            else "NOT met"
+            if len(met) == len(rows)
+            else f"met by {', '.join(met) or 'none'} of " + ", ".join(rows)
         )
     )
     want = RATIO_GOAL * r["bytes_mha_over_mqa"]
