@@ -55,8 +55,12 @@ lint: venv
 unit: venv
 	$(BIN)/python -m pytest -q -n $(WORKERS) tests --ignore=tests/browser
 
+# Each notebook's kernel runs with one BLAS thread (OPENBLAS_NUM_THREADS=1): two kernels share the two
+# cores, and two BLAS threads per kernel would wait on each other at every short product (chapter 9
+# measures it). Nothing nbval compares depends on the thread count (the training chapters set one thread
+# themselves), and the timing cells' outputs, which do, are not compared.
 nbval: venv
-	$(BIN)/python -m pytest -q -p no:randomly -n $(WORKERS) --dist loadscope --no-loadscope-reorder --nbval --nbval-current-env notebooks
+	OPENBLAS_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:randomly -n $(WORKERS) --dist loadscope --no-loadscope-reorder --nbval --nbval-current-env notebooks
 
 book-strict: venv
 	$(BIN)/jupyter-book build --all --warningiserror --keep-going .
