@@ -671,6 +671,21 @@ def test_no_block_scrolls_sideways(report):
     )
 
 
+def test_no_table_scrolls_sideways_on_a_phone(report):
+    """At 390 px only code may scroll inside its block: a table's cells wrap
+    (book.css), so no table needs a sideways scroll."""
+    tables = [
+        f"{rel}: <{b['tag']}> {b['excess']} px too wide: {b['text']!r}"
+        for (rel, name), v in report.views.items()
+        if name == "phone"
+        for b in v["side"]
+        if "table" in b["tag"]
+    ]
+    assert not tables, f"{len(tables)} tables scroll sideways:\n" + _listing(
+        tables
+    )
+
+
 def test_no_page_is_wider_than_the_window(report):
     """At 390 px (and at 1280 px) the page itself never scrolls sideways: a
     long literal, URL, table or figure stays inside the screen."""
