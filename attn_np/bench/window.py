@@ -99,25 +99,17 @@ def round_times_by_kind(
     return held, times
 
 
-def run(
-    d_model=512,
-    n_heads=8,
-    n_kv_heads=2,
-    window=1024,
-    contexts=(1024, 2048, 4096, 8192, 16384, 32768),
-    rounds=10,
-):
+def run(**kwargs):
     """Measure; ``{context: {"full": (bytes, s), "window": (bytes, s)}}``
-    with ``s`` the median step time of :func:`round_times_by_kind`."""
-    held, times = round_times_by_kind(
-        d_model, n_heads, n_kv_heads, window, contexts, rounds
-    )
+    with ``s`` the median step time of :func:`round_times_by_kind`, which
+    takes the same keywords."""
+    held, times = round_times_by_kind(**kwargs)
     return {
         n: {
             k: (held[k, n], float(np.median(times[k, n])))
             for k in ("full", "window")
         }
-        for n in contexts
+        for n in sorted({n for _, n in held})
     }
 
 
