@@ -35,6 +35,7 @@ from .costs import (
     max_context,
     state_bytes,
 )
+from .costs.hf_config import NOPE
 from .costs.model import CHUNKED, FULL, LINEAR, SLIDING
 from .instruments.plotting import format_bytes
 
@@ -95,6 +96,14 @@ def load(config: str) -> ModelConfig:
     return from_hf_config(config)
 
 
+def _nope(cfg) -> bool:
+    """True when the config says no attention layer rotates (NoPE)."""
+    kinds = (cfg.rope or {}).values()
+    return bool(kinds) and all(
+        p.get("rope_type") == NOPE["rope_type"] for p in kinds
+    )
+
+
 def _rope_line(cfg) -> list[str]:
     if not cfg.rope:
         return []
@@ -139,8 +148,9 @@ def report(cfg, seq_len, batch=1, bytes_per_element=2, budget=None):
     ]
     if cfg.family == "MLA":
         lines.append(
-            f"             caching a latent of {cfg.d_latent_kv} and a "
-            f"rotary key of {cfg.d_rope}"
+            f"             caching a latent of {cfg.d_latent_kv} and "
+            + ("an unrotated" if _nope(cfg) else "a rotary")
+            + f" key of {cfg.d_rope}"
         )
         v = cfg.d_head_v or cfg.head_dim
         hf4 = cfg.n_heads * (cfg.head_dim + cfg.d_rope + v)

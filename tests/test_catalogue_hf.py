@@ -9,6 +9,7 @@ ignored (Qwen2's sliding_window with use_sliding_window false).
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -1104,3 +1105,14 @@ def test_python_dash_m(tmp_path):
     )
     assert "kind         MLA" in done.stdout
     assert "8.44 GiB = 9,059,696,640 bytes" in done.stdout
+
+
+def test_cli_says_a_nope_latent_key_is_not_rotated(capsys):
+    # Kimi Linear's MLA layers are NoPE: the 64 numbers beside the latent
+    # are a shared key that no RoPE rotates
+    path = Path(__file__).parent / "data/hf_configs/kimi_linear_48b_a3b.json"
+    _, out, _ = run_cli(capsys, str(path), "--seq-len", "1024")
+    assert "a latent of 512 and an unrotated key of 64" in out
+    assert "rope         none (NoPE)" in out
+    _, out, _ = run_cli(capsys, "deepseek-v3", "--seq-len", "1024")
+    assert "a latent of 512 and a rotary key of 64" in out
