@@ -110,12 +110,15 @@ def test_table_fits_the_page(result):
 def test_main_prints_within_77_columns(capsys, monkeypatch):
     real_run = bench.run
     monkeypatch.setattr(
-        bench, "run", lambda *a: real_run(*a, probe_bytes=2**20)
+        bench, "run", lambda *a, **kw: real_run(*a, probe_bytes=2**20, **kw)
     )
     argv = ["--d-model", "32", "--heads", "8", "--context", "40"]
-    assert bench.main(argv + ["--rounds", "1", "--levers"]) == 0
+    argv += ["--rounds", "1", "--levers", "--formulations"]
+    assert bench.main(argv) == 0
     out = capsys.readouterr().out
     assert "no temporaries" in out and "stacked products" in out
+    assert "blocked, 2 workers" in out and "(fastest)" in out
+    assert "fraction of its roof: MHA" in out
     assert "goal, every family at >= 0.75" in out
     assert "MHA / MQA" in out
     assert max(len(line) for line in out.splitlines()) <= 77
