@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from attn_np._workers import run_tasks, split
+from attn_np.grouped import MIN_STACKED_ROWS
 from attn_np.instruments.blas import blas_threads
 from attn_np.softmax import masked_softmax
 
@@ -40,7 +41,8 @@ FORMULATIONS = {
     "(M = T large, N = G small), and P @ V with V as [T, d]",
     "blocked": "the cache in blocks over T that fit in L2, one NumPy "
     "call for all blocks: each block's G per-head products one after "
-    "another (read from memory once, then from L2), and V^T_b @ P^T_b "
+    "another (read from memory once, then from L2; from 8 rows on, the "
+    "block's rows stacked in one product), and V^T_b @ P^T_b "
     "per block with P^T contiguous (OpenBLAS's no-copy small kernel "
     "where it applies), summed over the blocks",
     "blocked, 1 thread": "the same on one BLAS thread",
@@ -85,15 +87,20 @@ def blocked_scores(qs, kt, n, out):
     """``out [B, n_kv, R, T] = qs [B, n_kv, R, d] @ kt [B, n_kv, d, T]`` by
     blocks of ``n`` positions: within a block its ``R`` rows one after
     another (``order="C"`` keeps NumPy from walking the blocks first),
-    so the block is read from memory once and from L2 after."""
+    so the block is read from memory once and from L2 after; from
+    :data:`~attn_np.grouped.MIN_STACKED_ROWS` rows on, the block's rows
+    stacked into one product instead."""
     T = kt.shape[-1]
     e = T // n * n
-    np.matmul(
-        qs[:, :, None, :, None],  # [B, n_kv, 1, R, 1, d]
-        _blocks(kt, n)[:, :, :, None],  # [B, n_kv, nb, 1, d, n]
-        out=_blocks(out, n)[..., None, :],  # [B, n_kv, nb, R, 1, n]
-        order="C",
-    )
+    if qs.shape[2] >= MIN_STACKED_ROWS:  # [.., 1, R, d] @ [.., nb, d, n]
+        np.matmul(qs[:, :, None], _blocks(kt, n), out=_blocks(out, n))
+    else:
+        np.matmul(
+            qs[:, :, None, :, None],  # [B, n_kv, 1, R, 1, d]
+            _blocks(kt, n)[:, :, :, None],  # [B, n_kv, nb, 1, d, n]
+            out=_blocks(out, n)[..., None, :],  # [B, n_kv, nb, R, 1, n]
+            order="C",
+        )
     if e < T:  # the tail: [.., R, d] @ [.., d, T - e]
         np.matmul(qs, kt[..., e:], out=out[..., e:])
     return out
