@@ -8,8 +8,8 @@ import pytest
 
 from attn_np import grouped_attention_forward
 from attn_np.bench import decode as bench
-from attn_np.bench import decode_ceiling as ceiling
 from attn_np.instruments import blas_threads, get_blas_threads
+from attn_np.instruments import decode_ceiling as ceiling
 
 D, H, CTX = 64, 8, 300
 

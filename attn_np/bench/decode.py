@@ -55,9 +55,9 @@ import numpy as np
 
 from attn_np import decode_workers
 from attn_np._workers import row_products, run_tasks, split, worker_count
-from attn_np.bench import decode_ceiling as ceiling
 from attn_np.costs.decode import decode_step_cost
 from attn_np.costs.latent import latent_decode_step_cost
+from attn_np.instruments import decode_ceiling as ceiling
 from attn_np.instruments.blas import blas_threads
 from attn_np.instruments.measure import paired_difference, read_probes
 from attn_np.instruments.plotting import format_bytes
@@ -611,7 +611,8 @@ def run(
 
     ``formulations=True`` also times, in the same rounds, every
     formulation of each family's attention over its cache
-    (:data:`~attn_np.bench.decode_ceiling.FORMULATIONS`), in ``"ceiling"``.
+    (:data:`~attn_np.instruments.decode_ceiling.FORMULATIONS`), in
+    ``"ceiling"``.
 
     Everything is timed in turns, the order reversed every other round
     (:func:`flushed_rounds`), with ``flush_bytes`` (default: twice the
