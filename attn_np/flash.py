@@ -28,7 +28,6 @@ window's edge) are masked. :func:`block_plan` says which is which.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,13 +38,14 @@ from ._checks import (
     check_positive_int,
     check_upstream,
 )
+from ._workers import run_tasks
 from .attention import (
     _check_inputs,
     check_window,
     position_mask,
     unbroadcast,
 )
-from .instruments.blas import blas_threads, get_blas_threads
+from .instruments.blas import get_blas_threads
 
 BLOCK_Q = 256  # query rows per tile: the fastest in the chapter-9 sweep
 BLOCK_K = 256  # keys per tile
@@ -597,12 +597,24 @@ def in_parallel(share, batch, flops):
         for a, b in zip(edges[:-1].round(), edges[1:].round())
     ]
     # a worker that is done takes the next part: a core the machine gives
-    # less of does less of the work
-    workers = min(workers, len(takes))
-    with blas_threads(1), ThreadPoolExecutor(workers) as pool:
-        for _ in pool.map(share, takes):  # raises what a worker raised
-            pass
+    # less of does less of the work. The workers are kept between calls
+    # (attn_np._workers), not started for each; the first part runs in the
+    # calling thread
+    queue, lock = iter(takes), threading.Lock()
+
+    def worker():
+        while (take := _next(queue, lock)) is not None:
+            share(take)
+
+    run_tasks([worker] * min(workers, len(takes)))  # raises what one raised
     return None
+
+
+def _next(queue, lock):
+    """The next item of the iterator ``queue`` (``None`` after the last),
+    one thread at a time."""
+    with lock:
+        return next(queue, None)
 
 
 class _Take:

@@ -109,13 +109,20 @@ def test_table_fits_the_page(result):
 
 def test_main_prints_within_77_columns(capsys, monkeypatch):
     real_run = bench.run
-    monkeypatch.setattr(
-        bench, "run", lambda *a: real_run(*a, probe_bytes=2**20)
-    )
+
+    def small_run(*args, **kw):
+        return real_run(*args, probe_bytes=2**20, **kw)
+
+    monkeypatch.setattr(bench, "run", small_run)
     argv = ["--d-model", "32", "--heads", "8", "--context", "40"]
-    assert bench.main(argv + ["--rounds", "1", "--levers"]) == 0
+    argv += ["--rounds", "1", "--levers", "--formulations"]
+    assert bench.main(argv) == 0
     out = capsys.readouterr().out
     assert "no temporaries" in out and "stacked products" in out
+    assert "blocked, 2 workers" in out and "(fastest)" in out
+    words = " ".join(out.split())
+    assert "fraction of its roof: MHA" in words
+    assert "(no K/V gap)" in words
     assert "goal, every family at >= 0.75" in out
     assert "MHA / MQA" in out
     assert max(len(line) for line in out.splitlines()) <= 77
@@ -346,3 +353,13 @@ def test_roof_time_is_the_longer_of_cache_and_flops_after_weights():
 )
 def test_roof_verdict(of_roof, a_a, starts):
     assert bench.roof_verdict(of_roof, a_a).startswith(starts)
+
+
+def test_of_roof_without_the_kv_gap(result):
+    """The step with its attention at its cache's bytes, the rest as
+    measured: never below the step's own fraction of its roof."""
+    for row in result["rows"].values():
+        gap = max(0.0, row["gap"]["keys and values"])
+        want = row["roof time"] / (row["time"] - gap)
+        assert row["of roof, no K/V gap"] == pytest.approx(want)
+        assert row["of roof, no K/V gap"] >= row["of roof"]

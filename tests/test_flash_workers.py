@@ -98,6 +98,55 @@ def test_shared_equals_one_piece_bit_for_bit(monkeypatch):
 
 
 @needs_blas
+def test_workers_are_kept_between_calls(monkeypatch):
+    """in_parallel reuses attn_np._workers' pool: a second call starts no
+    thread."""
+    import threading
+
+    monkeypatch.setattr(flash, "PARALLEL_MIN_FLOPS", 0)
+    q = np.random.default_rng(0).standard_normal((1, 4, 16, 4))
+    with blas_threads(2):
+        flash.flash_attention_forward(q, q, q, causal=True)
+        before = {t.ident for t in threading.enumerate()}
+        for _ in range(3):
+            out, cache = flash.flash_attention_forward(q, q, q, causal=True)
+            flash.flash_attention_backward(q, cache)
+        assert {t.ident for t in threading.enumerate()} == before
+
+
+@needs_blas
+def test_more_parts_than_workers_equal_one_piece(monkeypatch):
+    """With PARTS_PER_WORKER > 1 the two workers take the parts from one
+    queue: every part is done once, the same numbers as in one piece."""
+    rng = np.random.default_rng(5)
+    q, k, v, dout = (rng.standard_normal((1, 7, 24, 4)) for _ in range(4))
+
+    def run():
+        out, cache = flash.flash_attention_forward(
+            q, k, v, causal=True, block_q=8, block_k=8
+        )
+        return (out, *flash.flash_attention_backward(dout, cache))
+
+    with blas_threads(1):
+        alone = run()
+    monkeypatch.setattr(flash, "PARALLEL_MIN_FLOPS", 0)
+    monkeypatch.setattr(flash, "PARTS_PER_WORKER", 3)
+    taken = []
+    real = flash._Take
+
+    def counting(*args, **kw):
+        taken.append(args[2])
+        return real(*args, **kw)
+
+    monkeypatch.setattr(flash, "_Take", counting)
+    with blas_threads(2):
+        shared = run()
+    assert len(taken) == 2 * 6  # six parts of the 7 heads, twice
+    for a, b in zip(alone, shared):
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_blas
 def test_a_workers_error_reaches_the_caller(always_share, monkeypatch):
     def broken(*args):
         raise FloatingPointError("from a worker")

@@ -49,7 +49,7 @@ BENCHMARKS: dict[str, Bench] = {
     "decode": Bench(
         "attn_np.bench.decode",
         sizes=("--d-model", "--heads", "--context", "--batch", "--rounds"),
-        flags=("--levers",),
+        flags=("--levers", "--formulations"),
     ),
     "flash": Bench(
         "attn_np.bench.flash",

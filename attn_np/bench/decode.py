@@ -57,6 +57,7 @@ from attn_np import decode_workers
 from attn_np._workers import row_products, run_tasks, split, worker_count
 from attn_np.costs.decode import decode_step_cost
 from attn_np.costs.latent import latent_decode_step_cost
+from attn_np.instruments import decode_ceiling as ceiling
 from attn_np.instruments.blas import blas_threads
 from attn_np.instruments.measure import paired_difference, read_probes
 from attn_np.instruments.plotting import format_bytes
@@ -604,8 +605,14 @@ def run(
     rounds=40,
     probe_bytes=256 * 2**20,
     flush_bytes=None,
+    formulations=False,
 ):
     """Measure; returns a dict of every figure :func:`main` prints.
+
+    ``formulations=True`` also times, in the same rounds, every
+    formulation of each family's attention over its cache
+    (:data:`~attn_np.instruments.decode_ceiling.FORMULATIONS`), in
+    ``"ceiling"``.
 
     Everything is timed in turns, the order reversed every other round
     (:func:`flushed_rounds`), with ``flush_bytes`` (default: twice the
@@ -654,6 +661,13 @@ def run(
         # the step again, after its parts: the same code timed against
         # itself, this run's noise floor for the step's time
         fns[f"{fam} (A/A)"] = (case["step"], True)
+    if formulations:  # the attention over the cache, every way we know
+        caches = cpu_cache_sizes()
+        sizes = {"l2": caches.get("L2", 2**20), "l1": caches.get("L1d")}
+        sizes["l1"] = sizes["l1"] or 32 * 2**10
+        for fam, case in cases.items():
+            for name, fn in ceiling.formulations(case, **sizes).items():
+                fns[f"{fam} ~ {name}"] = (fn, True)
     per_round = flushed_rounds(fns, flush.sum, rounds=rounds)
     times = {name: float(ts.min()) for name, ts in per_round.items()}
     bandwidths = {
@@ -726,7 +740,36 @@ def run(
         }
         row = rows[fam]
         row["verdict"] = roof_verdict(row["roof paired"], row["A/A paired"])
+        # the step with its attention over the cache taking no more than
+        # the cache's bytes at the reference, the rest as measured: how
+        # far a perfect attention kernel alone would take it
+        row["of roof, no K/V gap"] = best / (
+            t - max(0.0, row["gap"]["keys and values"])
+        )
     mha, mqa = rows["MHA"], rows["MQA"]
+    found = None
+    if formulations:
+        found = ceiling.ceiling_rows(
+            {
+                (fam, name): per_round[f"{fam} ~ {name}"]
+                for fam in cases
+                for name in ceiling.FORMULATIONS
+            },
+            cases,
+            ref_r,
+        )
+        for fam, frows in found.items():
+            row = rows[fam]
+            fastest = min(
+                (n for n in frows if n != "library (A/A)"),
+                key=lambda n: frows[n]["time"],
+            )
+            # the step with its weights at the reference and its attention
+            # as fast as the fastest formulation makes it
+            row["fastest formulation"] = fastest
+            row["of roof, fastest"] = row["roof time"] / (
+                row["weight_bytes"] / ref + frows[fastest]["time"]
+            )
     return {
         "config": {
             "d_model": d_model,
@@ -741,6 +784,7 @@ def run(
         "reference_name": ref_name,
         "matmul_rate": matmul_rate,
         "rows": rows,
+        "ceiling": found,
         "mha_over_mqa": mha["time"] / mqa["time"],
         "bytes_mha_over_mqa": mha["step_bytes"] / mqa["step_bytes"],
         "load": _load(),
@@ -861,13 +905,26 @@ def main(argv) -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument(
+        "--formulations",
+        action="store_true",
+        help="also time every formulation of the attention over the "
+        "cache (where its ceiling is)",
+    )
+    parser.add_argument(
         "--levers",
         action="store_true",
         help="also time each lever of a step alone (LEVERS)",
     )
     args = parser.parse_args(argv)
     busy = busy_warning()
-    r = run(args.d_model, args.heads, args.context, args.batch, args.rounds)
+    r = run(
+        args.d_model,
+        args.heads,
+        args.context,
+        args.batch,
+        args.rounds,
+        formulations=args.formulations,
+    )
     c = r["config"]
     d_k = c["d_model"] // c["n_heads"]
     say = _printer()
@@ -927,6 +984,14 @@ def main(argv) -> int:
     )
     for line in roof_lines(r):
         print(line)
+    say(
+        "with its attention over the cache at the cache's bytes at the "
+        "reference (no K/V gap) and the rest of the step as measured, "
+        "each step would reach this fraction of its roof (best rounds): "
+        + ", ".join(
+            f"{f} {w['of roof, no K/V gap']:.2f}" for f, w in rows.items()
+        )
+    )
     met = [f for f, w in rows.items() if w["verdict"].startswith("at the")]
     say(
         f"goal, every family at >= {ROOF_GOAL} of its roof: "
@@ -943,6 +1008,10 @@ def main(argv) -> int:
         f"{r['mha_over_mqa']:.2f}, "
         f"{'met' if r['mha_over_mqa'] >= want else 'NOT met'}"
     )
+    if r["ceiling"] is not None:
+        print()
+        for line in ceiling_lines(r):
+            print(line)
     if args.levers:
         print()
         say(
@@ -964,6 +1033,44 @@ def main(argv) -> int:
     if busy:
         say(busy)
     return 0
+
+
+def ceiling_lines(r) -> list[str]:
+    """The printed formulations table of ``run(formulations=True)`` and,
+    per family, the fraction of its roof the step could reach with the
+    fastest of them, at most 77 characters each."""
+    say = []
+
+    def wrap(text):
+        say.extend(textwrap.wrap(text, 77, subsequent_indent="  "))
+
+    wrap(
+        "the attention over the cache, every formulation (--formulations;"
+        f" in the same {r['config']['rounds']} rounds, each after the "
+        "flush): its best time, the cache's bytes at the reference over "
+        "that time (of ref), and its time over the library's round by "
+        "round, median [quartiles]; faster/slower only beyond the A/A "
+        "row's quartiles:"
+    )
+    say.extend(ceiling.ceiling_table(r["ceiling"]))
+    wrap(
+        "; ".join(
+            f"{name}: {what}" for name, what in ceiling.FORMULATIONS.items()
+        )  # fmt: skip
+        + "."
+    )
+    wrap(
+        "with its attention as fast as the fastest formulation and its "
+        "weights read at the reference, each step would reach this "
+        "fraction of its roof: "
+        + ", ".join(
+            f"{fam} {row['of roof, fastest']:.2f}"
+            f" ({row['fastest formulation']})"
+            for fam, row in r["rows"].items()
+        )
+        + f" (goal {ROOF_GOAL})"
+    )
+    return say
 
 
 def _printer():
