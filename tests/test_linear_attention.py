@@ -621,7 +621,11 @@ def test_bench_linear_prints_ratios_within_77_columns(capsys):
     assert "noise (A/A)" in out and "goal, layer loop / chunked" in out
     assert "where the time goes" in out and "kernel loop / chunked" in out
     assert "chunked peak(256) / peak(64)" in out
+    assert "Amdahl bound" in out and "freed memory kept" in out
     assert max(len(line) for line in out.splitlines()) <= 77
+    argv += ["--return-freed"]
+    assert bench.main(argv) == 0
+    assert "glibc's default allocator" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         bench.main(["--rounds", "0"])
 
@@ -670,3 +674,30 @@ def test_gates_helper_shapes_and_bad_input():
     assert g.shape == (1, 3, 4) and beta.shape == (1, 3, 4)
     with pytest.raises(ValueError, match="x must have shape"):
         kda.gates(np.ones((5, 12)))
+
+
+def test_keep_freed_memory_changes_no_number():
+    """The allocator setting the benchmark runs under changes where pages
+    come from, not what is computed: inside the block a freed block is
+    reused (no new pages for an array of the same size)."""
+    import resource
+
+    from attn_np.instruments.allocator import (
+        allocator_tunable,
+        keep_freed_memory,
+    )
+
+    x = delta_inputs(seed=3, lead=(2,), T=40)
+    want = gated_delta_chunked_forward(**x, chunk_size=8)[0]
+    with keep_freed_memory() as took:
+        assert took == allocator_tunable()
+        got = gated_delta_chunked_forward(**x, chunk_size=8)[0]
+        np.testing.assert_array_equal(got, want)
+        if took:
+            np.ones(2**18).sum()  # 2 MiB, then freed
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            np.ones(2**18).sum()
+            after = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            assert after - before < 50  # not the 512 pages of a new one
+    got = gated_delta_chunked_forward(**x, chunk_size=8)[0]
+    np.testing.assert_array_equal(got, want)
