@@ -422,48 +422,6 @@ def unit_lower_inverse(A):
     return T
 
 
-def unit_lower_inverse_blocked(A, block=16):
-    """:func:`unit_lower_inverse` in ``log2(C / block)`` levels of batched
-    products: forward substitution within diagonal blocks of ``block``,
-    then, level by level, each pair of neighbouring inverted blocks
-    joined into one twice as large::
-
-        (I - A)^{-1} = [[T_1, 0], [T_2 A_21 T_1, T_2]]
-
-    for ``I - A = [[I - A_11, 0], [-A_21, I - A_22]]`` (``T_i`` the inverse
-    of ``I - A_ii``), every block pair of a level in one product. ``C``
-    need not be a power of two: ``A`` is padded with zeros (the inverse
-    of the padding is the identity, cut off at the end). For ``C <=
-    block`` it is forward substitution itself.
-    """
-    *lead, C, _ = A.shape
-    if C <= block:
-        return unit_lower_inverse(A)
-    P = block << ((C - 1) // block).bit_length()  # block * 2^levels >= C
-    if P != C:
-        padded = np.zeros((*lead, P, P), dtype=A.dtype)
-        padded[..., :C, :C] = A
-        A = padded
-    T = unit_lower_inverse(_diagonal_blocks(A, block))  # [.., P/b, b, b]
-    b = block
-    while b < P:
-        # A_21 of each pair: [..., P/2b, b, b]
-        A21 = _diagonal_blocks(A, 2 * b)[..., b:, :b]
-        T1, T2 = T[..., 0::2, :, :], T[..., 1::2, :, :]
-        T = np.zeros((*lead, P // (2 * b), 2 * b, 2 * b), dtype=A.dtype)
-        T[..., :b, :b], T[..., b:, b:] = T1, T2
-        np.matmul(T2 @ A21, T1, out=T[..., b:, :b])
-        b *= 2
-    return T[..., 0, :C, :C]
-
-
-def _diagonal_blocks(A, b):
-    """``[..., P, P] -> [..., P/b, b, b]``: the diagonal blocks (a view)."""
-    *lead, P, _ = A.shape
-    A4 = A.reshape(*lead, P // b, b, P // b, b)
-    return np.moveaxis(np.diagonal(A4, axis1=-4, axis2=-2), -1, -3)
-
-
 @dataclass
 class ChunkParts:
     """What a chunk needs besides its entering state (kept for the
@@ -490,8 +448,7 @@ def _chunk_parts(q, k, v, gam, beta):
     eg = _decay(gam)
     KG = k * eg  # [N, ..., C, d_k]
     Gk, Ek = _decay_gram(k, k, gam, strict=True)  # [N, ..., C, C]
-    # A = -diag(b) <K, K>; T = (I - A)^{-1}
-    Tm = unit_lower_inverse_blocked(-beta[..., None] * Gk)
+    Tm = unit_lower_inverse(-beta[..., None] * Gk)  # A = -diag(b) <K, K>
     # [N, ..., C, C] @ [N, ..., C, d] -> [N, ..., C, d]
     W = Tm @ (beta[..., None] * KG)
     Ut = Tm @ (beta[..., None] * v)

@@ -42,7 +42,6 @@ from attn_np.linear_attention import (
     l2norm_backward,
     l2norm_forward,
     unit_lower_inverse,
-    unit_lower_inverse_blocked,
 )
 
 FORMS = {
@@ -132,25 +131,6 @@ def test_unit_lower_inverse_is_the_inverse():
     assert np.abs(T - want).max() < 1e-12
 
 
-@pytest.mark.parametrize("C", [1, 2, 7, 16, 17, 31, 32, 33, 48, 64, 100])
-@pytest.mark.parametrize("block", [1, 4, 16])
-def test_blocked_inverse_is_the_inverse(C, block):
-    """Blocks then doubling, for sizes that are not powers of two (or of
-    the block) too: the inverse to rounding, as forward substitution."""
-    rng = np.random.default_rng(C)
-    A = np.tril(rng.standard_normal((2, 3, C, C)), k=-1) * 0.3
-    want = np.linalg.inv(np.eye(C) - A)
-    got = unit_lower_inverse_blocked(A, block)
-    scale = np.abs(want).max()
-    assert got.shape == A.shape
-    assert np.abs(got - want).max() < 1e-13 * scale
-    # no worse than forward substitution, up to a few roundings
-    ref = np.abs(unit_lower_inverse(A) - want).max()
-    assert np.abs(got - want).max() <= 10 * ref + 1e-15 * scale
-    if C <= block:  # it is forward substitution
-        np.testing.assert_array_equal(got, unit_lower_inverse(A))
-
-
 # ---------------------------------------------------------------------------
 # recurrent == chunked
 
@@ -174,10 +154,9 @@ def test_chunked_equals_recurrent(per_channel, T, C):
 
 @pytest.mark.parametrize("per_channel", [False, True])
 @pytest.mark.parametrize("C", [17, 20, 33, 64])
-def test_chunked_equals_recurrent_with_blocked_inverse(per_channel, C):
-    """Chunks larger than 16 invert their ``I - A`` in blocks: the forms
-    still agree (T = 70: several chunks, the last one partial), and the
-    gradients match the recurrent form's."""
+def test_chunked_equals_recurrent_large_chunks(per_channel, C):
+    """Chunks larger than the tests above use (T = 70: several chunks,
+    the last one partial): the forms agree, outputs and gradients."""
     x = delta_inputs(seed=C, lead=(2,), T=70, per_channel=per_channel)
     o1, c1 = gated_delta_recurrent_forward(**x)
     o2, c2 = gated_delta_chunked_forward(**x, chunk_size=C)
