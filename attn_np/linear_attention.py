@@ -560,14 +560,13 @@ def gated_delta_chunked_forward(
         parts.append(p if KEEP_PARTS else None)
         eC, KBt = p.eC[..., None], _mT(p.KB)
         for n in range(hi - lo):  # the only loop: the state
-            S, Un = states[lo + n], U[lo + n]  # [.., d_k, d_v], [.., C, d_v]
+            S = states[lo + n]  # [..., d_k, d_v]
             # U = U~ - W S: [..., C, d_k] @ [..., d_k, d_v] -> [..., C, d_v]
+            Un = U[lo + n]
             np.matmul(p.W[n], S, out=Un)
             np.subtract(p.Ut[n], Un, out=Un)
             # S_C = e^G_C S + (K e^(G_C - G))^T U: [..., d_k, d_v]
-            S_C = states[lo + n + 1]
-            np.matmul(KBt[n], Un, out=S_C)
-            S_C += eC[n] * S
+            states[lo + n + 1] = eC[n] * S + KBt[n] @ Un
         # the group's outputs at once, from the states entering its chunks
         # O = (Q e^G) S + P U: [n, ..., C, d_v]
         og = o[lo:hi]
@@ -661,19 +660,15 @@ def chunk_group_backward(inputs, S, U, dO, dS, out, *, parts=None):
     dOU = np.empty((*dO.shape[:-2], 2 * C, dO.shape[-1]), dO.dtype)
     dOU[..., :C, :] = dO
     dU = dOU[..., C:, :]  # [N, ..., C, d_v]
-    dSn[N - 1] = dS
     for n in range(N - 1, -1, -1):  # the state, backwards
+        dSn[n] = dS
         # [C, d_k] @ [d_k, d_v] -> [C, d_v]
-        np.matmul(p.KB[n], dSn[n], out=dU[n])
+        np.matmul(p.KB[n], dS, out=dU[n])
         dU[n] += X[n]
-        dS = Y[n] - Wt[n] @ dU[n]  # -> [d_k, d_v]
-        dS += eC[n] * dSn[n]
-        if n:
-            dSn[n - 1] = dS
+        dS = eC[n] * dS + Y[n] - Wt[n] @ dU[n]  # -> [d_k, d_v]
     # then the run's chunks at once
     dKB = U @ _mT(dSn)  # [C, d_v] @ [d_v, d_k]
-    # sum(dS * S) over d_v: [..., d_k, d_v] -> [..., d_k]
-    deC = _sum_to(np.einsum("...kv,...kv->...k", dSn, S), p.eC.shape)
+    deC = _sum_to(np.sum(dSn * S, axis=-1), p.eC.shape)
     # dQ~ = dO S^T, dW = -dU S^T: [2C, d_v] @ [d_v, d_k], one product
     R = dOU @ _mT(S)
     dQG, dW = R[..., :C, :], -R[..., C:, :]
@@ -777,8 +772,8 @@ def causal_conv_backward(dy, cache):
     tmp = np.empty_like(dpre)
     dw = np.empty_like(w)
     for j in range(K):
-        # sum over B and L of dpre * xp shifted: [B, L, ch] -> [ch]
-        dw[j] = np.einsum("blc,blc->c", dpre, xp[:, j : j + L])
+        np.multiply(dpre, xp[:, j : j + L], out=tmp)
+        dw[j] = tmp.sum(axis=(0, 1))
         m = K - 1 - j
         if 0 < m < L:
             # [B, L-m, ch] += [ch] * [B, L-m, ch]
