@@ -152,6 +152,23 @@ def test_chunked_equals_recurrent(per_channel, T, C):
     assert c2.states.shape[0] == math.ceil(T / C) + 1
 
 
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("C", [17, 20, 33, 64])
+def test_chunked_equals_recurrent_large_chunks(per_channel, C):
+    """Chunks larger than the tests above use (T = 70: several chunks,
+    the last one partial): the forms agree, outputs and gradients."""
+    x = delta_inputs(seed=C, lead=(2,), T=70, per_channel=per_channel)
+    o1, c1 = gated_delta_recurrent_forward(**x)
+    o2, c2 = gated_delta_chunked_forward(**x, chunk_size=C)
+    assert np.abs(o1 - o2).max() < 1e-12 * max(1.0, np.abs(o1).max())
+    assert np.abs(c1.final_state - c2.final_state).max() < 1e-12
+    do = np.random.default_rng(C).standard_normal(o1.shape)
+    g1 = gated_delta_recurrent_backward(do, c1)
+    g2 = gated_delta_chunked_backward(do, c2)
+    for a, b in zip(g1, g2):
+        assert np.abs(a - b).max() < 1e-10 * max(1.0, np.abs(a).max())
+
+
 @given(
     T=st.integers(1, 20),
     C=st.integers(1, 9),
@@ -188,6 +205,32 @@ def test_groups_of_chunks_change_nothing(monkeypatch, per_channel):
         assert np.abs(o2 - o).max() < 1e-14
         for a, b in zip(got, want):
             assert np.abs(a - b).max() < 1e-13
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_kept_parts_equal_recomputed_parts(monkeypatch, per_channel):
+    """The backward gives the same gradients from the parts the forward
+    kept, from parts it recomputes (KEEP_PARTS off), and a second time
+    from the same cache (the kept parts are released once used)."""
+    import attn_np.linear_attention as la
+
+    x = delta_inputs(seed=9, lead=(2,), T=29, per_channel=per_channel)
+    rng = np.random.default_rng(1)
+    o, cache = gated_delta_chunked_forward(**x, chunk_size=4)
+    assert all(p is not None for p in cache.parts)
+    do = rng.standard_normal(o.shape)
+    dS = rng.standard_normal(cache.final_state.shape)
+    kept = gated_delta_chunked_backward(do, cache, dstate=dS)
+    assert all(p is None for p in cache.parts)  # released
+    again = gated_delta_chunked_backward(do, cache, dstate=dS)
+    monkeypatch.setattr(la, "KEEP_PARTS", False)
+    o2, c2 = gated_delta_chunked_forward(**x, chunk_size=4)
+    assert all(p is None for p in c2.parts)
+    recomputed = gated_delta_chunked_backward(do, c2, dstate=dS)
+    np.testing.assert_array_equal(o2, o)
+    for a, b, c in zip(kept, again, recomputed):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
 
 
 def test_continuing_from_a_state_equals_one_pass():
@@ -621,7 +664,11 @@ def test_bench_linear_prints_ratios_within_77_columns(capsys):
     assert "noise (A/A)" in out and "goal, layer loop / chunked" in out
     assert "where the time goes" in out and "kernel loop / chunked" in out
     assert "chunked peak(256) / peak(64)" in out
+    assert "Amdahl bound" in out and "freed memory kept" in out
     assert max(len(line) for line in out.splitlines()) <= 77
+    argv += ["--return-freed"]
+    assert bench.main(argv) == 0
+    assert "glibc's default allocator" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         bench.main(["--rounds", "0"])
 
@@ -670,3 +717,30 @@ def test_gates_helper_shapes_and_bad_input():
     assert g.shape == (1, 3, 4) and beta.shape == (1, 3, 4)
     with pytest.raises(ValueError, match="x must have shape"):
         kda.gates(np.ones((5, 12)))
+
+
+def test_keep_freed_memory_changes_no_number():
+    """The allocator setting the benchmark runs under changes where pages
+    come from, not what is computed: inside the block a freed block is
+    reused (no new pages for an array of the same size)."""
+    import resource
+
+    from attn_np.instruments.allocator import (
+        allocator_tunable,
+        keep_freed_memory,
+    )
+
+    x = delta_inputs(seed=3, lead=(2,), T=40)
+    want = gated_delta_chunked_forward(**x, chunk_size=8)[0]
+    with keep_freed_memory() as took:
+        assert took == allocator_tunable()
+        got = gated_delta_chunked_forward(**x, chunk_size=8)[0]
+        np.testing.assert_array_equal(got, want)
+        if took:
+            np.ones(2**18).sum()  # 2 MiB, then freed
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            np.ones(2**18).sum()
+            after = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            assert after - before < 50  # not the 512 pages of a new one
+    got = gated_delta_chunked_forward(**x, chunk_size=8)[0]
+    np.testing.assert_array_equal(got, want)

@@ -67,6 +67,7 @@ BENCHMARKS: dict[str, Bench] = {
         "attn_np.bench.linear",
         sizes=("--rounds", "--chunk-size", "--threads"),
         size_lists=("--T", "--memory-T"),
+        flags=("--return-freed",),
     ),
     "mha": Bench(
         "attn_np.bench.mha",

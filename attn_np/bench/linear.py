@@ -28,17 +28,25 @@ forward and one backward of :class:`attn_np.GatedDeltaNet`.
 
 Both run with one BLAS thread (``--threads`` to change): on a shared
 machine a threaded product of a few small matrices mostly waits for its
-threads.
+threads. Both run with glibc keeping freed memory for the next step
+(:func:`~attn_np.instruments.allocator.keep_freed_memory`;
+``--return-freed`` to measure without): otherwise every step of either
+form pays the kernel for zeroing fresh pages (measured on the 2-core
+machine the book was written on, at ``T = 4096``: 10,000-14,000 page
+faults and 40-60 ms of system time per chunked step, 0.08 s and more per
+loop step; with the freed memory kept, none). Keeping it speeds up both
+forms (the chunked step the more), so it is no thumb on the scale.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 
+from ..instruments.allocator import keep_freed_memory
 from ..instruments.blas import blas_threads
 from ..instruments.measure import measure_memory
 from ..linear_attention import (
@@ -113,13 +121,22 @@ def kernel_step(T, form, *, chunk_size=64, dtype=np.float32, seed=0):
     return step
 
 
-def speed(Ts=(1024, 2048, 4096), *, rounds=3, chunk_size=64):
+def speed(
+    Ts=(1024, 2048, 4096), *, rounds=3, chunk_size=64, keep_freed=True
+):
     """``{T: {"loop / chunked": (median, q1, q3), "kernels": (...),
     "A/A": (...), "cpu": {...}, "chunked s": best, "loop s": best}}``:
     the layers' ratio, the kernels' alone and the noise floor, round by
     round, in wall-clock time; ``"cpu"`` holds the same three ratios in
     the process's CPU time (which a busy machine inflates less: it does
-    not count the time spent waiting for a core)."""
+    not count the time spent waiting for a core). ``keep_freed``: both
+    forms run with :func:`~attn_np.instruments.allocator.
+    keep_freed_memory`."""
+    with keep_freed_memory() if keep_freed else nullcontext():
+        return _speed(Ts, rounds, chunk_size)
+
+
+def _speed(Ts, rounds, chunk_size):
     out = {}
     for T in Ts:
         fns = {
@@ -223,20 +240,21 @@ def timed_parts():
             fn()
 
 
-def breakdown(T, mode, *, rounds=3, chunk_size=32):
+def breakdown(T, mode, *, rounds=3, chunk_size=32, keep_freed=True):
     """``{part: seconds}`` of one forward + backward of the scaled layer
     at ``T`` (the median over ``rounds`` steps), the parts of
     :data:`PARTS` timed as the layer calls them and :data:`REST` what
-    is left of the step."""
+    is left of the step (allocator as in :func:`speed`)."""
     step = layer_step(T, mode, chunk_size=chunk_size)
-    step()
     rows = []
-    for _ in range(rounds):
-        with timed_parts() as spent:
-            t0 = time.perf_counter()
-            step()
-            total = time.perf_counter() - t0
-        rows.append({**spent, REST: total - sum(spent.values())})
+    with keep_freed_memory() if keep_freed else nullcontext():
+        step()
+        for _ in range(rounds):
+            with timed_parts() as spent:
+                t0 = time.perf_counter()
+                step()
+                total = time.perf_counter() - t0
+            rows.append({**spent, REST: total - sum(spent.values())})
     return {p: float(np.median([r[p] for r in rows])) for p in rows[0]}
 
 
@@ -305,12 +323,20 @@ def print_speed(sp):
         )
 
 
-def print_breakdown(T, r, rounds, chunk_size):
+def print_breakdown(T, r, rounds, chunk_size, keep_freed=True):
     """Where a step's time goes, part by part, in each form; and what the
     kernels' ratio allows the layer's (the parts outside the kernel cost
-    the same in both forms)."""
+    the same in both forms), up to the Amdahl bound: with an instant
+    chunked kernel the layer's ratio is the loop's step over the shared
+    rest."""
     parts = {
-        form: breakdown(T, mode, rounds=rounds, chunk_size=chunk_size)
+        form: breakdown(
+            T,
+            mode,
+            rounds=rounds,
+            chunk_size=chunk_size,
+            keep_freed=keep_freed,
+        )
         for form, mode in (("chunked", "chunked"), ("loop", "recurrent"))
     }
     tot = {f: sum(b.values()) for f, b in parts.items()}
@@ -339,6 +365,21 @@ def print_breakdown(T, r, rounds, chunk_size):
         f"(10x would need the kernels {need / c['kernel']:.1f}x apart, or "
         "the rest smaller)"
     )
+    # Amdahl: even a chunked kernel that took no time leaves the shared
+    # rest (each form times it; the smaller is the less noisy estimate)
+    shared = min(rest, tot["loop"] - parts["loop"]["kernel"])
+    bound = tot["loop"] / shared
+    print(
+        f"Amdahl bound: with an instant chunked kernel, loop step / rest "
+        f"= {bound:.1f}x;\n"
+        + (
+            "the layer goal is out of reach at this T: the shared work "
+            "alone\nis more than a tenth of the loop's step"
+            if bound < 10
+            else f"10x needs the chunked kernel under "
+            f"{(tot['loop'] / 10 - shared) * 1e3:.0f} ms"
+        )
+    )
 
 
 def _quartiles(x):
@@ -358,6 +399,12 @@ def main(argv=()) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--chunk-size", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--return-freed",
+        action="store_true",
+        help="let glibc return freed memory to the system between steps "
+        "(its default: every step then pays for fresh pages)",
+    )
     args = parser.parse_args(list(argv))
     for name in ("rounds", "chunk_size", "threads"):
         if getattr(args, name) < 1:
@@ -372,11 +419,22 @@ def main(argv=()) -> int:
         f"d_model={SHAPE['d_model']},\n{SHAPE['n_k_heads']} key head, "
         f"{SHAPE['n_v_heads']} value heads, d_k=d_v={SHAPE['d_k']}, conv 4, "
         "float32, B=1;\n"
-        f"chunks of {args.chunk_size}; {args.threads} BLAS thread(s)"
+        f"chunks of {args.chunk_size}; {args.threads} BLAS thread(s); "
+        + (
+            "glibc's default allocator"
+            if args.return_freed
+            else "freed memory kept\nfor the next step (both forms)"
+        )
     )
+    keep = not args.return_freed
     with blas_threads(args.threads):
         t0 = time.perf_counter()
-        sp = speed(args.T, rounds=args.rounds, chunk_size=args.chunk_size)
+        sp = speed(
+            args.T,
+            rounds=args.rounds,
+            chunk_size=args.chunk_size,
+            keep_freed=keep,
+        )
         print(
             f"\nspeed: forward + backward, {args.rounds} rounds in turns, "
             "the order\nreversed every other round "
@@ -385,7 +443,9 @@ def main(argv=()) -> int:
         )
         print_speed(sp)
         T_max = max(sp)
-        print_breakdown(T_max, sp[T_max], args.rounds, args.chunk_size)
+        print_breakdown(
+            T_max, sp[T_max], args.rounds, args.chunk_size, keep_freed=keep
+        )
         if mem_T:
             mem = memory(mem_T, chunk_size=args.chunk_size)
             print("\nmemory: traced peak of one forward + backward, MiB")
