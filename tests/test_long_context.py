@@ -736,10 +736,27 @@ def run_fixture(name, i, **options):
     np.testing.assert_allclose(
         dx, f[f"layer{i}.grad.x"], rtol=1e-10, atol=1e-12
     )
-    g = layer.grads["W_q"][:d].T
-    np.testing.assert_allclose(
-        g, f[f"layer{i}.grad.q_proj.weight"], rtol=1e-10, atol=1e-12
-    )
+    grads = {  # ours in HF's names: every weight, bias and sink
+        f"{theirs}_proj.weight": layer.grads[ours][:d].T
+        for ours, theirs in (("W_q", "q"), ("W_k", "k"), ("W_v", "v"))
+    }
+    grads["o_proj.weight"] = layer.grads["W_o"][:, :d].T
+    if bias:
+        for ours, theirs in (("W_q", "q"), ("W_k", "k"), ("W_v", "v")):
+            grads[f"{theirs}_proj.bias"] = layer.grads[ours][d]
+        grads["o_proj.bias"] = f["dy"].sum(axis=(0, 1))  # y = ... + b_o
+    if "sinks" in layer.grads:
+        grads["sinks"] = layer.grads["sinks"]
+    want = {k.split(".grad.")[1] for k in f.files if f"layer{i}.grad." in k}
+    assert set(grads) == want - {"x"}, sorted(want)
+    for name, g in grads.items():
+        np.testing.assert_allclose(
+            g,
+            f[f"layer{i}.grad.{name}"],
+            rtol=1e-10,
+            atol=1e-12,
+            err_msg=name,
+        )
     meta = json.loads(str(f["meta"]))
     chunk = options.get("attention_chunk_size")
     cache = (
