@@ -41,9 +41,8 @@ def _arrays(named: dict, what: str) -> dict:
             f"{what} must be a dict of arrays, got {type(named).__name__}"
         )
     for k, a in named.items():
-        if not isinstance(a, np.ndarray) or not np.issubdtype(
-            a.dtype, np.floating
-        ):
+        # kind "f": float16 to longdouble, np.issubdtype(dtype, np.floating)
+        if not isinstance(a, np.ndarray) or a.dtype.kind != "f":
             kind = getattr(a, "dtype", type(a).__name__)
             raise TypeError(
                 f"{what}[{k!r}] must be a floating-point ndarray, got {kind}"
