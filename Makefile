@@ -1,6 +1,6 @@
 # Learning Attention: build the book, run the tests, open the notebooks.
 # Every target is phony: book/ and notebooks/ are folders, and make must never call them up to date.
-.PHONY: book serve test lint unit nbval book-strict browser figures lab notebooks bench venv clean stats
+.PHONY: book serve test lint unit nbval book-strict book-checks browser figures lab notebooks bench venv clean stats
 
 PYTHON ?= python3
 VENV   := .venv
@@ -8,6 +8,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
 LAB_STAMP := $(VENV)/.lab-installed-$(shell cat requirements-lab.txt | cksum | cut -d' ' -f1)
 export PYTHONHASHSEED := 0
+# Python keeps the bytecode of what it imports (__pycache__/, git-ignored), even where the shell sets
+# PYTHONDONTWRITEBYTECODE: so pip need not compile every module of the environment when it installs
+# (--no-compile: about 5,300 files, 18 s of the install here), and each module that make test imports
+# (about 1,200) is compiled once, by its first importer, not again by every pytest worker, kernel and
+# Sphinx process.
+unexport PYTHONDONTWRITEBYTECODE
 # Two pytest workers (pytest-xdist) for the unit tests and for nbval: this machine has 2 cores, and most
 # cells and tests are single-threaded NumPy. nbval's --dist loadscope keeps each notebook's cells in order
 # in one worker and one kernel; --no-loadscope-reorder keeps notebooks/conftest.py's order, the longest
@@ -22,8 +28,8 @@ venv: $(STAMP)
 # import the working tree's code without touching sys.path).
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -r requirements.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -41,8 +47,17 @@ serve:
 	@echo "Serving the book on http://127.0.0.1:$(PORT)/ (Ctrl-C stops it)"
 	$(BIN)/python -m http.server $(PORT) --bind 127.0.0.1 --directory _build/html
 
-test: venv lint unit nbval book-strict browser
+# nbval runs beside the book's checks (the strict build, then the browser test): the browser waits on
+# pages, MathJax and screenshots for much of its time, and nbval's two kernels fill the cores meanwhile
+# (one after the other, the two took 215 s + 13 s + 88 s here). Each one's output is printed in one
+# piece when it ends (--output-sync); a failure in either fails make test.
+test: venv lint unit
+	$(MAKE) --no-print-directory -j2 --output-sync=target nbval book-checks
 	@echo "make test: lint, unit tests, nbval on every notebook, the strict book build and the browser test all passed."
+
+book-checks: venv
+	$(MAKE) --no-print-directory book-strict
+	$(MAKE) --no-print-directory browser
 
 # Ruff (pinned in requirements.txt) formats and lints; its line length (pyproject.toml) is what the
 # book's code column holds, since the library's source is shown in the book.
@@ -59,8 +74,10 @@ unit: venv
 # cores, and two BLAS threads per kernel would wait on each other at every short product (chapter 9
 # measures it). Nothing nbval compares depends on the thread count (the training chapters set one thread
 # themselves), and the timing cells' outputs, which do, are not compared.
+# NOTEBOOKS (default: every notebook) picks some, e.g. make nbval NOTEBOOKS=notebooks/05_*.ipynb
+NOTEBOOKS ?= notebooks
 nbval: venv
-	OPENBLAS_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:randomly -n $(WORKERS) --dist loadscope --no-loadscope-reorder --nbval --nbval-current-env notebooks
+	OPENBLAS_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:randomly -n $(WORKERS) --dist loadscope --no-loadscope-reorder --nbval --nbval-current-env $(NOTEBOOKS)
 
 book-strict: venv
 	$(BIN)/jupyter-book build --all --warningiserror --keep-going .
@@ -81,7 +98,7 @@ figures: venv
 # to import when JupyterLab's rfc3987-syntax is installed). Jupyter refuses to run as root unless told:
 # the flag is added only when make runs as root (as CI does).
 $(LAB_STAMP): requirements-lab.txt $(STAMP)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-lab.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -r requirements-lab.txt
 	rm -f $(VENV)/.lab-installed-*
 	touch $@
 

@@ -169,7 +169,7 @@ def check_head_dims(d_model, n_heads, n_kv_heads=None, d_k=None, d_v=None):
 def check_finite(x: np.ndarray, name: str) -> None:
     """Refuse NaN or inf in an input, naming it: a NaN that enters attention
     silently turns every output it touches into NaN."""
-    if not np.all(np.isfinite(x)):
+    if not np.isfinite(x).all():
         bad = int(np.size(x) - np.count_nonzero(np.isfinite(x)))
         raise ValueError(
             f"{name} must be finite, got {bad} NaN or inf value(s) in "

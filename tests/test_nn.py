@@ -290,6 +290,47 @@ def test_adam_matches_the_paper_loop():
     np.testing.assert_allclose(w, w_ref, rtol=1e-12)
 
 
+def test_adam_step_is_bit_identical_to_one_parameter_at_a_time():
+    # Adam.step updates each dtype's parameters as one vector: the same elementwise arithmetic as the
+    # per-parameter loop, so the same bits, for float32 and float64 parameters side by side.
+    rng = np.random.default_rng(5)
+    shapes = {"a": (3, 4), "b": (7,), "c": (2, 1, 3), "d": (5,)}
+    dtypes = {
+        "a": np.float32,
+        "b": np.float64,
+        "c": np.float32,
+        "d": np.float64,
+    }
+    params = {
+        k: rng.standard_normal(s).astype(dtypes[k])
+        for k, s in shapes.items()
+    }
+    ref = {k: p.copy() for k, p in params.items()}
+    m = {k: np.zeros_like(p) for k, p in ref.items()}
+    v = {k: np.zeros_like(p) for k, p in ref.items()}
+    opt = Adam(params, lr=0.01, betas=(0.8, 0.95), eps=1e-6)
+    for t in range(1, 6):
+        grads = {
+            k: rng.standard_normal(s).astype(dtypes[k])
+            for k, s in shapes.items()
+        }
+        lr = 0.01 * t
+        opt.step(grads, lr=lr)
+        c1, c2 = 1.0 - 0.8**t, 1.0 - 0.95**t
+        for k, w in ref.items():
+            g = grads[k]
+            m[k] *= 0.8
+            m[k] += (1 - 0.8) * g
+            v[k] *= 0.95
+            v[k] += (1 - 0.95) * g * g
+            w -= (lr / c1) * m[k] / (np.sqrt(v[k] / c2) + 1e-6)
+        for k in shapes:
+            assert params[k].dtype == ref[k].dtype
+            assert params[k].tobytes() == ref[k].tobytes(), k
+            assert opt.m[k].tobytes() == m[k].tobytes(), k
+            assert opt.v[k].tobytes() == v[k].tobytes(), k
+
+
 def test_adam_minimises_an_ill_conditioned_quadratic():
     w = np.array([3.0, -3.0])
     scales = np.array([100.0, 0.01])

@@ -1,5 +1,6 @@
 """softmax_forward / softmax_backward: values, masks, stability, gradients and input checks."""
 
+import importlib
 import math
 import warnings
 
@@ -362,3 +363,22 @@ def test_softmax_refuses_non_finite_logits_that_take_part(bad):
     mask[0, 1] = False  # the bad entry is excluded: fine
     p = softmax(x, mask=mask)
     assert np.all(np.isfinite(p)) and p[0, 1] == 0.0
+
+
+@given(
+    shape=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+    data=st.data(),
+)
+def test_row_max_is_np_max(shape, data):
+    # row_max takes short rows column by column: the same numbers as np.max, NaN and -inf included
+    row_max = importlib.import_module("attn_np.softmax").row_max
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    x = rng.standard_normal(shape).astype(
+        data.draw(st.sampled_from([np.float32, np.float64]))
+    )
+    x[rng.random(shape) < 0.3] = -np.inf
+    x[rng.random(shape) < 0.02] = np.nan
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1))
+    got, want = row_max(x, axis), np.max(x, axis=axis, keepdims=True)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)

@@ -41,9 +41,8 @@ def _arrays(named: dict, what: str) -> dict:
             f"{what} must be a dict of arrays, got {type(named).__name__}"
         )
     for k, a in named.items():
-        if not isinstance(a, np.ndarray) or not np.issubdtype(
-            a.dtype, np.floating
-        ):
+        # kind "f": float16 to longdouble, np.issubdtype(dtype, np.floating)
+        if not isinstance(a, np.ndarray) or a.dtype.kind != "f":
             kind = getattr(a, "dtype", type(a).__name__)
             raise TypeError(
                 f"{what}[{k!r}] must be a floating-point ndarray, got {kind}"
@@ -74,25 +73,32 @@ class Adam:
             raise ValueError(f"betas must be in [0, 1), got {betas!r}")
         self.params = dict(_arrays(params, "params"))
         self.lr, (self.b1, self.b2), self.eps = lr, (b1, b2), eps
-        self.m = {k: np.zeros_like(p) for k, p in self.params.items()}
-        self.v = {k: np.zeros_like(p) for k, p in self.params.items()}
+        # m and v of the parameters of one dtype in one vector each (one
+        # group for a model): self.m[k] and self.v[k] are views of them
+        self.groups = _groups(self.params)  # [(keys, slices, m, v), ...]
+        self.m = _views(self.params, self.groups, 2)
+        self.v = _views(self.params, self.groups, 3)
         self.t = 0
 
     def step(self, grads: dict, lr: float | None = None) -> None:
         """One update of every parameter; ``lr`` overrides the learning rate
-        for this step (schedules)."""
+        for this step (schedules). Elementwise, so each group's parameters
+        are updated as one vector: the same numbers as one parameter at a
+        time, in 9 NumPy calls instead of 9 per parameter."""
         lr = self.check_step(grads, lr)
         self.t += 1
         c1, c2 = 1.0 - self.b1**self.t, 1.0 - self.b2**self.t
-        for k, w in self.params.items():
-            g = grads[k]
-            m, v = self.m[k], self.v[k]
+        for keys, slices, m, v in self.groups:
+            # the group's gradients, one vector: [n]
+            g = np.concatenate([grads[k].reshape(-1) for k in keys])
             m *= self.b1
             m += (1 - self.b1) * g
             v *= self.b2
             v += (1 - self.b2) * g * g
-            # in place: the layer sees it
-            w -= (lr / c1) * m / (np.sqrt(v / c2) + self.eps)
+            step = (lr / c1) * m / (np.sqrt(v / c2) + self.eps)  # [n]
+            for k, sl in zip(keys, slices):
+                w = self.params[k]
+                w -= step[sl].reshape(w.shape)  # in place: the layer sees it
 
     def check_step(self, grads: dict, lr: float | None = None) -> float:
         """The step's learning rate, after checking every gradient (keys,
@@ -120,6 +126,32 @@ class Adam:
                     "the parameter into NaN"
                 )
         return self.lr if lr is None else _positive(lr, "lr")
+
+
+def _groups(params: dict) -> list:
+    """``[(keys, slices, m, v), ...]``: the parameters grouped by dtype
+    (in their order), each one's slice of its group's vector, and zero
+    ``m`` and ``v`` vectors of that length and dtype."""
+    by_dtype = {}
+    for k, p in params.items():
+        by_dtype.setdefault(p.dtype, []).append(k)
+    groups = []
+    for dtype, keys in by_dtype.items():
+        ends = np.cumsum([params[k].size for k in keys]).tolist()
+        slices = [slice(e - params[k].size, e) for k, e in zip(keys, ends)]
+        n = ends[-1]
+        groups.append((keys, slices, np.zeros(n, dtype), np.zeros(n, dtype)))
+    return groups
+
+
+def _views(params: dict, groups: list, which: int) -> dict:
+    """``{key: view}``: each parameter's part of its group's ``m`` (2) or
+    ``v`` (3) vector, in the parameter's shape."""
+    return {
+        k: g[which][sl].reshape(params[k].shape)
+        for g in groups
+        for k, sl in zip(g[0], g[1])
+    }
 
 
 def clip_grad_norm(grads: dict, max_norm: float) -> float:
