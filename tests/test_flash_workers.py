@@ -76,16 +76,21 @@ def test_shared_heads_equal_dense(always_share, name):
         assert np.max(np.abs(a - b)) < EXACT * max(1.0, np.max(np.abs(a)))
 
 
+def _forward_backward(q, k, v, dout, **blocks):
+    """The causal kernels' output and gradients, as one tuple."""
+    out, cache = flash.flash_attention_forward(
+        q, k, v, causal=True, **blocks
+    )
+    return (out, *flash.flash_attention_backward(dout, cache))
+
+
 @needs_blas
 def test_shared_equals_one_piece_bit_for_bit(monkeypatch):
     rng = np.random.default_rng(3)
     q, k, v, dout = (rng.standard_normal((2, 3, 40, 8)) for _ in range(4))
 
     def run():
-        out, cache = flash.flash_attention_forward(
-            q, k, v, causal=True, block_q=8, block_k=16
-        )
-        return (out, *flash.flash_attention_backward(dout, cache))
+        return _forward_backward(q, k, v, dout, block_q=8, block_k=16)
 
     with blas_threads(1):  # one worker: one piece
         alone = run()
@@ -122,10 +127,7 @@ def test_more_parts_than_workers_equal_one_piece(monkeypatch):
     q, k, v, dout = (rng.standard_normal((1, 7, 24, 4)) for _ in range(4))
 
     def run():
-        out, cache = flash.flash_attention_forward(
-            q, k, v, causal=True, block_q=8, block_k=8
-        )
-        return (out, *flash.flash_attention_backward(dout, cache))
+        return _forward_backward(q, k, v, dout, block_q=8, block_k=8)
 
     with blas_threads(1):
         alone = run()
