@@ -291,14 +291,23 @@ def _attend_positions_in_workers(qs, k, v, scale, per_head):
 
         return run
 
-    stats = run_tasks(task(sl) for sl in parts)
+    o, w, total = merge_partial_softmax(run_tasks(task(sl) for sl in parts))
+    for sl, w_i in zip(parts, w):
+        p[..., sl] *= w_i / total
+    return o, p
+
+
+def merge_partial_softmax(stats):
+    """``(o, w, total)`` from the workers' ``(m_i, l_i, o_i)`` over parts
+    of the keys (their rows' maxima, sums of ``exp(s - m_i)`` and
+    unnormalised outputs): with ``m = max_i m_i`` and ``w_i = exp(m_i -
+    m)``, ``o = sum_i w_i o_i / total``, ``total = sum_i w_i l_i``
+    (FlashDecoding's merge)."""
     m = np.max([m_i for m_i, _, _ in stats], axis=0)  # [.., L_q, 1]
     w = [np.exp(m_i - m) for m_i, _, _ in stats]
     total = sum(w_i * l_i for w_i, (_, l_i, _) in zip(w, stats))
     o = sum(w_i * o_i for w_i, (_, _, o_i) in zip(w, stats)) / total
-    for sl, w_i in zip(parts, w):
-        p[..., sl] *= w_i / total
-    return o, p
+    return o, w, total
 
 
 def _attend_in_workers(qs, k, v, allowed, sinks, scale, per_head, axis):

@@ -743,5 +743,7 @@ def test_keep_freed_memory_changes_no_number():
             np.ones(2**18).sum()
             after = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             assert after - before < 50  # not the 512 pages of a new one
+    with keep_freed_memory(False) as took:  # --return-freed
+        assert took is False
     got = gated_delta_chunked_forward(**x, chunk_size=8)[0]
     np.testing.assert_array_equal(got, want)

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import argparse
 import time
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -132,7 +132,7 @@ def speed(
     not count the time spent waiting for a core). ``keep_freed``: both
     forms run with :func:`~attn_np.instruments.allocator.
     keep_freed_memory`."""
-    with keep_freed_memory() if keep_freed else nullcontext():
+    with keep_freed_memory(keep_freed):
         return _speed(Ts, rounds, chunk_size)
 
 
@@ -247,7 +247,7 @@ def breakdown(T, mode, *, rounds=3, chunk_size=32, keep_freed=True):
     is left of the step (allocator as in :func:`speed`)."""
     step = layer_step(T, mode, chunk_size=chunk_size)
     rows = []
-    with keep_freed_memory() if keep_freed else nullcontext():
+    with keep_freed_memory(keep_freed):
         step()
         for _ in range(rounds):
             with timed_parts() as spent:

@@ -48,13 +48,13 @@ def allocator_tunable() -> bool:
 
 
 @contextmanager
-def keep_freed_memory():
+def keep_freed_memory(enabled: bool = True):
     """Within the block, glibc keeps freed blocks for the next
     allocation (every block from the heap, none trimmed); afterwards the
     heap is trimmed and glibc's default limits come back (a fixed
     threshold: the dynamic one is off once set). Yields whether it took
-    effect."""
-    if _LIBC is None:
+    effect (``enabled=False``: nothing changes)."""
+    if _LIBC is None or not enabled:
         yield False
         return
     mallopt, trim = _LIBC

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from attn_np._workers import run_tasks, split
-from attn_np.grouped import MIN_STACKED_ROWS
+from attn_np.grouped import MIN_STACKED_ROWS, merge_partial_softmax
 from attn_np.instruments.blas import blas_threads
 from attn_np.softmax import masked_softmax
 
@@ -164,10 +164,7 @@ def blocked_in_workers(qs, kt, vt, sizes, workers=2):
         return run
 
     stats = run_tasks(part(sl) for sl in split(kt.shape[-1], workers))
-    m = np.max([m_i for m_i, _, _ in stats], axis=0)
-    w = [np.exp(m_i - m) for m_i, _, _ in stats]
-    total = sum(w_i * l_i for w_i, (_, l_i, _) in zip(w, stats))
-    return sum(w_i * o_i for w_i, (_, _, o_i) in zip(w, stats)) / total
+    return merge_partial_softmax(stats)[0]
 
 
 def formulations(case, l2=2**20, l1=32 * 2**10, seed=0) -> dict:
@@ -242,7 +239,7 @@ def formulations(case, l2=2**20, l1=32 * 2**10, seed=0) -> dict:
     return fns
 
 
-def ceiling_rows(per_round, cases, reference_r, rounds_fn=None) -> dict:
+def ceiling_rows(per_round, cases, reference_r) -> dict:
     """Per family, per formulation: the best round's time, the fraction of
     the cache's bytes at the reference (best over best), and the paired
     ratio to the library's time (median and quartiles over the rounds).
