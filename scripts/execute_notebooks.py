@@ -14,12 +14,14 @@ and the whole notebook's execution time in seconds (``metadata.attn_np.execution
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
 
 
 def fold_like_the_book(cell) -> None:
@@ -64,15 +66,47 @@ def execute(path: Path) -> float:
     return elapsed
 
 
-def main(paths: list[str]) -> int:
-    if not paths:
-        print(
-            "usage: execute_notebooks.py NOTEBOOK.ipynb ...", file=sys.stderr
-        )
-        return 2
+def parse_args(argv: list[str]) -> list[Path]:
+    """The notebooks to execute, each checked before any runs: a bad path
+    is a usage error (exit code 2), not a traceback half-way through."""
+    ap = argparse.ArgumentParser(
+        prog="execute_notebooks.py",
+        description="Execute notebooks in place, top to bottom, each in a "
+        "fresh kernel (make notebooks).",
+    )
+    ap.add_argument(
+        "notebooks", nargs="+", metavar="NOTEBOOK.ipynb", type=Path
+    )
+    args = ap.parse_args(argv)
+    for path in args.notebooks:
+        if path.suffix != ".ipynb":
+            ap.error(f"{path}: not a notebook (expected a .ipynb file)")
+        if not path.is_file():
+            ap.error(f"{path}: no such notebook")
+        try:
+            nbformat.read(path, as_version=4)
+        except (OSError, ValueError) as err:  # NotJSONError is a ValueError
+            first = (
+                str(err).splitlines()[0] if str(err) else type(err).__name__
+            )
+            ap.error(f"{path}: cannot be read as a notebook: {first[:200]}")
+    return args.notebooks
+
+
+def main(argv: list[str]) -> int:
+    paths = parse_args(argv)
     for i, p in enumerate(paths, 1):
         print(f"[{i}/{len(paths)}] {p}: executing...", flush=True)
-        elapsed = execute(Path(p))
+        try:
+            elapsed = execute(p)
+        except CellExecutionError as err:
+            # the failing cell and its traceback, as the kernel printed them;
+            # the notebook on disk is left as it was
+            print(
+                f"[{i}/{len(paths)}] {p}: a cell failed:\n{err}",
+                file=sys.stderr,
+            )
+            return 1
         print(
             f"[{i}/{len(paths)}] {p}: executed in {elapsed:.1f} s",
             flush=True,

@@ -13,6 +13,7 @@ Two ways in:
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -96,7 +97,12 @@ def make_all(out: Path = OUT) -> list[Path]:
     return paths
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    argparse.ArgumentParser(
+        prog="make_figures.py",
+        description="Draw the prose pages' figures and the favicon into "
+        "book/_generated/ (make figures). It takes no arguments.",
+    ).parse_args(argv)
     for path in make_all():
         print(f"drew {path.relative_to(ROOT)}")
     return 0

@@ -370,6 +370,19 @@ def main(argv=None) -> int:
             file=sys.stderr,
         )
         return 2
+    missing = [rel for rel in args.pages if not (html / rel).is_file()]
+    if missing:
+        ap.error(
+            f"no such page in {html}: {', '.join(missing)} (pages are paths "
+            "relative to it, e.g. notebooks/01_scaled_dot_product_attention.html)"
+        )
+    if not Path(CHROMIUM).exists():
+        print(
+            f"{CHROMIUM} is missing: run `sudo apt-get install -y chromium` "
+            "(Debian's package; make browser installs it when run as root)",
+            file=sys.stderr,
+        )
+        return 2
     results = measure(html, args.pages or None)
     text = table(results)
     if not args.no_details:

@@ -32,6 +32,7 @@ and a faithful float64 layer matches them to rounding (~1e-15), not ~1e-7.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import math
@@ -39,13 +40,18 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
-import transformers
+
+try:
+    import torch
+    import transformers
+except ImportError as err:  # not the book's environment: main() says so
+    torch = transformers = None
+    MISSING = str(err)
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures"
 B, L = 2, 9
 CHUNKS = (5, 1, 1, 2)
-LOW = (torch.float32, torch.float16, torch.bfloat16)
+LOW = (torch.float32, torch.float16, torch.bfloat16) if torch else ()
 
 
 def _swap(d):
@@ -690,18 +696,37 @@ def families():
         )
 
 
-def main(argv):
-    wanted = set(argv)
+def main(argv) -> int:
     known = [name for name, _ in families()]
-    unknown = wanted - set(known)
+    ap = argparse.ArgumentParser(
+        prog="record_hf_fixtures.py",
+        description="Record reference fixtures of Hugging Face attention "
+        "layers into tests/fixtures/ (in the environment of "
+        "scripts/requirements-fixtures.txt, never the book's).",
+    )
+    ap.add_argument(
+        "families",
+        nargs="*",
+        metavar="FAMILY",
+        help=f"the families to record (default: all): {', '.join(known)}",
+    )
+    args = ap.parse_args(argv)
+    unknown = sorted(set(args.families) - set(known))
     if unknown:
-        print(f"unknown families {sorted(unknown)}; known: {known}")
+        ap.error(f"unknown families {unknown}; known: {known}")
+    if torch is None:
+        print(
+            f"record_hf_fixtures.py: {MISSING}. It runs in an environment of "
+            "its own: pip install -r scripts/requirements-fixtures.txt "
+            "(tests/fixtures/README.md)",
+            file=sys.stderr,
+        )
         return 2
     print(
         f"transformers {transformers.__version__}, torch {torch.__version__}"
     )
     for name, job in families():
-        if not wanted or name in wanted:
+        if not args.families or name in args.families:
             job()
     return 0
 
