@@ -21,7 +21,9 @@ navigation and page-contents dialogs and ☰ hides the sidebar at 1280 px; the f
 every page of ``_toc.yml``.
 
 A full-page screenshot of every page at both sizes is saved under ``_build/screenshots/``
-(``NAME.jpg`` at 1280 px, ``NAME__phone.jpg`` at 390 px) for a person to look at.
+(``NAME.jpg`` at 1280 px, ``NAME__phone.jpg`` at 390 px) for a person to look at. No check reads
+them, and they cost about a third of the test's CPU time, so ``BOOK_SCREENSHOTS=0`` (what ``make
+test`` sets) skips them; every probe and check still runs at both sizes.
 The last line printed says how many pages, math elements, images, external requests and console errors
 were counted, and how long it took. ``BOOK_HTML`` points the test at another built book.
 
@@ -64,6 +66,8 @@ VIEWPORTS = (
     page_stats.VIEWPORTS
 )  # {"desktop": (1280, 900), "phone": (390, 844)}
 MATH_TIMEOUT_MS = 30_000
+# Full-page screenshots for a person to look at (no check reads them): BOOK_SCREENSHOTS=0 skips them.
+SCREENSHOTS_WANTED = os.environ.get("BOOK_SCREENSHOTS", "1") != "0"
 
 
 # --- set-up: Chromium and a local server ---------------------------------------------------------
@@ -339,6 +343,11 @@ class BookReport:
             f"{sum(len(p['scrolling']) for p in self.pages.values())} of "
             f"{sum(p['blocks'] for p in self.pages.values())} code blocks "
             f"scrolling sideways, {self.seconds:.1f} s"
+            + (
+                ""
+                if SCREENSHOTS_WANTED
+                else " (no screenshots: BOOK_SCREENSHOTS=0)"
+            )
         )
 
 
@@ -518,6 +527,8 @@ async def _browse(root: Path, report: BookReport, chromium: str) -> None:
         # fonts MathJax asked for while typesetting, before the picture
         await page.evaluate("async () => { await document.fonts.ready; }")
         await net.quiet()
+        if not SCREENSHOTS_WANTED:
+            return
         stem = rel[: -len(".html")].replace("/", "__")
         # JPEG at both sizes: a full-page PNG of a 25,000 px chapter takes about 1.4x as long
         # to capture and encode, and nothing reads the pictures but a person
@@ -642,6 +653,8 @@ def test_every_page_was_opened_and_screenshotted(report):
         assert (
             sorted(rel for rel, n in report.views if n == name) == expected
         )
+    if not SCREENSHOTS_WANTED:
+        return  # BOOK_SCREENSHOTS=0: every page opened, none pictured
     shots = {p.name for p in SCREENSHOTS.glob("*.*")}
     missing = [
         stem + suffix
