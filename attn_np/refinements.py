@@ -44,6 +44,7 @@ import math
 
 import numpy as np
 
+from ._checks import check_positive_int, check_positive_number
 from .grouped import grouped_attention_forward
 from .heads import merge_groups, merge_heads, split_groups, split_heads
 from .kv_cache import KVCache
@@ -125,10 +126,7 @@ class SoftCap:
     params: dict = {}
 
     def __init__(self, cap):
-        cap = float(cap)
-        if not cap > 0 or not math.isfinite(cap):
-            raise ValueError(f"cap must be a positive number, got {cap}")
-        self.cap = cap
+        self.cap = check_positive_number(cap, "cap")
 
     def forward(self, s, ctx):
         return softcap_forward(s, self.cap)
@@ -168,7 +166,18 @@ class ALiBi:
     params: dict = {}
 
     def __init__(self, slopes):
-        self.slopes = np.asarray(slopes, dtype=np.float64).reshape(-1)
+        try:
+            a = np.asarray(slopes, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"slopes must be numbers [n_heads], got {slopes!r}"
+            ) from None
+        if a.ndim != 1 or not a.size or not np.isfinite(a).all():
+            raise ValueError(
+                "slopes must be a 1-D array of finite numbers [n_heads], "
+                f"got shape {a.shape}: {a.tolist()!r:.60}"
+            )
+        self.slopes = a
 
     def forward(self, s, ctx):
         n_kv, G = ctx.n_kv_heads, ctx.group_size
@@ -226,6 +235,7 @@ class MaxLogit:
 def chunk_mask(q_positions, k_positions, chunk):
     """Llama 4's chunked attention: ``floor(i/C) == floor(j/C)`` and
     ``j <= i`` (a query sees only its own chunk)."""
+    chunk = check_positive_int(chunk, "chunk")
     i = np.asarray(q_positions)[:, None]
     j = np.asarray(k_positions)[None, :]
     return (j <= i) & (i // chunk == j // chunk)
@@ -359,6 +369,28 @@ class RefinedAttention(GroupedQueryAttention):
             raise ValueError(
                 f"n_heads ({n_heads}) must be a multiple of n_kv_heads "
                 f"({n_kv_heads})"
+            )
+        if chunk is not None:
+            chunk = check_positive_int(chunk, "chunk")
+        rope_factor = check_positive_number(rope_factor, "rope_factor")
+        norm_eps = check_positive_number(norm_eps, "norm_eps")
+        qk_norm_offset = float(qk_norm_offset)
+        if not math.isfinite(qk_norm_offset):
+            raise ValueError(
+                "qk_norm_offset must be a finite number, got "
+                f"{qk_norm_offset}"
+            )
+        if query_temperature is not None:
+            try:
+                floor_scale, attn_scale = query_temperature
+            except (TypeError, ValueError):
+                raise ValueError(
+                    "query_temperature must be (floor_scale, attn_scale), "
+                    f"got {query_temperature!r}"
+                ) from None
+            query_temperature = (
+                check_positive_number(floor_scale, "floor_scale"),
+                float(attn_scale),
             )
         super().__init__(
             d_model,
