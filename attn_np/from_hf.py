@@ -338,7 +338,8 @@ def rope_settings(cfg, layer_type=None):
     """``(base, partial_rotary_factor, linear_factor)`` of a layer from
     either spelling: top-level ``rope_theta``/``rope_scaling``/
     ``partial_rotary_factor`` or ``rope_parameters`` (per layer type where
-    its keys are layer types)."""
+    its keys are layer types). Plain and linear RoPE only:
+    :func:`layer_rope` routes chapter 11's scalings around it."""
     params = cfg.get("rope_parameters")
     if params is not None and not isinstance(params, dict):
         raise ValueError(
@@ -371,9 +372,9 @@ def rope_settings(cfg, layer_type=None):
         extra = set(params) - _ROPE_KEYS
     else:
         raise ValueError(
-            f"rope_type {rope_type!r} is not implemented here (chapter 11 "
-            "adds the scaled RoPE variants); attention_from_hf implements "
-            "'default' and 'linear'"
+            f"rope_type {rope_type!r} is not read by rope_settings, which "
+            "reads 'default' and 'linear' (layer_rope adds chapter 11's "
+            "'llama3' and 'yarn')"
         )
     if extra:
         raise ValueError(
