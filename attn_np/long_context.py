@@ -294,12 +294,9 @@ def scaled_frequencies(
     if kind in ("ntk", "dynamic"):
         if kind == "dynamic":
             L = s["original_max_position_embeddings"]
-            n = (
-                L
-                if seq_len is None
-                else check_positive_int(seq_len, "seq_len")
-            )
-            n = max(n, L)
+            n = L  # the current length, plain RoPE up to L
+            if seq_len is not None:
+                n = max(check_positive_int(seq_len, "seq_len"), L)
             factor = factor * n / L - (factor - 1)
         if r == 2:
             raise ValueError(

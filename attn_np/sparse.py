@@ -743,6 +743,23 @@ class SparseLatentAttention(MultiHeadLatentAttention):
 # ------------------------------------------------------- block selection
 
 
+def _query_positions(q_positions, L_q, L_k):
+    """``L_q`` integer positions among ``0 ... L_k - 1``, or raise."""
+    qp = np.asarray(q_positions)
+    if (
+        qp.shape != (L_q,)
+        or qp.dtype == np.bool_
+        or not np.issubdtype(qp.dtype, np.integer)
+        or (L_q and not 0 <= qp.min() <= qp.max() < L_k)
+    ):
+        raise ValueError(
+            f"q_positions must be {L_q} integer positions of the {L_k} "
+            f"keys (0 ... {L_k - 1}), got {qp.dtype} of shape {qp.shape}"
+            + (f": {qp.tolist()!r:.60}" if qp.ndim == 1 else "")
+        )
+    return qp
+
+
 def block_top_n_mask(q, k, *, block_size, n_blocks, q_positions=None):
     """MoBA's block selection: ``[..., L_q, L_k]`` bool, True = attend.
 
@@ -766,18 +783,7 @@ def block_top_n_mask(q, k, *, block_size, n_blocks, q_positions=None):
         )
     if q_positions is None:
         q_positions = np.arange(L_k - L_q, L_k)
-    qp = np.asarray(q_positions)  # [L_q]
-    if (
-        qp.shape != (L_q,)
-        or qp.dtype == np.bool_
-        or not np.issubdtype(qp.dtype, np.integer)
-        or (L_q and not 0 <= qp.min() <= qp.max() < L_k)
-    ):
-        raise ValueError(
-            f"q_positions must be {L_q} integer positions of the {L_k} "
-            f"keys (0 ... {L_k - 1}), got {qp.dtype} of shape {qp.shape}"
-            + (f": {qp.tolist()!r:.60}" if qp.ndim == 1 else "")
-        )
+    qp = _query_positions(q_positions, L_q, L_k)  # [L_q]
     n_b = -(-L_k // size)  # ceil: the last block may be short
     pad = n_b * size - L_k
     kp = np.concatenate(
