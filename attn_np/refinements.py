@@ -5,7 +5,8 @@ pair, and a layer that composes them.
 detail              models                             here
 ==================  =================================  =============
 projection biases   Qwen2 (q, k, v), gpt-oss (all 4)   ``linear_*``
-QK-norm, per head   Qwen3, Qwen3-Next, Gemma 3 (1+w)   ``qk_norm_*``
+QK-norm, per head   Qwen3 (w); Qwen3-Next, Gemma 3     ``qk_norm_*``
+                    (1 + w)
 QK-norm, whole      OLMo 2                             ``qk_norm_*``
 projection
 logit soft-cap      Gemma 2                            ``SoftCap``
@@ -84,10 +85,11 @@ def linear_backward(dy, cache):
 def qk_norm_forward(t, w=None, *, eps=1e-6, offset=0.0):
     """RMSNorm over the last axis with gain ``offset + w``.
 
-    ``offset=1`` is Gemma's form (``w`` starts at 0); ``w=None`` is the
-    parameter-free form (Llama 4's L2Norm, ``y = x r``). Apply it to
-    ``[..., n_heads, d_head]`` for the per-head form (Qwen3, Gemma 3) or to
-    ``[..., n_heads * d_head]`` before the head split (OLMo 2).
+    ``offset=1`` is Gemma's and Qwen3-Next's form (``w`` starts at 0);
+    ``w=None`` is the parameter-free form (Llama 4's L2Norm, ``y = x r``).
+    Apply it to ``[..., n_heads, d_head]`` for the per-head form (Qwen3,
+    Qwen3-Next, Gemma 3) or to ``[..., n_heads * d_head]`` before the head
+    split (OLMo 2).
     """
     r = 1.0 / np.sqrt(np.mean(t * t, axis=-1, keepdims=True) + eps)
     g = 1.0 if w is None else offset + w  # 1 or [d]
