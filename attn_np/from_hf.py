@@ -430,7 +430,10 @@ def _heads(cfg):
     d_model = _count(cfg, "hidden_size")
     n_heads = _count(cfg, "num_attention_heads")
     n_kv = _count(cfg, "num_key_value_heads", n_heads)
-    head_dim = cfg.get("head_dim") or d_model // n_heads
+    head_dim = cfg.get("head_dim")  # absent or null: d_model // n_heads
+    head_dim = (
+        d_model // n_heads if head_dim is None else _count(cfg, "head_dim")
+    )
     return d_model, n_heads, n_kv, head_dim
 
 
@@ -890,6 +893,13 @@ def _load_state(layer, layout, state_dict, dtype):
         )
     p = layer.params
     got = {k: np.asarray(v, dtype=dtype) for k, v in state_dict.items()}
+    for k, a in got.items():
+        bad = a.size - int(np.isfinite(a).sum())
+        if bad:
+            raise ValueError(
+                f"state_dict entry {k} has {bad} NaN or inf value(s) in "
+                f"its {a.size}"
+            )
     new = {}
     for hf, key in names.items():
         a = got[hf]
