@@ -728,6 +728,7 @@ class SparseLatentAttention(MultiHeadLatentAttention):
                 "indexer_loss needs a preceding forward without kv_cache "
                 "and with absorb=False"
             )
+        sparse = check_flag(sparse, "sparse")
         L_q, L_k = self.index_scores.shape[1:]
         allowed = (
             self.selected

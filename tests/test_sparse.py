@@ -629,3 +629,21 @@ def test_bad_masks_and_numbers_are_refused_by_name():
             index_head_dim=128,
             index_topk=8,
         )
+
+
+def test_indexer_loss_refuses_a_string_for_sparse():
+    # before: sparse="no" is a non-empty string, read as True: the sparse
+    # stage's loss where the caller asked for the dense warm-up
+    layer = SparseLatentAttention(
+        d_model=8,
+        n_heads=3,
+        d_head=4,
+        d_latent_kv=6,
+        d_rope=4,
+        index_n_heads=2,
+        index_head_dim=6,
+        index_topk=3,
+    )
+    layer.forward(np.random.default_rng(0).standard_normal((1, 5, 8)))
+    with pytest.raises(TypeError, match="sparse must be True or False"):
+        layer.indexer_loss(sparse="no")
