@@ -45,7 +45,7 @@ import math
 
 import numpy as np
 
-from ._checks import check_positive_int, check_positive_number
+from ._checks import check_flag, check_positive_int, check_positive_number
 from .grouped import grouped_attention_forward
 from .heads import merge_groups, merge_heads, split_groups, split_heads
 from .kv_cache import KVCache
@@ -372,6 +372,11 @@ class RefinedAttention(GroupedQueryAttention):
                 f"n_heads ({n_heads}) must be a multiple of n_kv_heads "
                 f"({n_kv_heads})"
             )
+        qk_norm_learned = check_flag(qk_norm_learned, "qk_norm_learned")
+        qk_norm_after_rope = check_flag(
+            qk_norm_after_rope, "qk_norm_after_rope"
+        )
+        use_rope = check_flag(use_rope, "use_rope")
         if chunk is not None:
             chunk = check_positive_int(chunk, "chunk")
         rope_factor = check_positive_number(rope_factor, "rope_factor")

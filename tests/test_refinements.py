@@ -312,3 +312,13 @@ def test_bad_score_mod_numbers_are_refused_by_name():
         SoftCap(None)  # was: a TypeError from float()
     with pytest.raises(ValueError, match="chunk"):
         chunk_mask(np.arange(3), np.arange(3), 0)
+
+
+@pytest.mark.parametrize(
+    "flag", ["qk_norm_learned", "qk_norm_after_rope", "use_rope"]
+)
+def test_flags_must_be_booleans(flag):
+    # before: "no" is a non-empty string, read as True (a learned gain, a
+    # post-RoPE norm, a rotation the caller switched off)
+    with pytest.raises(TypeError, match=f"{flag} must be True or False"):
+        RefinedAttention(16, 4, 2, 4, qk_norm="head", **{flag: "no"})
