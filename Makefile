@@ -78,10 +78,19 @@ unit: venv
 # cores, and two BLAS threads per kernel would wait on each other at every short product (chapter 9
 # measures it). Nothing nbval compares depends on the thread count (the training chapters set one thread
 # themselves), and the timing cells' outputs, which do, are not compared.
+# The stored outputs hold numbers at the level of float64 rounding (errors of 1e-16, gradient checks,
+# figures of training curves), and those depend on which SIMD loops NumPy and OpenBLAS pick for the CPU:
+# outputs written on one machine (1 MiB of L2 per core, most likely one with AVX-512) differed on an AVX2
+# one (AMD EPYC, Zen 3, 512 KiB) in 14 cells of 5 notebooks, at 1e-16 in printed errors and in the pixels
+# of training curves. So make notebooks and make nbval run NumPy's AVX2 loops (its AVX-512 ones disabled
+# where the CPU has them) and OpenBLAS's Haswell kernels (which an AVX2 CPU such as that EPYC gets
+# anyway): the same instructions in the same order, so any x86-64 machine with AVX2 should compute the
+# same bits. Elsewhere (no AVX2, or not x86-64) nothing is pinned, and the last bits may differ.
+SAME_ROUNDING := $(if $(and $(filter x86_64,$(shell uname -m)),$(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo y)),NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL AVX512_SPR" OPENBLAS_CORETYPE=Haswell,)
 # NOTEBOOKS (default: every notebook) picks some, e.g. make nbval NOTEBOOKS=notebooks/05_*.ipynb
 NOTEBOOKS ?= notebooks
 nbval: venv
-	OPENBLAS_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:randomly -n $(WORKERS) --dist loadscope --no-loadscope-reorder --nbval --nbval-current-env $(NOTEBOOKS)
+	$(SAME_ROUNDING) OPENBLAS_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:randomly -n $(WORKERS) --dist loadscope --no-loadscope-reorder --nbval --nbval-current-env $(NOTEBOOKS)
 
 book-strict: venv
 	$(BIN)/jupyter-book build --all --warningiserror --keep-going .
@@ -113,7 +122,7 @@ lab: $(LAB_STAMP)
 	$(BIN)/jupyter lab $(ALLOW_ROOT) notebooks
 
 notebooks: venv
-	$(BIN)/python scripts/execute_notebooks.py notebooks/*.ipynb
+	$(SAME_ROUNDING) $(BIN)/python scripts/execute_notebooks.py notebooks/*.ipynb
 
 bench: venv
 	$(BIN)/python -m attn_np.bench all

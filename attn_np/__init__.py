@@ -74,8 +74,9 @@ The options of chapters 10 to 12, one sentence each:
 * ``scale=`` replaces ``1/sqrt(d)`` (Gemma's ``query_pre_attn_scalar``).
 * ``gate="elementwise"`` or ``"headwise"`` multiplies the heads' output by
   ``sigmoid(x W_g)`` (Qwen3-Next).
-* ``score_mods=(ALiBi(slopes),)`` adds ``m_h j`` to the scores in place of
-  RoPE (Falcon's ``alibi``).
+* ``score_mods=(ALiBi(slopes),)`` adds ``m_h (j - i)`` to the scores
+  instead of RoPE (Falcon's ``alibi``; HF adds ``m_h j``, the same after
+  the softmax).
 * ``attention_from_hf(config, layer_idx, state_dict)`` builds layer
   ``layer_idx``'s attention and ``to_hf`` maps its gradients back to HF's
   names.

@@ -338,7 +338,8 @@ def rope_settings(cfg, layer_type=None):
     """``(base, partial_rotary_factor, linear_factor)`` of a layer from
     either spelling: top-level ``rope_theta``/``rope_scaling``/
     ``partial_rotary_factor`` or ``rope_parameters`` (per layer type where
-    its keys are layer types)."""
+    its keys are layer types). Plain and linear RoPE only:
+    :func:`layer_rope` routes chapter 11's scalings around it."""
     params = cfg.get("rope_parameters")
     if params is not None and not isinstance(params, dict):
         raise ValueError(
@@ -371,9 +372,9 @@ def rope_settings(cfg, layer_type=None):
         extra = set(params) - _ROPE_KEYS
     else:
         raise ValueError(
-            f"rope_type {rope_type!r} is not implemented here (chapter 11 "
-            "adds the scaled RoPE variants); attention_from_hf implements "
-            "'default' and 'linear'"
+            f"rope_type {rope_type!r} is not read by rope_settings, which "
+            "reads 'default' and 'linear' (layer_rope adds chapter 11's "
+            "'llama3' and 'yarn')"
         )
     if extra:
         raise ValueError(
@@ -429,7 +430,10 @@ def _heads(cfg):
     d_model = _count(cfg, "hidden_size")
     n_heads = _count(cfg, "num_attention_heads")
     n_kv = _count(cfg, "num_key_value_heads", n_heads)
-    head_dim = cfg.get("head_dim") or d_model // n_heads
+    head_dim = cfg.get("head_dim")  # absent or null: d_model // n_heads
+    head_dim = (
+        d_model // n_heads if head_dim is None else _count(cfg, "head_dim")
+    )
     return d_model, n_heads, n_kv, head_dim
 
 
@@ -889,6 +893,13 @@ def _load_state(layer, layout, state_dict, dtype):
         )
     p = layer.params
     got = {k: np.asarray(v, dtype=dtype) for k, v in state_dict.items()}
+    for k, a in got.items():
+        bad = a.size - int(np.isfinite(a).sum())
+        if bad:
+            raise ValueError(
+                f"state_dict entry {k} has {bad} NaN or inf value(s) in "
+                f"its {a.size}"
+            )
     new = {}
     for hf, key in names.items():
         a = got[hf]

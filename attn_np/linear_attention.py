@@ -481,9 +481,9 @@ class ChunkedCache:
     beta: np.ndarray  # [N, ..., C]
     states: np.ndarray  # [N + 1, ..., d_k, d_v]: state entering chunk n
     U: np.ndarray  # [N, ..., C, d_v]: the u_t (as large as v)
-    parts: list  # one ChunkParts per group of chunks (about 5 d_k + 5 C
-    #              numbers per token and head: as large as q, k, v, not
-    #              one state per token)
+    parts: list  # one ChunkParts per group of chunks (about 4 d_k + d_v
+    #              + 5 C numbers per token and head: as large as q, k, v,
+    #              not one state per token)
     T: int  # tokens before padding
     per_head: bool
 
@@ -916,6 +916,17 @@ def state_bytes(
     the state and the convolution's last inputs, ``(n_v d_k d_v + (K -
     1)(2 n_k d_k + n_v d_v)) x itemsize``."""
     item = check_float_dtype(dtype).itemsize
+    n_v_heads = check_positive_int(n_v_heads, "n_v_heads")
+    n_k_heads = check_positive_int(n_k_heads, "n_k_heads")
+    d_k = check_positive_int(d_k, "d_k")
+    d_v = check_positive_int(d_v, "d_v")
+    conv_size = check_positive_int(conv_size, "conv_size")
+    if n_v_heads % n_k_heads:
+        raise ValueError(
+            "n_v_heads must be a multiple of n_k_heads (each key head "
+            f"serves a group of value heads), got n_v_heads={n_v_heads} "
+            f"and n_k_heads={n_k_heads}"
+        )
     state = n_v_heads * d_k * d_v
     conv = (conv_size - 1) * (2 * n_k_heads * d_k + n_v_heads * d_v)
     return (state + conv) * item

@@ -246,6 +246,19 @@ def yarn_correction_range(
             / (2 * math.log(base))
         )
 
+    rotary_dim = check_positive_int(rotary_dim, "rotary_dim")
+    base = check_positive_number(base, "base")
+    original_max = check_positive_number(original_max, "original_max")
+    beta_fast = check_positive_number(beta_fast, "beta_fast")
+    beta_slow = check_positive_number(beta_slow, "beta_slow")
+    if base == 1.0:
+        raise ValueError("base must differ from 1 (ln base divides)")
+    if beta_fast < beta_slow:
+        raise ValueError(
+            "beta_fast (turns of the last kept pair) must be at least "
+            f"beta_slow (of the first divided pair), got {beta_fast} < "
+            f"{beta_slow}: the ramp would run backwards"
+        )
     low, high = pair(beta_fast), pair(beta_slow)
     if truncate:
         low, high = math.floor(low), math.ceil(high)
@@ -281,7 +294,9 @@ def scaled_frequencies(
     if kind in ("ntk", "dynamic"):
         if kind == "dynamic":
             L = s["original_max_position_embeddings"]
-            n = L if seq_len is None else max(int(seq_len), L)
+            n = L  # the current length, plain RoPE up to L
+            if seq_len is not None:
+                n = max(check_positive_int(seq_len, "seq_len"), L)
             factor = factor * n / L - (factor - 1)
         if r == 2:
             raise ValueError(
@@ -342,7 +357,15 @@ def frequency_bands(theta, scaled, factor, *, rtol=1e-12):
     ``{"kept": n, "divided": n, "smoothed": n}`` from the ratio
     ``scaled / theta`` (1, ``1/factor`` or in between).
     """
-    ratio = np.asarray(scaled) / np.asarray(theta)
+    theta = as_float_array(theta, "theta", min_ndim=1)
+    scaled = as_float_array(scaled, "scaled", min_ndim=1)
+    if scaled.shape != theta.shape:
+        raise ValueError(
+            "scaled must have the shape of theta [r/2], got "
+            f"{scaled.shape} and {theta.shape}"
+        )
+    factor = check_positive_number(factor, "factor")
+    ratio = scaled / theta
     kept = np.isclose(ratio, 1.0, rtol=rtol, atol=0)
     divided = np.isclose(ratio, 1.0 / factor, rtol=rtol, atol=0) & ~kept
     return {
@@ -436,7 +459,19 @@ def query_temperature(positions, *, floor_scale=8192.0, attn_scale=0.1):
     the first ``floor_scale - 1`` positions."""
     floor_scale = check_positive_number(floor_scale, "floor_scale")
     attn_scale = float(attn_scale)
-    p = np.asarray(positions, dtype=np.float64)
+    p = np.asarray(positions)
+    if (
+        p.ndim != 1
+        or p.dtype == np.bool_
+        or not np.issubdtype(p.dtype, np.integer)
+        or (p.size and p.min() < 0)
+    ):
+        raise ValueError(
+            "positions must be a 1-D array of non-negative integer "
+            f"positions, got {p.dtype} of shape {p.shape}"
+            + (f" with minimum {p.min()}" if p.size and p.ndim else "")
+        )
+    p = p.astype(np.float64)
     return 1.0 + attn_scale * np.log(np.floor((p + 1.0) / floor_scale) + 1.0)
 
 

@@ -5,7 +5,8 @@ pair, and a layer that composes them.
 detail              models                             here
 ==================  =================================  =============
 projection biases   Qwen2 (q, k, v), gpt-oss (all 4)   ``linear_*``
-QK-norm, per head   Qwen3, Qwen3-Next, Gemma 3 (1+w)   ``qk_norm_*``
+QK-norm, per head   Qwen3 (w); Qwen3-Next, Gemma 3     ``qk_norm_*``
+                    (1 + w)
 QK-norm, whole      OLMo 2                             ``qk_norm_*``
 projection
 logit soft-cap      Gemma 2                            ``SoftCap``
@@ -44,6 +45,7 @@ import math
 
 import numpy as np
 
+from ._checks import check_flag, check_positive_int, check_positive_number
 from .grouped import grouped_attention_forward
 from .heads import merge_groups, merge_heads, split_groups, split_heads
 from .kv_cache import KVCache
@@ -83,10 +85,11 @@ def linear_backward(dy, cache):
 def qk_norm_forward(t, w=None, *, eps=1e-6, offset=0.0):
     """RMSNorm over the last axis with gain ``offset + w``.
 
-    ``offset=1`` is Gemma's form (``w`` starts at 0); ``w=None`` is the
-    parameter-free form (Llama 4's L2Norm, ``y = x r``). Apply it to
-    ``[..., n_heads, d_head]`` for the per-head form (Qwen3, Gemma 3) or to
-    ``[..., n_heads * d_head]`` before the head split (OLMo 2).
+    ``offset=1`` is Gemma's and Qwen3-Next's form (``w`` starts at 0);
+    ``w=None`` is the parameter-free form (Llama 4's L2Norm, ``y = x r``).
+    Apply it to ``[..., n_heads, d_head]`` for the per-head form (Qwen3,
+    Qwen3-Next, Gemma 3) or to ``[..., n_heads * d_head]`` before the head
+    split (OLMo 2).
     """
     r = 1.0 / np.sqrt(np.mean(t * t, axis=-1, keepdims=True) + eps)
     g = 1.0 if w is None else offset + w  # 1 or [d]
@@ -125,10 +128,7 @@ class SoftCap:
     params: dict = {}
 
     def __init__(self, cap):
-        cap = float(cap)
-        if not cap > 0 or not math.isfinite(cap):
-            raise ValueError(f"cap must be a positive number, got {cap}")
-        self.cap = cap
+        self.cap = check_positive_number(cap, "cap")
 
     def forward(self, s, ctx):
         return softcap_forward(s, self.cap)
@@ -168,7 +168,18 @@ class ALiBi:
     params: dict = {}
 
     def __init__(self, slopes):
-        self.slopes = np.asarray(slopes, dtype=np.float64).reshape(-1)
+        try:
+            a = np.asarray(slopes, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"slopes must be numbers [n_heads], got {slopes!r}"
+            ) from None
+        if a.ndim != 1 or not a.size or not np.isfinite(a).all():
+            raise ValueError(
+                "slopes must be a 1-D array of finite numbers [n_heads], "
+                f"got shape {a.shape}: {a.tolist()!r:.60}"
+            )
+        self.slopes = a
 
     def forward(self, s, ctx):
         n_kv, G = ctx.n_kv_heads, ctx.group_size
@@ -226,6 +237,7 @@ class MaxLogit:
 def chunk_mask(q_positions, k_positions, chunk):
     """Llama 4's chunked attention: ``floor(i/C) == floor(j/C)`` and
     ``j <= i`` (a query sees only its own chunk)."""
+    chunk = check_positive_int(chunk, "chunk")
     i = np.asarray(q_positions)[:, None]
     j = np.asarray(k_positions)[None, :]
     return (j <= i) & (i // chunk == j // chunk)
@@ -359,6 +371,33 @@ class RefinedAttention(GroupedQueryAttention):
             raise ValueError(
                 f"n_heads ({n_heads}) must be a multiple of n_kv_heads "
                 f"({n_kv_heads})"
+            )
+        qk_norm_learned = check_flag(qk_norm_learned, "qk_norm_learned")
+        qk_norm_after_rope = check_flag(
+            qk_norm_after_rope, "qk_norm_after_rope"
+        )
+        use_rope = check_flag(use_rope, "use_rope")
+        if chunk is not None:
+            chunk = check_positive_int(chunk, "chunk")
+        rope_factor = check_positive_number(rope_factor, "rope_factor")
+        norm_eps = check_positive_number(norm_eps, "norm_eps")
+        qk_norm_offset = float(qk_norm_offset)
+        if not math.isfinite(qk_norm_offset):
+            raise ValueError(
+                "qk_norm_offset must be a finite number, got "
+                f"{qk_norm_offset}"
+            )
+        if query_temperature is not None:
+            try:
+                floor_scale, attn_scale = query_temperature
+            except (TypeError, ValueError):
+                raise ValueError(
+                    "query_temperature must be (floor_scale, attn_scale), "
+                    f"got {query_temperature!r}"
+                ) from None
+            query_temperature = (
+                check_positive_number(floor_scale, "floor_scale"),
+                float(attn_scale),
             )
         super().__init__(
             d_model,

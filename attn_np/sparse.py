@@ -40,7 +40,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import (
+    as_bool_array,
     as_float_array,
+    broadcasts_to,
     check_cache_kind,
     check_count,
     check_finite,
@@ -340,9 +342,10 @@ def top_k_mask(scores, k, allowed=None):
     (masked) entries follow it: prefill and decode choose alike.
     """
     scores = as_float_array(scores, "scores", min_ndim=1)
+    check_finite(scores, "scores")
     k = check_count(k, "k")
     if allowed is not None:
-        allowed = np.broadcast_to(allowed, scores.shape)
+        allowed = _allowed_like(allowed, scores.shape)
         s = np.where(allowed, scores, -np.inf)  # [..., L_k]
     else:
         s = scores
@@ -358,10 +361,23 @@ def top_k_mask(scores, k, allowed=None):
     return chosen if allowed is None else chosen & allowed
 
 
+def _allowed_like(allowed, shape, name="allowed"):
+    """A boolean mask broadcast to ``shape``, or a ValueError naming it."""
+    allowed = as_bool_array(allowed, name)
+    if not broadcasts_to(allowed.shape, tuple(shape)):
+        raise ValueError(
+            f"{name} must broadcast to {tuple(shape)}, got {allowed.shape}"
+        )
+    return np.broadcast_to(allowed, shape)
+
+
 def selected_indices(chosen):
     """``(idx, valid)``, both ``[..., n]``: the chosen positions of each
     row in increasing order, ``n`` the most any row chose; ``valid``
     marks the real ones (a short row is padded with position 0)."""
+    chosen = as_bool_array(chosen, "chosen")
+    if chosen.ndim < 1:
+        raise ValueError("chosen must be a mask [..., L_k], got a scalar")
     n = max(int(chosen.sum(axis=-1).max(initial=0)), 1)
     # a stable sort of "not chosen" puts the chosen first, in order
     order = np.argsort(~chosen, axis=-1, kind="stable")[..., :n]
@@ -462,7 +478,13 @@ def indexer_kl_forward(scores, weights, allowed):
             f"{scores.shape}, got {weights.shape}"
         )
     check_finite(scores, "scores")
-    allowed = np.broadcast_to(allowed, scores.shape)
+    check_finite(weights, "weights")
+    if (weights < 0).any():
+        raise ValueError(
+            "weights must be attention weights (non-negative), got a "
+            f"minimum of {weights.min():.3g}"
+        )
+    allowed = _allowed_like(allowed, scores.shape)
     a = np.where(allowed, weights.sum(axis=1), 0.0)  # [B, L_q, L_k]
     total = a.sum(axis=-1, keepdims=True)  # [B, L_q, 1]
     p = a / np.where(total > 0, total, 1.0)  # L1-normalised, detached
@@ -706,6 +728,7 @@ class SparseLatentAttention(MultiHeadLatentAttention):
                 "indexer_loss needs a preceding forward without kv_cache "
                 "and with absorb=False"
             )
+        sparse = check_flag(sparse, "sparse")
         L_q, L_k = self.index_scores.shape[1:]
         allowed = (
             self.selected
@@ -719,6 +742,23 @@ class SparseLatentAttention(MultiHeadLatentAttention):
 
 
 # ------------------------------------------------------- block selection
+
+
+def _query_positions(q_positions, L_q, L_k):
+    """``L_q`` integer positions among ``0 ... L_k - 1``, or raise."""
+    qp = np.asarray(q_positions)
+    if (
+        qp.shape != (L_q,)
+        or qp.dtype == np.bool_
+        or not np.issubdtype(qp.dtype, np.integer)
+        or (L_q and not 0 <= qp.min() <= qp.max() < L_k)
+    ):
+        raise ValueError(
+            f"q_positions must be {L_q} integer positions of the {L_k} "
+            f"keys (0 ... {L_k - 1}), got {qp.dtype} of shape {qp.shape}"
+            + (f": {qp.tolist()!r:.60}" if qp.ndim == 1 else "")
+        )
+    return qp
 
 
 def block_top_n_mask(q, k, *, block_size, n_blocks, q_positions=None):
@@ -744,7 +784,7 @@ def block_top_n_mask(q, k, *, block_size, n_blocks, q_positions=None):
         )
     if q_positions is None:
         q_positions = np.arange(L_k - L_q, L_k)
-    qp = np.asarray(q_positions)  # [L_q]
+    qp = _query_positions(q_positions, L_q, L_k)  # [L_q]
     n_b = -(-L_k // size)  # ceil: the last block may be short
     pad = n_b * size - L_k
     kp = np.concatenate(

@@ -425,3 +425,16 @@ def test_deepseek_v32_with_yarn_scales_both_rotations():
     assert layer.indexer.rotary.layout == "half"
     x = np.random.default_rng(1).standard_normal((1, 6, 64))
     assert np.isfinite(layer.forward(x)).all()
+
+
+def test_nan_weights_and_a_zero_head_dim_are_refused_by_name():
+    # before: NaN weights loaded silently and the forward blamed "x"
+    # (the grouped core's queries), and head_dim 0 was read as "absent"
+    f = np.load(FIXTURES / "qwen3.npz")
+    cfg = json.loads(str(f["config"]))
+    sd = {k.split("param.")[1]: f[k] for k in f.files if "layer0.param" in k}
+    bad = dict(sd, **{"k_proj.weight": sd["k_proj.weight"] * np.nan})
+    with pytest.raises(ValueError, match="k_proj.weight has .* NaN"):
+        attention_from_hf(cfg, 0, bad)
+    with pytest.raises(ValueError, match="head_dim"):
+        attention_from_hf(dict(cfg, head_dim=0), 0)

@@ -41,6 +41,7 @@ from attn_np.linear_attention import (
     gated_deltanet_grads_to_hf,
     l2norm_backward,
     l2norm_forward,
+    state_bytes,
     unit_lower_inverse,
 )
 
@@ -747,3 +748,20 @@ def test_keep_freed_memory_changes_no_number():
         assert took is False
     got = gated_delta_chunked_forward(**x, chunk_size=8)[0]
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(
+    "args, name",
+    [
+        ((0, 16, 128, 128), "n_v_heads"),
+        ((32, 0, 128, 128), "n_k_heads"),
+        ((32, 16, 0, 128), "d_k"),
+        ((8, 16, 128, 128), "multiple"),
+        ((32, 16, 128, 128.5), "d_v"),
+    ],
+)
+def test_state_bytes_refuses_bad_shapes(args, name):
+    # before: 49,152 bytes for no value heads, and a size for 8 value
+    # heads over 16 key heads, a layer GatedDeltaNet refuses to build
+    with pytest.raises(ValueError, match=name):
+        state_bytes(*args)

@@ -862,3 +862,51 @@ def test_grouped_query_attention_takes_rope_scaling():
         GroupedQueryAttention(
             16, 4, 2, rope_base=100.0, rope_scaling={"factor": 2.0}
         )
+
+
+@pytest.mark.parametrize(
+    "positions", [[-5], [1.5], [[1, 2]], [True, False]], ids=str
+)
+def test_query_temperature_refuses_bad_positions(positions):
+    # before: -5 gave log(0) = -inf, 1.5 and a 2-D array a silent answer
+    with pytest.raises(ValueError, match="positions"):
+        query_temperature(positions)
+
+
+@pytest.mark.parametrize(
+    "args, name",
+    [
+        ((0, 10000.0, 32, 1, 4096), "rotary_dim"),
+        ((64, 10000.0, 32, 1, 0), "original_max"),
+        ((64, 0.0, 32, 1, 4096), "base"),
+        ((64, 10000.0, 1, 32, 4096), "beta_fast"),
+    ],
+)
+def test_yarn_correction_range_refuses_bad_numbers(args, name):
+    # before: (0, -1) for rotary_dim 0, "math domain error" for a length
+    # of 0, and a ramp running backwards for beta_fast < beta_slow
+    with pytest.raises(ValueError, match=name):
+        yarn_correction_range(*args)
+
+
+def test_yarn_with_beta_fast_below_beta_slow_is_refused():
+    bad = dict(
+        rope_type="yarn",
+        factor=2.0,
+        original_max_position_embeddings=32,
+        beta_fast=1.0,
+        beta_slow=32.0,
+    )
+    with pytest.raises(ValueError, match="beta_fast"):
+        scaled_frequencies(8, rope_scaling=bad)
+
+
+def test_dynamic_seq_len_and_frequency_bands_refuse_bad_input():
+    dyn = dict(
+        rope_type="dynamic", factor=2.0, original_max_position_embeddings=4
+    )
+    for bad in (-5, "a", 2.5):
+        with pytest.raises(ValueError, match="seq_len"):
+            scaled_frequencies(8, rope_scaling=dyn, seq_len=bad)
+    with pytest.raises(ValueError, match="scaled"):  # was a broadcast error
+        frequency_bands(np.ones(4), np.ones(3), 2.0)

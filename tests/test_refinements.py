@@ -277,3 +277,48 @@ def test_bad_settings_are_refused():
         random_layer(dict(score_mods=(ALiBi([1.0, 2.0]),))).forward(
             np.zeros((1, 2, 16))
         )
+
+
+@pytest.mark.parametrize(
+    "kw, name",
+    [
+        (dict(chunk=0), "chunk"),
+        (dict(chunk=-2), "chunk"),
+        (dict(chunk=2.5), "chunk"),
+        (dict(rope_factor=0.0), "rope_factor"),
+        (dict(rope_factor=-1.0), "rope_factor"),
+        (dict(qk_norm="head", norm_eps=-1.0), "norm_eps"),
+        (dict(qk_norm="head", qk_norm_offset=math.nan), "qk_norm_offset"),
+        (dict(use_rope=False, query_temperature=(0.0, 0.1)), "floor_scale"),
+        (dict(query_temperature=8192.0), "query_temperature"),
+    ],
+)
+def test_bad_layer_numbers_are_refused_by_name(kw, name):
+    # before: a chunk of 0, a rope_factor of 0, a negative eps or a
+    # floor_scale of 0 gave NaN or inf in the forward; a chunk of -2 or
+    # 2.5 and a negative rope_factor gave a wrong layer without a word
+    with pytest.raises(ValueError, match=name):
+        RefinedAttention(16, 4, 2, 4, **kw).forward(np.ones((1, 5, 16)))
+
+
+def test_bad_score_mod_numbers_are_refused_by_name():
+    with pytest.raises(ValueError, match="slopes"):
+        ALiBi([math.nan, 1.0])
+    with pytest.raises(ValueError, match="slopes"):
+        ALiBi([])
+    with pytest.raises(ValueError, match="cap"):
+        SoftCap("a")  # was: "could not convert string to float"
+    with pytest.raises(ValueError, match="cap"):
+        SoftCap(None)  # was: a TypeError from float()
+    with pytest.raises(ValueError, match="chunk"):
+        chunk_mask(np.arange(3), np.arange(3), 0)
+
+
+@pytest.mark.parametrize(
+    "flag", ["qk_norm_learned", "qk_norm_after_rope", "use_rope"]
+)
+def test_flags_must_be_booleans(flag):
+    # before: "no" is a non-empty string, read as True (a learned gain, a
+    # post-RoPE norm, a rotation the caller switched off)
+    with pytest.raises(TypeError, match=f"{flag} must be True or False"):
+        RefinedAttention(16, 4, 2, 4, qk_norm="head", **{flag: "no"})

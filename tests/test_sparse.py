@@ -586,3 +586,64 @@ def test_a_decode_step_reads_only_the_chosen_rows():
     picked = int(np.flatnonzero(chosen[:8])[0])
     cache.storage[0, :d_rows, picked] += 5.0
     assert np.abs(layer.forward(x[:, 8:], kv_cache=cache) - y).max() > 1e-3
+
+
+def test_bad_masks_and_numbers_are_refused_by_name():
+    # before: a broadcasting error from inside NumPy (allowed of the wrong
+    # shape, q_positions of the wrong length), a silent answer (NaN
+    # scores, an int mask, negative attention weights giving a loss of 0,
+    # q_positions past the keys, d_c = 0 or n_layers = 0) or a ufunc
+    # TypeError (selected_indices of a float array)
+    rng = np.random.default_rng(0)
+    s = rng.standard_normal((2, 5))
+    with pytest.raises(ValueError, match="allowed must broadcast"):
+        top_k_mask(s, 2, np.ones(3, bool))
+    with pytest.raises(TypeError, match="allowed must be a boolean"):
+        top_k_mask(s, 2, np.ones(5, int))
+    with pytest.raises(ValueError, match="scores must be finite"):
+        top_k_mask(np.array([np.nan, 1.0, 2.0]), 1)
+    with pytest.raises(TypeError, match="chosen must be a boolean"):
+        selected_indices(np.ones((3, 4)))
+    q, k = rng.standard_normal((4, 8)), rng.standard_normal((8, 8))
+    for qp in ([0, 1], [4, 5, 6, 9], [4.0, 5.0, 6.0, 7.0]):
+        with pytest.raises(ValueError, match="q_positions"):
+            block_top_n_mask(q, k, block_size=2, n_blocks=2, q_positions=qp)
+    scores = rng.standard_normal((1, 1, 3))
+    with pytest.raises(ValueError, match="weights must be attention"):
+        indexer_kl_forward(scores, -np.ones((1, 1, 1, 3)), np.ones(3, bool))
+    with pytest.raises(ValueError, match="allowed must broadcast"):
+        indexer_kl_forward(scores, np.ones((1, 1, 1, 3)), np.ones(2, bool))
+    with pytest.raises(ValueError, match="d_latent_kv"):
+        dsa_cache_bytes_per_token(0, 64, 128)
+    with pytest.raises(ValueError, match="n_layers"):
+        dsa_cache_bytes_per_token(512, 64, 128, n_layers=0)
+    with pytest.raises(ValueError, match="key_bytes"):
+        indexer_key_bytes(128, key_bytes=0)
+    with pytest.raises(ValueError, match="n_heads"):
+        sparse_decode_step_flops(
+            10,
+            0,
+            512,
+            64,
+            index_n_heads=64,
+            index_head_dim=128,
+            index_topk=8,
+        )
+
+
+def test_indexer_loss_refuses_a_string_for_sparse():
+    # before: sparse="no" is a non-empty string, read as True: the sparse
+    # stage's loss where the caller asked for the dense warm-up
+    layer = SparseLatentAttention(
+        d_model=8,
+        n_heads=3,
+        d_head=4,
+        d_latent_kv=6,
+        d_rope=4,
+        index_n_heads=2,
+        index_head_dim=6,
+        index_topk=3,
+    )
+    layer.forward(np.random.default_rng(0).standard_normal((1, 5, 8)))
+    with pytest.raises(TypeError, match="sparse must be True or False"):
+        layer.indexer_loss(sparse="no")

@@ -61,8 +61,8 @@ SHAPE = dict(d_model=128, n_v_heads=2, n_k_heads=1, d_k=128, d_v=128)
 
 
 def layer_step(T, mode, *, chunk_size=64, dtype=np.float32, seed=0):
-    """One forward + backward of the scaled layer on ``[1, T, 256]``, as a
-    function of nothing."""
+    """One forward + backward of the scaled layer (``SHAPE``) on ``[1, T,
+    128]``, as a function of nothing."""
     layer = GatedDeltaNet(
         SHAPE["d_model"],
         SHAPE["n_v_heads"],

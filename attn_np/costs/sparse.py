@@ -27,6 +27,8 @@ def indexer_key_bytes(
     plus one float32 scale per ``scale_block`` of them, as released."""
     d = check_count(index_head_dim, "index_head_dim")
     blocks = -(-d // check_count(scale_block, "scale_block"))
+    key_bytes = check_count(key_bytes, "key_bytes")
+    scale_bytes = check_count(scale_bytes, "scale_bytes", minimum=0)
     return d * key_bytes + blocks * scale_bytes
 
 
@@ -47,7 +49,10 @@ def dsa_cache_bytes_per_token(
     the indexer key (:func:`indexer_key_bytes`), per layer times
     ``n_layers``.
     """
-    latent = (d_latent_kv + d_rope) * latent_bytes
+    d_c = check_count(d_latent_kv, "d_latent_kv")
+    d_r = check_count(d_rope, "d_rope", minimum=0)
+    n_layers = check_count(n_layers, "n_layers")
+    latent = (d_c + d_r) * check_count(latent_bytes, "latent_bytes")
     index = indexer_key_bytes(
         index_head_dim,
         key_bytes=key_bytes,
@@ -76,8 +81,13 @@ def sparse_decode_step_flops(
     """
     L_k = check_count(n_cached, "n_cached", minimum=0) + 1
     k = min(check_count(index_topk, "index_topk"), L_k)
-    per_row = 2 * n_heads * (2 * d_latent_kv + d_rope)
+    h = check_count(n_heads, "n_heads")
+    d_c = check_count(d_latent_kv, "d_latent_kv")
+    d_r = check_count(d_rope, "d_rope", minimum=0)
+    H_I = check_count(index_n_heads, "index_n_heads")
+    d_I = check_count(index_head_dim, "index_head_dim")
+    per_row = 2 * h * (2 * d_c + d_r)
     return {
-        "indexer": 2 * L_k * index_n_heads * index_head_dim,
+        "indexer": 2 * L_k * H_I * d_I,
         "attention": k * per_row,
     }
