@@ -87,10 +87,14 @@ unit: venv
 # anyway): the same instructions in the same order, so any x86-64 machine with AVX2 should compute the
 # same bits. Elsewhere (no AVX2, or not x86-64) nothing is pinned, and the last bits may differ.
 SAME_ROUNDING := $(if $(and $(filter x86_64,$(shell uname -m)),$(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo y)),NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL AVX512_SPR" OPENBLAS_CORETYPE=Haswell,)
+# The timing cells (tagged nbval-ignore-output: their outputs are not compared) run every line under
+# nbval, but with at most 3 rounds per measurement (ATTN_NP_MAX_ROUNDS, read by every timing loop of
+# attn_np.instruments.measure.capped_rounds): their rounds were about a fifth of nbval's CPU time. The
+# stored outputs come from make notebooks, with every round.
 # NOTEBOOKS (default: every notebook) picks some, e.g. make nbval NOTEBOOKS=notebooks/05_*.ipynb
 NOTEBOOKS ?= notebooks
 nbval: venv
-	$(SAME_ROUNDING) OPENBLAS_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:randomly -n $(WORKERS) --dist loadscope --no-loadscope-reorder --nbval --nbval-current-env $(NOTEBOOKS)
+	$(SAME_ROUNDING) OPENBLAS_NUM_THREADS=1 ATTN_NP_MAX_ROUNDS=3 $(BIN)/python -m pytest -q -p no:randomly -n $(WORKERS) --dist loadscope --no-loadscope-reorder --nbval --nbval-current-env $(NOTEBOOKS)
 
 book-strict: venv
 	$(BIN)/jupyter-book build --all --warningiserror --keep-going .

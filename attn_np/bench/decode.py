@@ -59,7 +59,11 @@ from attn_np.costs.decode import decode_step_cost
 from attn_np.costs.latent import latent_decode_step_cost
 from attn_np.instruments import decode_ceiling as ceiling
 from attn_np.instruments.blas import blas_threads
-from attn_np.instruments.measure import paired_difference, read_probes
+from attn_np.instruments.measure import (
+    capped_rounds,
+    paired_difference,
+    read_probes,
+)
 from attn_np.instruments.plotting import format_bytes
 from attn_np.kv_cache import KVCache
 from attn_np.latent import LatentKVCache, MultiHeadLatentAttention
@@ -346,6 +350,7 @@ def run_levers(
         fn()
         return time.perf_counter() - t0
 
+    rounds = capped_rounds(rounds)
     lib = {(f, n): [] for f in steps for n in LEVERS}
     lever = {(f, n): [] for f in steps for n in LEVERS}
     for fam_steps in steps.values():  # warm-up
@@ -535,6 +540,7 @@ def flushed_rounds(fns: dict, flush, *, rounds: int) -> dict:
     array of rounds seconds}``. Where ``flushed`` is true, ``flush()``
     runs just before ``fn``, untimed, so that the call finds none of its
     data left in the CPU's caches by the one before it."""
+    rounds = capped_rounds(rounds)
     names = list(fns)
     for fn, _ in fns.values():  # warm-up
         fn()

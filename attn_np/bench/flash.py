@@ -59,6 +59,7 @@ from ..instruments.measure import (
     best_times,
     blas_call_times,
     busy_core,
+    capped_rounds,
     matmul_probe,
     measure_peak_bytes,
     ratio_spread,
@@ -337,6 +338,7 @@ def under_load(L=2048, *, rounds=4, dtype=np.float32):
         "dense": layer_step(L, flash=False, dtype=dtype),
         "flash": layer_step(L, flash=True, dtype=dtype),
     }
+    rounds = capped_rounds(rounds)
     quiet = {n: np.empty(rounds) for n in ("dense", "flash")}
     again = {n: np.empty(rounds) for n in quiet}
     loaded = {n: np.empty(rounds) for n in quiet}

@@ -48,7 +48,7 @@ import numpy as np
 
 from ..instruments.allocator import keep_freed_memory
 from ..instruments.blas import blas_threads
-from ..instruments.measure import measure_memory
+from ..instruments.measure import capped_rounds, measure_memory
 from ..linear_attention import (
     GatedDeltaNet,
     gated_delta_chunked_backward,
@@ -245,6 +245,7 @@ def breakdown(T, mode, *, rounds=3, chunk_size=32, keep_freed=True):
     at ``T`` (the median over ``rounds`` steps), the parts of
     :data:`PARTS` timed as the layer calls them and :data:`REST` what
     is left of the step (allocator as in :func:`speed`)."""
+    rounds = capped_rounds(rounds)
     step = layer_step(T, mode, chunk_size=chunk_size)
     rows = []
     with keep_freed_memory(keep_freed):
@@ -261,6 +262,7 @@ def breakdown(T, mode, *, rounds=3, chunk_size=32, keep_freed=True):
 def _alternating_both(fns, rounds):
     """:func:`~attn_np.instruments.measure.alternating_times`, reading
     the wall clock and the process's CPU clock around every call."""
+    rounds = capped_rounds(rounds)
     for fn in fns.values():
         fn()
     names = list(fns)

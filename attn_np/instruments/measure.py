@@ -5,6 +5,7 @@ compared with them."""
 
 from __future__ import annotations
 
+import os
 import resource
 import subprocess
 import sys
@@ -46,6 +47,35 @@ def matmul_gflops(n: int = 1024, dtype=np.float32, repeat: int = 5) -> float:
     return flops / best_time(fn, repeat=repeat) / 1e9
 
 
+MAX_ROUNDS_VARIABLE = "ATTN_NP_MAX_ROUNDS"
+
+
+def capped_rounds(rounds: int) -> int:
+    """``rounds``, or at most ``$ATTN_NP_MAX_ROUNDS`` where that is set.
+
+    Every timing loop of the library takes its number of rounds through
+    here. ``make nbval`` sets the variable to 3: under nbval the timing
+    cells' outputs are not compared (their tag is ``nbval-ignore-output``),
+    so there they must run, every line of them, but need not measure well,
+    and their rounds were about a fifth of nbval's time. The outputs the
+    book shows come from ``make notebooks`` and a reader's own run, with
+    every round.
+    """
+    cap = os.environ.get(MAX_ROUNDS_VARIABLE)
+    if not cap:
+        return rounds
+    try:
+        cap = int(cap)
+    except ValueError:
+        cap = 0
+    if cap < 1:
+        raise ValueError(
+            f"{MAX_ROUNDS_VARIABLE} must be a positive integer, got "
+            f"{os.environ[MAX_ROUNDS_VARIABLE]!r}"
+        )
+    return min(rounds, cap)
+
+
 def best_times(fns: dict, *, rounds: int = 5) -> dict:
     """The smallest time of each ``fn()`` in ``fns``, measured in turns
     (after one warm-up round).
@@ -77,6 +107,7 @@ def round_times(fns: dict, *, rounds: int = 5) -> dict:
         raise ValueError(
             f"rounds must be a positive integer, got {rounds!r}"
         )
+    rounds = capped_rounds(rounds)
     for fn in fns.values():
         fn()
     times = {name: np.empty(rounds) for name in fns}
@@ -106,6 +137,7 @@ def alternating_times(fns: dict, *, rounds: int = 5) -> dict:
     and their ratio round by round is the run's own noise floor
     (:func:`ratio_spread`): what a ratio of identical code looks like now.
     """
+    rounds = capped_rounds(rounds)
     for fn in fns.values():
         fn()
     names = list(fns)

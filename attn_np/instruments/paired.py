@@ -19,7 +19,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .measure import alternating_times, busy_core, ratio_spread
+from .measure import (
+    alternating_times,
+    busy_core,
+    capped_rounds,
+    ratio_spread,
+)
 
 # An A/A quartile further than this from 1 (10 %): the run is too noisy.
 NOISY = 0.10
@@ -133,6 +138,7 @@ def under_load(
     Returns ``{"quiet": {name: seconds per round}, "again": ...,
     "loaded": ...}``; the contenders alternate their order every round.
     """
+    rounds = capped_rounds(rounds)
     names = list(fns)
     out = {
         k: {n: np.empty(rounds) for n in names}
