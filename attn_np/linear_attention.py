@@ -909,6 +909,17 @@ class StateCache:
 # -- the layer
 
 
+def _check_head_groups(n_v_heads: int, n_k_heads: int) -> None:
+    """Each key head serves a group of value heads: ``n_v_heads`` must be
+    a multiple of ``n_k_heads``."""
+    if n_v_heads % n_k_heads:
+        raise ValueError(
+            "n_v_heads must be a multiple of n_k_heads (each key head "
+            f"serves a group of value heads), got n_v_heads={n_v_heads} "
+            f"and n_k_heads={n_k_heads}"
+        )
+
+
 def state_bytes(
     n_v_heads, n_k_heads, d_k, d_v, *, conv_size=4, dtype=np.float32
 ) -> int:
@@ -921,12 +932,7 @@ def state_bytes(
     d_k = check_positive_int(d_k, "d_k")
     d_v = check_positive_int(d_v, "d_v")
     conv_size = check_positive_int(conv_size, "conv_size")
-    if n_v_heads % n_k_heads:
-        raise ValueError(
-            "n_v_heads must be a multiple of n_k_heads (each key head "
-            f"serves a group of value heads), got n_v_heads={n_v_heads} "
-            f"and n_k_heads={n_k_heads}"
-        )
+    _check_head_groups(n_v_heads, n_k_heads)
     state = n_v_heads * d_k * d_v
     conv = (conv_size - 1) * (2 * n_k_heads * d_k + n_v_heads * d_v)
     return (state + conv) * item
@@ -986,12 +992,7 @@ class GatedDeltaNet:
             if n_k_heads is None
             else check_positive_int(n_k_heads, "n_k_heads")
         )
-        if self.n_v_heads % self.n_k_heads:
-            raise ValueError(
-                "n_v_heads must be a multiple of n_k_heads (each key head "
-                f"serves a group of value heads), got n_v_heads="
-                f"{self.n_v_heads} and n_k_heads={self.n_k_heads}"
-            )
+        _check_head_groups(self.n_v_heads, self.n_k_heads)
         if (d_k is None or d_v is None) and d_model % self.n_v_heads:
             raise ValueError(
                 "d_model must be divisible by n_v_heads when d_k or d_v is "
