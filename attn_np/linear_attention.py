@@ -361,10 +361,10 @@ def _decay(x):
 
 
 def _mT(x):
-    """``[..., a, b] -> [..., b, a]``, laid out contiguously for a product:
-    NumPy's batched matmul of small matrices is about three times slower
-    with a transposed view as an operand than with the copy."""
-    return np.ascontiguousarray(x.swapaxes(-1, -2))
+    """``[..., a, b] -> [..., b, a]``, a view: NumPy hands a transposed
+    operand to BLAS as a flag, with no copy (a copy first made the
+    chunked kernels 1.15 times slower, paired)."""
+    return x.swapaxes(-1, -2)
 
 
 def _decay_gram(x, y, gam, *, strict):
@@ -443,16 +443,22 @@ class ChunkParts:
     eC: np.ndarray  # [N, ..., d_k or 1]: exp(Gamma_C)
 
 
-def _chunk_parts(q, k, v, gam, beta):
-    """Every chunk's intra-chunk matrices at once (``[N, ..., C, ·]``)."""
+def _chunk_parts(q, k, v, gam, beta, squares=None):
+    """Every chunk's intra-chunk matrices at once (``[N, ..., C, ·]``).
+    ``squares``: their ``(Gk, Ek, Tm, P, Ep)`` as the forward kept them
+    (:data:`KEEP_SQUARES`), so that only the ``d``-wide parts are made
+    again: no Gram products, no triangular solve."""
     eg = _decay(gam)
     KG = k * eg  # [N, ..., C, d_k]
-    Gk, Ek = _decay_gram(k, k, gam, strict=True)  # [N, ..., C, C]
-    Tm = unit_lower_inverse(-beta[..., None] * Gk)  # A = -diag(b) <K, K>
+    if squares is None:
+        Gk, Ek = _decay_gram(k, k, gam, strict=True)  # [N, ..., C, C]
+        Tm = unit_lower_inverse(-beta[..., None] * Gk)  # A = -b <K, K>
+        P, Ep = _decay_gram(q, k, gam, strict=False)
+    else:
+        Gk, Ek, Tm, P, Ep = squares
     # [N, ..., C, C] @ [N, ..., C, d] -> [N, ..., C, d]
     W = Tm @ (beta[..., None] * KG)
     Ut = Tm @ (beta[..., None] * v)
-    P, Ep = _decay_gram(q, k, gam, strict=False)
     gC = gam[..., -1:, :]  # [N, ..., 1, d_k or 1]
     eB = _decay(gC - gam)
     return ChunkParts(
@@ -481,9 +487,9 @@ class ChunkedCache:
     beta: np.ndarray  # [N, ..., C]
     states: np.ndarray  # [N + 1, ..., d_k, d_v]: state entering chunk n
     U: np.ndarray  # [N, ..., C, d_v]: the u_t (as large as v)
-    parts: list  # one ChunkParts per group of chunks (about 4 d_k + d_v
-    #              + 5 C numbers per token and head: as large as q, k, v,
-    #              not one state per token)
+    parts: list  # per group of chunks: its ChunkParts (KEEP_PARTS:
+    #              about 5 d_k + 5 C numbers per token and head), or its
+    #              squares (KEEP_SQUARES: 5 C), or None
     T: int  # tokens before padding
     per_head: bool
 
@@ -499,9 +505,17 @@ GROUP_TOKENS = 256
 # True: the forward keeps each group's ChunkParts for the backward
 # (about 5 d_k + 5 C numbers per token and head; measured 0.89 [0.84,
 # 0.92] of the time of fwd + bwd at T = 4096, paired). False, the
-# default: the backward recomputes them, and training keeps one state
-# per chunk with the inputs, nothing per token beyond them
+# default: the backward recomputes them from the inputs
 KEEP_PARTS = False
+# True, the default (with one decay per head): the forward keeps only
+# the chunks' C x C matrices, <K, K>, <Q, K>, their decay factors and
+# T = (I - A)^{-1}, 5 C numbers per token and head (160 at C = 32,
+# against the 512 per token of one d_k x d_v state per chunk); the
+# backward makes the d-wide parts again, but not the Gram products
+# and the triangular solve. Training still keeps one state per chunk,
+# and memory grows with T, not T x state. (Per-channel decay, KDA,
+# keeps nothing: its decay factors are C x C x d_k.)
+KEEP_SQUARES = True
 
 
 def _to_chunks(x, C, pad):
@@ -554,21 +568,23 @@ def gated_delta_chunked_forward(
     o = np.empty(vc.shape, dtype=S0.dtype)  # [N, ..., C, d_v]
     G = max(1, GROUP_TOKENS // C)  # chunks per group
     parts = []  # kept for the backward
+    KU = np.empty(S0.shape, dtype=S0.dtype)  # K~^T U of one chunk
     for lo in range(0, N, G):  # a group of chunks at a time
         hi = min(N, lo + G)
         p = _chunk_parts(
             qc[lo:hi], kc[lo:hi], vc[lo:hi], gam[lo:hi], bc[lo:hi]
         )
-        parts.append(p if KEEP_PARTS else None)
+        parts.append(_kept(p))
         eC, KBt = p.eC[..., None], _mT(p.KB)
         for n in range(hi - lo):  # the only loop: the state
-            S = states[lo + n]  # [..., d_k, d_v]
+            S, Sn = states[lo + n], states[lo + n + 1]  # [..., d_k, d_v]
             # U = U~ - W S: [..., C, d_k] @ [..., d_k, d_v] -> [..., C, d_v]
             Un = U[lo + n]
             np.matmul(p.W[n], S, out=Un)
             np.subtract(p.Ut[n], Un, out=Un)
             # S_C = e^G_C S + (K e^(G_C - G))^T U: [..., d_k, d_v]
-            states[lo + n + 1] = eC[n] * S + KBt[n] @ Un
+            np.multiply(eC[n], S, out=Sn)
+            Sn += np.matmul(KBt[n], Un, out=KU)
         # the group's outputs at once, from the states entering its chunks
         # O = (Q e^G) S + P U: [n, ..., C, d_v]
         og = o[lo:hi]
@@ -576,6 +592,15 @@ def gated_delta_chunked_forward(
         og += p.P @ U[lo:hi]
     cache = ChunkedCache(qc, kc, vc, gam, bc, states, U, parts, T, per_head)
     return _from_chunks(o, T), cache
+
+
+def _kept(p: ChunkParts):
+    """What the forward keeps of a group's parts for the backward."""
+    if KEEP_PARTS:
+        return p
+    if KEEP_SQUARES and p.eg.shape[-1] == 1:  # one decay per head
+        return (p.Gk, p.Ek, p.Tm, p.P, p.Ep)
+    return None
 
 
 def gated_delta_chunked_backward(do, cache: ChunkedCache, dstate=None):
@@ -647,10 +672,14 @@ def chunk_group_backward(inputs, S, U, dO, dS, out, *, parts=None):
     their output gradients and ``dS`` the gradient of the state leaving
     the last. Writes ``(dq, dk, dv, dgam, dbeta)`` into ``out``; returns
     the gradient of the state entering the first. ``parts``: their
-    :class:`ChunkParts`, as the forward kept them (None: recomputed).
+    :class:`ChunkParts` as the forward kept them, or their squares (the
+    rest recomputed), or None (all recomputed).
     """
     q, k, v, gam, beta = inputs
-    p = _chunk_parts(q, k, v, gam, beta) if parts is None else parts
+    if isinstance(parts, ChunkParts):
+        p = parts
+    else:
+        p = _chunk_parts(q, k, v, gam, beta, squares=parts)
     N = q.shape[0]
     # what of dU and dS_0 does not wait for the next chunk's dS
     X = _mT(p.P) @ dO  # P^T dO: [N, ..., C, d_v]
@@ -662,15 +691,19 @@ def chunk_group_backward(inputs, S, U, dO, dS, out, *, parts=None):
     dOU = np.empty((*dO.shape[:-2], 2 * C, dO.shape[-1]), dO.dtype)
     dOU[..., :C, :] = dO
     dU = dOU[..., C:, :]  # [N, ..., C, d_v]
+    dS, WdU = dS.copy(), np.empty_like(dS)  # (the caller's dS kept)
     for n in range(N - 1, -1, -1):  # the state, backwards
         dSn[n] = dS
         # [C, d_k] @ [d_k, d_v] -> [C, d_v]
         np.matmul(p.KB[n], dS, out=dU[n])
         dU[n] += X[n]
-        dS = eC[n] * dS + Y[n] - Wt[n] @ dU[n]  # -> [d_k, d_v]
+        # dS = e^G_C dS + Y - W^T dU: [d_k, d_v], in place
+        np.multiply(eC[n], dSn[n], out=dS)
+        dS += Y[n]
+        dS -= np.matmul(Wt[n], dU[n], out=WdU)
     # then the run's chunks at once
     dKB = U @ _mT(dSn)  # [C, d_v] @ [d_v, d_k]
-    deC = _sum_to(np.sum(dSn * S, axis=-1), p.eC.shape)
+    deC = _sum_to(np.vecdot(dSn, S), p.eC.shape)
     # dQ~ = dO S^T, dW = -dU S^T: [2C, d_v] @ [d_v, d_k], one product
     R = dOU @ _mT(S)
     dQG, dW = R[..., :C, :], -R[..., C:, :]
@@ -682,13 +715,13 @@ def chunk_group_backward(inputs, S, U, dO, dS, out, *, parts=None):
     # W = T (b K e^G), U~ = T (b V)
     dTm = dW @ _mT(b * p.KG) + dUt @ _mT(b * v)
     dbKG, dbV = Tt @ dW, Tt @ dUt  # [N, ..., C, d]
-    dbeta = np.sum(dbKG * p.KG, axis=-1) + np.sum(dbV * v, axis=-1)
+    dbeta = np.vecdot(dbKG, p.KG) + np.vecdot(dbV, v)
     dKG, dv = b * dbKG, b * dbV
     # T = (I - A)^{-1}: dA = T^T dT T^T, only where A lives
     dA = Tt @ dTm @ Tt
     dA *= _causal_mask(C, True)
     # A = -b <K, K>
-    dbeta -= np.sum(dA * p.Gk, axis=-1)
+    dbeta -= np.vecdot(dA, p.Gk)
     dk1, dk2, dgam = _decay_gram_backward(-b * dA, p.Gk, k, k, p.Ek)
     dP *= _causal_mask(C, False)
     dq, dk3, dgam2 = _decay_gram_backward(dP, p.P, q, k, p.Ep)

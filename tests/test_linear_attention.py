@@ -211,28 +211,33 @@ def test_groups_of_chunks_change_nothing(monkeypatch, per_channel):
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_kept_parts_equal_recomputed_parts(monkeypatch, per_channel):
     """The backward gives the same gradients from the parts the forward
-    kept, from parts it recomputes (KEEP_PARTS off), and a second time
-    from the same cache (the kept parts are released once used)."""
+    kept (KEEP_PARTS), from the squares it kept (KEEP_SQUARES, one decay
+    per head only), from parts it recomputes (both off), and a second
+    time from the same cache (what was kept is released once used)."""
     import attn_np.linear_attention as la
 
     x = delta_inputs(seed=9, lead=(2,), T=29, per_channel=per_channel)
     rng = np.random.default_rng(1)
     monkeypatch.setattr(la, "KEEP_PARTS", True)
     o, cache = gated_delta_chunked_forward(**x, chunk_size=4)
-    assert all(p is not None for p in cache.parts)
+    assert all(isinstance(p, la.ChunkParts) for p in cache.parts)
     do = rng.standard_normal(o.shape)
     dS = rng.standard_normal(cache.final_state.shape)
     kept = gated_delta_chunked_backward(do, cache, dstate=dS)
     assert all(p is None for p in cache.parts)  # released
     again = gated_delta_chunked_backward(do, cache, dstate=dS)
     monkeypatch.setattr(la, "KEEP_PARTS", False)
-    o2, c2 = gated_delta_chunked_forward(**x, chunk_size=4)
-    assert all(p is None for p in c2.parts)
-    recomputed = gated_delta_chunked_backward(do, c2, dstate=dS)
-    np.testing.assert_array_equal(o2, o)
-    for a, b, c in zip(kept, again, recomputed):
-        np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(a, c)
+    results = {}
+    for squares in (True, False):
+        monkeypatch.setattr(la, "KEEP_SQUARES", squares)
+        o2, c2 = gated_delta_chunked_forward(**x, chunk_size=4)
+        np.testing.assert_array_equal(o2, o)
+        want = tuple if squares and not per_channel else type(None)
+        assert all(isinstance(p, want) for p in c2.parts)
+        results[squares] = gated_delta_chunked_backward(do, c2, dstate=dS)
+    for got in (again, results[True], results[False]):
+        for a, b in zip(kept, got):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_continuing_from_a_state_equals_one_pass():
