@@ -1,6 +1,6 @@
 # Learning Attention: build the book, run the tests, open the notebooks.
 # Every target is phony: book/ and notebooks/ are folders, and make must never call them up to date.
-.PHONY: book serve test lint unit nbval book-strict book-checks browser figures lab notebooks bench venv clean stats
+.PHONY: book serve test lint unit nbval book-strict book-checks unit-and-book-checks browser figures lab notebooks bench venv clean stats
 
 PYTHON ?= python3
 VENV   := .venv
@@ -26,10 +26,17 @@ venv: $(STAMP)
 # The environment: exact pins from requirements.txt (what make test needs; JupyterLab's are in
 # requirements-lab.txt, for make lab), then attn_np itself (editable, so notebooks
 # import the working tree's code without touching sys.path).
+# uv (pinned here, installed into .venv first) installs the same pins as pip, but downloads them in
+# parallel: 11 s against pip's 44 s for requirements.txt from a cold cache here, the same packages at
+# the same versions (pip freeze compared). If uv cannot be had or fails, pip installs instead.
+UV_PIN := uv==0.9.9
+PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile
+INSTALL = { $(PIP) $(UV_PIN) && $(BIN)/uv pip install --quiet --python $(BIN)/python $(1); } \
+	|| { echo "uv failed: installing with pip"; $(PIP) $(1); }
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -r requirements.txt
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile --no-deps --no-build-isolation -e .
+	$(call INSTALL,-r requirements.txt)
+	$(PIP) --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -47,17 +54,24 @@ serve:
 	@echo "Serving the book on http://127.0.0.1:$(PORT)/ (Ctrl-C stops it)"
 	$(BIN)/python -m http.server $(PORT) --bind 127.0.0.1 --directory _build/html
 
-# nbval runs beside the book's checks (the strict build, then the browser test): the browser waits on
-# pages and MathJax for much of its time, and nbval's two kernels fill the cores meanwhile
-# (one after the other, the two took 215 s + 13 s + 88 s here). Each one's output is printed in one
-# piece when it ends (--output-sync); a failure in either fails make test.
+# nbval runs beside the unit tests and the book's checks (the strict build, then the browser test), one
+# after the other: the browser waits on pages and MathJax for much of its time, and nbval's two kernels
+# fill the cores meanwhile (one after the other, the two took 215 s + 13 s + 88 s here). The unit tests
+# run first on that side: before nbval, as they ran until stop 35, make test took 8:46 from a fresh
+# clone here; beside it, sampling /proc/stat every 2 s shows both cores busy until nbval's last
+# notebook. Each one's output is printed in one piece when it ends (--output-sync); a failure in
+# either fails make test.
 #
 # make test takes no screenshots (SCREENSHOTS=0): no check reads them, they are for a person looking
 # at the pages (make browser takes them), and they were 18% of the browser test's CPU time here
 # (94 s with them, 78 s without, the same book, one run after the other, load 8-12).
-test: venv lint unit
-	$(MAKE) --no-print-directory -j2 --output-sync=target nbval book-checks SCREENSHOTS=0
+test: venv lint
+	$(MAKE) --no-print-directory -j2 --output-sync=target nbval unit-and-book-checks SCREENSHOTS=0
 	@echo "make test: lint, unit tests, nbval on every notebook, the strict book build and the browser test all passed."
+
+unit-and-book-checks: venv
+	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory book-checks
 
 book-checks: venv
 	$(MAKE) --no-print-directory book-strict
@@ -88,13 +102,14 @@ unit: venv
 # same bits. Elsewhere (no AVX2, or not x86-64) nothing is pinned, and the last bits may differ.
 SAME_ROUNDING := $(if $(and $(filter x86_64,$(shell uname -m)),$(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo y)),NPY_DISABLE_CPU_FEATURES="X86_V4 AVX512_ICL AVX512_SPR" OPENBLAS_CORETYPE=Haswell,)
 # The timing cells (tagged nbval-ignore-output: their outputs are not compared) run every line under
-# nbval, but with at most 3 rounds per measurement (ATTN_NP_MAX_ROUNDS, read by every timing loop of
-# attn_np.instruments.measure.capped_rounds): their rounds were about a fifth of nbval's CPU time. The
-# stored outputs come from make notebooks, with every round.
+# nbval, but with one round per measurement (ATTN_NP_MAX_ROUNDS, read by every timing loop of
+# attn_np.instruments.measure.capped_rounds): their rounds were about a fifth of nbval's CPU time with
+# every round; from 3 rounds to 1 saved another 23 s of CPU in chapters 2, 4, 6 and 9 here. The stored
+# outputs come from make notebooks, with every round.
 # NOTEBOOKS (default: every notebook) picks some, e.g. make nbval NOTEBOOKS=notebooks/05_*.ipynb
 NOTEBOOKS ?= notebooks
 nbval: venv
-	$(SAME_ROUNDING) OPENBLAS_NUM_THREADS=1 ATTN_NP_MAX_ROUNDS=3 $(BIN)/python -m pytest -q -p no:randomly -n $(WORKERS) --dist loadscope --no-loadscope-reorder --nbval --nbval-current-env $(NOTEBOOKS)
+	$(SAME_ROUNDING) OPENBLAS_NUM_THREADS=1 ATTN_NP_MAX_ROUNDS=1 $(BIN)/python -m pytest -q -p no:randomly -n $(WORKERS) --dist loadscope --no-loadscope-reorder --nbval --nbval-current-env $(NOTEBOOKS)
 
 book-strict: venv
 	$(BIN)/jupyter-book build --all --warningiserror --keep-going .
@@ -117,7 +132,7 @@ figures: venv
 # to import when JupyterLab's rfc3987-syntax is installed). Jupyter refuses to run as root unless told:
 # the flag is added only when make runs as root (as CI does).
 $(LAB_STAMP): requirements-lab.txt $(STAMP)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -r requirements-lab.txt
+	$(call INSTALL,-r requirements-lab.txt)
 	rm -f $(VENV)/.lab-installed-*
 	touch $@
 

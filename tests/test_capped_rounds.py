@@ -1,4 +1,4 @@
-"""ATTN_NP_MAX_ROUNDS caps every timing loop (make nbval sets it to 3)."""
+"""ATTN_NP_MAX_ROUNDS caps every timing loop (make nbval sets it to 1)."""
 
 import pytest
 

@@ -54,7 +54,7 @@ def capped_rounds(rounds: int) -> int:
     """``rounds``, or at most ``$ATTN_NP_MAX_ROUNDS`` where that is set.
 
     Every timing loop of the library takes its number of rounds through
-    here. ``make nbval`` sets the variable to 3: under nbval the timing
+    here. ``make nbval`` sets the variable to 1: under nbval the timing
     cells' outputs are not compared (their tag is ``nbval-ignore-output``),
     so there they must run, every line of them, but need not measure well,
     and their rounds were about a fifth of nbval's time. The outputs the
