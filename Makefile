@@ -85,8 +85,12 @@ lint: venv
 	$(BIN)/ruff check $(LINT_PATHS)
 
 # The browser test needs a built book, so `unit` leaves it out and `browser` runs it after `book-strict`.
+# One BLAS thread per worker (OPENBLAS_NUM_THREADS=1), as under nbval: two workers fill the two cores,
+# and a second BLAS thread mostly spins waiting at every short product (the tests took 101 s of CPU
+# so, against 126 s with OpenBLAS's default; 52 s against 65 s alone). The tests that need two
+# threads ask for them (blas_threads(2) raises the count at run time).
 unit: venv
-	$(BIN)/python -m pytest -q -n $(WORKERS) tests --ignore=tests/browser
+	OPENBLAS_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(WORKERS) tests --ignore=tests/browser
 
 # Each notebook's kernel runs with one BLAS thread (OPENBLAS_NUM_THREADS=1): two kernels share the two
 # cores, and two BLAS threads per kernel would wait on each other at every short product (chapter 9
