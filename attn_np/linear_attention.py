@@ -510,7 +510,7 @@ KEEP_PARTS = False
 # True, the default (with one decay per head): the forward keeps only
 # the chunks' C x C matrices, <K, K>, <Q, K>, their decay factors and
 # T = (I - A)^{-1}, 5 C numbers per token and head (160 at C = 32,
-# against the 512 per token of one d_k x d_v state per chunk); the
+# against 512 per token for one 128 x 128 state per chunk); the
 # backward makes the d-wide parts again, but not the Gram products
 # and the triangular solve. Training still keeps one state per chunk,
 # and memory grows with T, not T x state. (Per-channel decay, KDA,
