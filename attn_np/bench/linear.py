@@ -60,7 +60,7 @@ from ..linear_attention import (
 SHAPE = dict(d_model=128, n_v_heads=2, n_k_heads=1, d_k=128, d_v=128)
 
 
-def layer_step(T, mode, *, chunk_size=64, dtype=np.float32, seed=0):
+def layer_step(T, mode, *, chunk_size=32, dtype=np.float32, seed=0):
     """One forward + backward of the scaled layer (``SHAPE``) on ``[1, T,
     128]``, as a function of nothing."""
     layer = GatedDeltaNet(
@@ -90,7 +90,7 @@ def layer_step(T, mode, *, chunk_size=64, dtype=np.float32, seed=0):
     return step
 
 
-def kernel_step(T, form, *, chunk_size=64, dtype=np.float32, seed=0):
+def kernel_step(T, form, *, chunk_size=32, dtype=np.float32, seed=0):
     """One forward + backward of the gated delta rule alone, on the
     layer's shapes (``[1, n_k, G, T, d]``, unit keys), as a function."""
     rng = np.random.default_rng(seed)
@@ -122,7 +122,7 @@ def kernel_step(T, form, *, chunk_size=64, dtype=np.float32, seed=0):
 
 
 def speed(
-    Ts=(1024, 2048, 4096), *, rounds=3, chunk_size=64, keep_freed=True
+    Ts=(1024, 2048, 4096), *, rounds=3, chunk_size=32, keep_freed=True
 ):
     """``{T: {"loop / chunked": (median, q1, q3), "kernels": (...),
     "A/A": (...), "cpu": {...}, "chunked s": best, "loop s": best}}``:
@@ -167,7 +167,7 @@ def _speed(Ts, rounds, chunk_size):
     return out
 
 
-def memory(Ts=(1024, 4096), *, chunk_size=64):
+def memory(Ts=(1024, 4096), *, chunk_size=32):
     """``{T: {"chunked": peak bytes, "loop": peak bytes}}`` of one step."""
     out = {}
     for T in Ts:
