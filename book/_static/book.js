@@ -87,3 +87,123 @@
     patch();
   }
 })();
+
+/* Figures read on a phone. A figure is drawn for the 1280 px column (its
+ * smallest text at least 9 CSS px there); a phone's column is about half as
+ * wide, so the same text shows at 5-8 px. A tap on a figure whose text is
+ * below READ_PX as shown opens it in a viewer over the page, at the width
+ * that shows its smallest text at READ_PX (or at the screen's width, if that
+ * is wider), to be panned with a finger; a tap, Escape or the close button
+ * shuts it. The text size is the one the figure was drawn with, which
+ * attn_np.instruments.plotting records in the PNG's text chunks (points and
+ * dpi); a PNG without the record opens at the column width of a desktop
+ * (DESKTOP_COLUMN_PX), where the browser test checks every figure's text.
+ * window.bookOpenFigure(img) opens the viewer and resolves to it (or to
+ * null when the figure is legible as shown). */
+(function () {
+  "use strict";
+  const READ_PX = 12;
+  const DESKTOP_COLUMN_PX = 700;
+  const TEXT_KEY = "attn_np:smallest-text-pt";
+  const DPI_KEY = "attn_np:dpi";
+  const records = new Map();
+
+  // The PNG's tEXt chunks: {key: value}. Latin-1, as the PNG format says.
+  function pngText(buffer) {
+    const bytes = new Uint8Array(buffer);
+    const view = new DataView(buffer);
+    const out = {};
+    const latin1 = (a, b) => String.fromCharCode(...bytes.subarray(a, b));
+    for (let at = 8; at + 8 <= bytes.length; ) {
+      const length = view.getUint32(at);
+      const type = latin1(at + 4, at + 8);
+      const data = at + 8;
+      if (type === "tEXt") {
+        const zero = bytes.indexOf(0, data);
+        if (zero > data && zero < data + length) {
+          out[latin1(data, zero)] = latin1(zero + 1, data + length);
+        }
+      }
+      if (type === "IEND") break;
+      at = data + length + 4;
+    }
+    return out;
+  }
+
+  // The smallest text of the PNG, in px at its natural width, or null.
+  function textPx(src) {
+    if (!records.has(src)) {
+      records.set(src, fetch(src)
+        .then((r) => (r.ok ? r.arrayBuffer() : Promise.reject(r.status)))
+        .then((buffer) => {
+          const t = pngText(buffer);
+          const pt = parseFloat(t[TEXT_KEY]);
+          const dpi = parseFloat(t[DPI_KEY]);
+          return pt > 0 && dpi > 0 ? (pt * dpi) / 72 : null;
+        })
+        .catch(() => null));
+    }
+    return records.get(src);
+  }
+
+  let viewer = null;
+
+  function close() {
+    if (!viewer) return;
+    viewer.remove();
+    viewer = null;
+    document.documentElement.classList.remove("book-figure-open");
+  }
+
+  async function open(img) {
+    close();
+    const natural = img.naturalWidth;
+    const shown = img.getBoundingClientRect().width;
+    if (!natural || !shown) return null;
+    const px = await textPx(img.currentSrc || img.src);
+    const room = document.documentElement.clientWidth;
+    // the width at which the smallest text reads at READ_PX
+    const width = px ? Math.max(room, (natural * READ_PX) / px)
+                     : Math.max(room, Math.min(natural, DESKTOP_COLUMN_PX));
+    if (width <= shown * 1.05) return null;  // legible as shown
+    viewer = document.createElement("div");
+    viewer.className = "book-figure-viewer";
+    viewer.setAttribute("role", "dialog");
+    viewer.setAttribute("aria-modal", "true");
+    viewer.setAttribute("aria-label", "figure, enlarged: " + (img.alt || ""));
+    const big = document.createElement("img");
+    big.src = img.currentSrc || img.src;
+    big.alt = img.alt || "";
+    big.style.width = Math.round(width) + "px";
+    big.dataset.bookTextPx = px ? ((px * width) / natural).toFixed(2) : "";
+    const shut = document.createElement("button");
+    shut.type = "button";
+    shut.className = "book-figure-close";
+    shut.setAttribute("aria-label", "close the enlarged figure");
+    shut.textContent = "\u00d7";
+    viewer.append(big, shut);
+    viewer.addEventListener("click", close);  // a tap (a drag to pan is no click)
+    document.documentElement.classList.add("book-figure-open");
+    document.body.append(viewer);
+    shut.focus({preventScroll: true});
+    return viewer;
+  }
+  window.bookOpenFigure = open;
+
+  document.addEventListener("click", (event) => {
+    const img = event.target.closest && event.target.closest("article img");
+    if (!img || viewer) return;
+    if (event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey || event.altKey) return;
+    const src = img.currentSrc || img.src || "";
+    if (!/\.png($|[?#])/i.test(src)) return;
+    // decide before the link under a captioned figure is followed
+    event.preventDefault();
+    open(img).then((v) => {
+      const link = img.closest("a[href]");
+      if (!v && link) window.location.href = link.href;  // legible: the link as before
+    });
+  });
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape") close();
+  });
+})();

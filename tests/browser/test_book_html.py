@@ -16,7 +16,9 @@ Every page is also opened in a 390x844 phone window (touch), and at both sizes t
 a reader sees with ``scripts/page_stats.py``'s probe (the numbers ``make stats`` prints): no display
 equation wider than its box; no raw MyST (``{cite}``, ``{eq}``, an equation's ``(label)``, a pipe
 table as text) in the prose; no page wider than the phone's window; no block scrolling sideways at
-1280 px; no figure text below ``MIN_TEXT_PX`` as shown at 1280 px; a tap opens the phone's
+1280 px; no figure text below ``MIN_TEXT_PX`` as shown at 1280 px, and on a phone every figure
+whose text is smaller opens on a tap in book.js's viewer with its text at ``MIN_TEXT_PX`` or more
+(and the page no wider); a tap opens the phone's
 navigation and page-contents dialogs and ☰ hides the sidebar at 1280 px; the front page's map links
 every page of ``_toc.yml``.
 
@@ -213,6 +215,30 @@ RAW_MYST_PROBE = r"""
 
 # Taps and clicks a reader makes: the phone's ☰ and page-contents buttons open their dialogs, and
 # ☰ at 1280 px hides the sidebar (a second click shows it again).
+# book.js's figure viewer, opened on one figure (by its src) the way a tap opens it: what it shows
+# (the enlarged image's width against its natural width), whether the page stayed as wide as the
+# window, and whether Escape shut it.
+VIEWER_PROBE = r"""
+async (src) => {
+  const img = [...document.querySelectorAll("article img")].find(i => (i.currentSrc || i.src) === src);
+  if (!img) return {error: "no such image"};
+  if (!window.bookOpenFigure) return {error: "book.js's bookOpenFigure is missing"};
+  const viewer = await window.bookOpenFigure(img);
+  if (!viewer) return {error: "the viewer did not open (the figure was judged legible)"};
+  const big = viewer.querySelector("img");
+  if (!big.complete) await new Promise(r => { big.onload = r; big.onerror = r; });
+  const vw = window.innerWidth;
+  const out = {shown: big.getBoundingClientRect().width, natural: big.naturalWidth,
+               fixed: getComputedStyle(viewer).position === "fixed",
+               pageWidth: Math.max(document.documentElement.scrollWidth, document.body.scrollWidth),
+               window: vw, pans: viewer.scrollWidth > viewer.clientWidth + 1 || big.getBoundingClientRect().width <= vw};
+  document.dispatchEvent(new KeyboardEvent("keydown", {key: "Escape"}));
+  out.closed = !document.querySelector(".book-figure-viewer");
+  return out;
+}
+"""
+
+
 NAV_STATE = r"""
 () => {
   const visible = (sel) => [...document.querySelectorAll(sel)].filter(b => b.offsetParent !== null).length;
@@ -277,6 +303,7 @@ async def try_navigation(
             out[which] = (await page.evaluate(NAV_STATE))[key]
             await page.keyboard.press("Escape")
             await until(page, _state_is(key, "open", False))
+        out["figure"] = await try_figure_tap(page)
     else:
         buttons = [
             b
@@ -297,6 +324,34 @@ async def try_navigation(
             "after one click": hidden,
             "after two": await page.evaluate(NAV_STATE),
         }
+    return out
+
+
+async def try_figure_tap(page) -> dict:
+    """Tap the page's first figure as a reader would (the viewer should
+    open over the page), then tap the viewer (it should close)."""
+    figures = page.locator("article figure img")
+    if await figures.count() == 0:
+        return {"error": "no captioned figure on the page"}
+    url = page.url
+    await figures.first.tap()
+    await until(
+        page, "() => !!document.querySelector('.book-figure-viewer')"
+    )
+    out = {
+        "opened": await page.evaluate(
+            "() => !!document.querySelector('.book-figure-viewer')"
+        ),
+        "stayed": page.url == url,
+    }
+    if out["opened"]:
+        await page.locator(".book-figure-viewer").tap()
+        await until(
+            page, "() => !document.querySelector('.book-figure-viewer')"
+        )
+    out["closed"] = await page.evaluate(
+        "() => !document.querySelector('.book-figure-viewer')"
+    )
     return out
 
 
@@ -331,6 +386,16 @@ class BookReport:
         return sum(p["typeset"] for p in self.pages.values())
 
     @property
+    def enlarged(self) -> int:
+        """Phone figures too small to read that book.js's viewer opened."""
+        return sum(
+            "shown" in f.get("viewer", {})
+            for (_, name), v in self.views.items()
+            if name == "phone"
+            for f in v["figures"]
+        )
+
+    @property
     def images(self) -> int:
         return sum(len(p["images"]) for p in self.pages.values())
 
@@ -340,6 +405,7 @@ class BookReport:
             f"{self.math} math elements typeset, "
             f"{self.images} images checked, {len(self.external)} external requests, "
             f"{len(self.console)} console errors, "
+            f"{self.enlarged} phone figures enlarged on a tap, "
             f"{sum(len(p['scrolling']) for p in self.pages.values())} of "
             f"{sum(p['blocks'] for p in self.pages.values())} code blocks "
             f"scrolling sideways, {self.seconds:.1f} s"
@@ -532,6 +598,11 @@ async def _browse(root: Path, report: BookReport, chromium: str) -> None:
         probe = await page.evaluate(page_stats.PROBE, MATH_TIMEOUT_MS)
         probe["figures"] = page_stats.figure_text(probe["images"], root)
         probe["rawMyst"] = await page.evaluate(RAW_MYST_PROBE)
+        if phone:
+            # every figure too small to read as shown, opened in book.js's viewer
+            for f in probe["figures"]:
+                if f["recorded"] and f["px"] < MIN_TEXT_PX:
+                    f["viewer"] = await page.evaluate(VIEWER_PROBE, f["src"])
         report.views[rel, name] = probe
         # fonts MathJax asked for while typesetting, before the picture
         await page.evaluate("async () => { await document.fonts.ready; }")
@@ -777,6 +848,49 @@ def test_figure_text_is_legible(report):
     assert figures, "no figure found: the check would pass on anything"
     assert not problems, f"{len(problems)} figures:\n" + _listing(
         problems, 60
+    )
+
+
+def test_phone_figures_too_small_to_read_open_legible_on_a_tap(report):
+    """On a phone a figure drawn for the 1280 px column shows its text at
+    5-8 px. Each one below MIN_TEXT_PX opens in book.js's viewer at a size
+    where that text is at least MIN_TEXT_PX (the viewer aims at 12), over
+    the page (which stays as wide as the window), and Escape shuts it."""
+    small = [
+        (rel, f)
+        for (rel, name), v in sorted(report.views.items())
+        if name == "phone"
+        for f in v["figures"]
+        if f["recorded"] and f["px"] < MIN_TEXT_PX
+    ]
+    problems = []
+    for rel, f in small:
+        label = f["label"] or f["file"]
+        got = f.get("viewer", {})
+        if "error" in got or not got:
+            problems.append(
+                f"{rel}: {label}: {got.get('error', 'not tried')}"
+            )
+            continue
+        px = f["pt"] * f["dpi"] / 72 * got["shown"] / got["natural"]
+        if px < MIN_TEXT_PX:
+            problems.append(f"{rel}: {label}: {px:.1f} px in the viewer")
+        if not got["fixed"] or got["pageWidth"] > got["window"] + 1:
+            problems.append(f"{rel}: {label}: the viewer widened the page")
+        if not got["closed"]:
+            problems.append(
+                f"{rel}: {label}: Escape did not shut the viewer"
+            )
+    assert small, (
+        "no figure is too small on a phone: the check would pass on anything"
+    )
+    assert not problems, f"{len(problems)} figures:\n" + _listing(
+        problems, 60
+    )
+    tap = report.nav.get("phone", {}).get("figure", {})
+    assert tap.get("opened") and tap.get("stayed") and tap.get("closed"), (
+        f"a tap on a figure of {report.nav.get('phone', {}).get('page')} at "
+        f"390 px did not open the viewer over the page and a second tap shut it: {tap}"
     )
 
 
