@@ -63,6 +63,7 @@ async (timeoutMs) => {
     await Promise.race([done, new Promise(r => setTimeout(r, timeoutMs))]);
   }
   if (window.bookFitMath) window.bookFitMath();  // book.js: what the page does once MathJax is done
+  if (window.bookStackTables) window.bookStackTables();
   await document.fonts.ready;
   for (const img of document.images) img.loading = "eager";
   await Promise.race([
@@ -130,6 +131,33 @@ async (timeoutMs) => {
       }
     }
   }
+  // Words of the prose and its tables broken across two lines, outside math and code blocks: a
+  // word is a run of letters, digits and underscores (a line may break at anything else).
+  const broken = [];
+  const walker = document.createTreeWalker(article, NodeFilter.SHOW_TEXT, {
+    acceptNode: n => (n.parentElement.closest("mjx-container, pre, div.highlight, details:not([open])")
+      ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT)});
+  const range = document.createRange();
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    if (n.data.includes("://")) continue;  // a URL breaks where it must
+    const re = /[\p{L}\p{N}_]+/gu;
+    for (let m = re.exec(n.data); m; m = re.exec(n.data)) {
+      // a phone's line holds about 40 characters: a word longer than 14, or part of a name or
+      // path longer than 24 (attn_np.instruments.flash_parts.layer_speed), may break where it must
+      let a = m.index, b = m.index + m[0].length;  // the run without spaces it is part of
+      while (a > 0 && !/\s/.test(n.data[a - 1])) a--;
+      while (b < n.data.length && !/\s/.test(n.data[b])) b++;
+      if (m[0].length < 2 || m[0].length > 14 || b - a > 24) continue;
+      range.setStart(n, m.index);
+      range.setEnd(n, m.index + m[0].length);
+      const rects = [...range.getClientRects()].filter(r => r.width > 0);
+      if (rects.length > 1 && rects[1].top > rects[0].top + 1) {
+        broken.push({word: m[0], where: (n.parentElement.closest("table") ? "table" : "prose"),
+                     width: Math.round(n.parentElement.getBoundingClientRect().width),
+                     text: n.data.replace(/\s+/g, " ").trim().slice(0, 80)});
+      }
+    }
+  }
   // Code: notebook input cells and library source printed by show_source (a highlighted block in an
   // HTML output), as a share of the article's height.
   // Code folded in a closed <details> (hide-input, hide-cell) takes no room on the page, but Chromium
@@ -143,7 +171,7 @@ async (timeoutMs) => {
     url: location.href, viewport: vw,
     height: document.documentElement.scrollHeight,
     displays: document.querySelectorAll('mjx-container[display="true"]').length,
-    cut, shrunk, images, side, pageWidth, sticking,
+    cut, shrunk, images, side, pageWidth, sticking, broken,
     codeShare: articleHeight ? (inputs + source) / articleHeight : 0,
     inputShare: articleHeight ? inputs / articleHeight : 0,
   };

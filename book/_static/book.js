@@ -207,3 +207,102 @@
     if (event.key === "Escape") close();
   });
 })();
+
+/* Tables read on a phone. A table of three or four columns squeezed into a
+ * 390 px screen breaks its words every few letters ("Scal/ed/dot-/prod/uct").
+ * Once the page is laid out (and whenever the window is resized), on a
+ * window up to 600 px wide every table of the article in which a word
+ * breaks across lines is shown as a stack of cards instead, one per row, each cell under its column's header
+ * (table.book-stack, data-book-label; book.css). A table whose words all fit
+ * keeps its columns. window.bookStackTables() runs the same pass. */
+(function () {
+  "use strict";
+
+  // Does a word of this element's text (outside math and code blocks) run
+  // over two lines? A word is a run of letters, digits and underscores
+  // (a line may break at anything else); the same rule as the browser
+  // test's (scripts/page_stats.py).
+  // Is the word part of a run without spaces longer than a phone's line holds
+  // (attn_np.instruments.flash_parts.layer_speed)? That may break where it must.
+  function longToken(text, m) {
+    let a = m.index, b = m.index + m[0].length;
+    while (a > 0 && !/\s/.test(text[a - 1])) a--;
+    while (b < text.length && !/\s/.test(text[b])) b++;
+    return b - a > 24;
+  }
+
+  function breaksAWord(root) {
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT, {
+      acceptNode: (n) => (n.parentElement.closest("mjx-container, pre")
+        ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT),
+    });
+    const range = document.createRange();
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+      if (n.data.includes("://")) continue;  // a URL breaks where it must
+      const re = /[\p{L}\p{N}_]+/gu;
+      for (let m = re.exec(n.data); m; m = re.exec(n.data)) {
+        // a longer name or path may break where it must (a phone's line holds ~40 characters)
+        if (m[0].length < 2 || m[0].length > 14 || longToken(n.data, m)) continue;
+        range.setStart(n, m.index);
+        range.setEnd(n, m.index + m[0].length);
+        const rects = [...range.getClientRects()].filter((r) => r.width > 0);
+        if (rects.length > 1 && rects[1].top > rects[0].top + 1) return true;
+      }
+    }
+    return false;
+  }
+
+  function label(table) {
+    const head = table.tHead && table.tHead.rows[table.tHead.rows.length - 1];
+    if (!head) return false;
+    const names = [...head.cells].map((c) => c.textContent.trim());
+    for (const body of table.tBodies) {
+      for (const row of body.rows) {
+        [...row.cells].forEach((c, i) => {
+          c.dataset.bookLabel = names[i] || "";
+          const empty = !c.textContent.trim() && !c.querySelector("img, mjx-container");
+          c.classList.toggle("book-empty", empty);
+        });
+      }
+    }
+    return true;
+  }
+
+  const narrow = window.matchMedia("(max-width: 600px)");  // book.css's phone width
+
+  function stackTables() {
+    for (const table of document.querySelectorAll("article table")) {
+      table.classList.remove("book-stack");
+      if (narrow.matches && breaksAWord(table) && label(table)) table.classList.add("book-stack");
+    }
+    document.documentElement.dataset.bookTablesStacked = "1";
+  }
+  window.bookStackTables = stackTables;
+
+  // once laid out (a page without math is done then), and again once MathJax has
+  // typeset the math, which changes the cells' widths
+  function whenLoaded() {
+    stackTables();
+    const mathjax = document.querySelector('script[src*="mathjax" i], script[id*="MathJax" i]');
+    if (!mathjax) return;
+    const wait = (tries) => {
+      if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+        // and once the math's fonts have come, which changes its width again
+        MathJax.startup.promise.then(stackTables).then(() => document.fonts.ready).then(stackTables);
+      } else if (tries > 0) {
+        setTimeout(() => wait(tries - 1), 50);
+      }
+    };
+    wait(600);
+  }
+  let timer = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(timer);
+    timer = setTimeout(stackTables, 150);
+  });
+  if (document.readyState === "complete") {
+    whenLoaded();
+  } else {
+    window.addEventListener("load", whenLoaded);
+  }
+})();

@@ -12,15 +12,15 @@ from a local HTTP server on 127.0.0.1 and checks that
 - the table of contents reaches every page listed in ``_toc.yml`` (whatever is in it today), and every
   internal link and cross-reference resolves: the target file exists and its ``#anchor`` is an id on it.
 
-Every page is also opened in a 390x844 phone window (touch), and at both sizes the test measures what
-a reader sees with ``scripts/page_stats.py``'s probe (the numbers ``make stats`` prints): no display
-equation wider than its box; no raw MyST (``{cite}``, ``{eq}``, an equation's ``(label)``, a pipe
-table as text) in the prose; no page wider than the phone's window; no block scrolling sideways at
-1280 px; no figure text below ``MIN_TEXT_PX`` as shown at 1280 px, and on a phone every figure
-whose text is smaller opens on a tap in book.js's viewer with its text at ``MIN_TEXT_PX`` or more
-(and the page no wider); a tap opens the phone's
-navigation and page-contents dialogs and ☰ hides the sidebar at 1280 px; the front page's map links
-every page of ``_toc.yml``.
+Every page is also opened in a 390x844 phone window (touch), and at both sizes the test measures what a
+reader sees with ``scripts/page_stats.py``'s probe (the numbers ``make stats`` prints): no display
+equation wider than its box; on a phone, no word of the prose or a table broken across lines; no raw
+MyST (``{cite}``, ``{eq}``, an equation's ``(label)``, a pipe table as text) in the prose; no page
+wider than the phone's window; no block scrolling sideways at 1280 px; no figure text below
+``MIN_TEXT_PX`` as shown at 1280 px, and on a phone every figure whose text is smaller opens on a tap
+in book.js's viewer with its text at ``MIN_TEXT_PX`` or more (and the page no wider); a tap opens the
+phone's navigation and page-contents dialogs and ☰ hides the sidebar at 1280 px; the front page's map
+links every page of ``_toc.yml``.
 
 A full-page screenshot of every page at both sizes is saved under ``_build/screenshots/``
 (``NAME.jpg`` at 1280 px, ``NAME__phone.jpg`` at 390 px) for a person to look at. No check reads
@@ -806,6 +806,22 @@ def test_no_display_equation_is_cut(report):
     )
     assert not cut, f"{len(cut)} display equations cut:\n" + _listing(
         cut, 80
+    )
+
+
+def test_no_word_is_broken_across_lines_on_a_phone(report):
+    """On a phone no word of the prose or of a table (up to 14
+    characters; math, code blocks and URLs aside) runs over
+    two lines: a table too wide for a phone becomes book.js's stack of
+    cards instead of cutting its words every few letters."""
+    broken = [
+        f"{rel} at {name}: {b['word']!r} in the {b['where']} ({b['text']!r})"
+        for (rel, name), v in sorted(report.views.items())
+        if name == "phone"
+        for b in v["broken"]
+    ]
+    assert not broken, f"{len(broken)} broken words:\n" + _listing(
+        broken, 40
     )
 
 
