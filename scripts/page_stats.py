@@ -62,8 +62,9 @@ async (timeoutMs) => {
     })();
     await Promise.race([done, new Promise(r => setTimeout(r, timeoutMs))]);
   }
-  if (window.bookFitMath) window.bookFitMath();  // book.js: what the page does once MathJax is done
+  // book.js: what the page does once MathJax is done, in its order
   if (window.bookStackTables) window.bookStackTables();
+  if (window.bookFitMath) window.bookFitMath();
   await document.fonts.ready;
   for (const img of document.images) img.loading = "eager";
   await Promise.race([

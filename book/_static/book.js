@@ -1,9 +1,43 @@
 /* The book's own script (html_js_files in _config.yml).
  *
- * Display equations fit their column. MathJax 3 does not break lines, and
+ * Passes over the laid-out page (window.bookOnLayout(pass)): each runs once
+ * the page has loaded, again once MathJax has typeset the math and once the
+ * math's fonts have come (both change widths), and after every resize; in
+ * the order they were registered. */
+(function () {
+  "use strict";
+  const passes = [];
+  const run = () => passes.forEach((pass) => pass());
+  window.bookOnLayout = (pass) => passes.push(pass);
+
+  function start() {
+    run();
+    if (!document.querySelector('script[src*="mathjax" i], script[id*="MathJax" i]')) return;
+    const wait = (tries) => {
+      if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+        MathJax.startup.promise.then(run).then(() => document.fonts.ready).then(run);
+      } else if (tries > 0) {
+        setTimeout(() => wait(tries - 1), 50);
+      }
+    };
+    wait(600);
+  }
+  let timer = null;
+  window.addEventListener("resize", () => {
+    clearTimeout(timer);
+    timer = setTimeout(run, 150);
+  });
+  if (document.readyState === "complete") {
+    setTimeout(start);
+  } else {
+    window.addEventListener("load", start);
+  }
+})();
+
+/* Display equations fit their column. MathJax 3 does not break lines, and
  * gives a display that is wider than its box a scroll bar that overlay
  * scroll bars hide: the reader sees a formula cut at the right edge. Once
- * MathJax has typeset the page (and whenever the window is resized), every
+ * MathJax has typeset the page (and whenever the layout changes: bookOnLayout), every
  * display whose typeset math is wider than its box is scaled down to fit,
  * to no less than MIN_SCALE of its size (data-book-scale records it); a display still too wide after
  * that keeps its scroll bar, and the browser test reports it (split it into
@@ -33,27 +67,8 @@
         box.dataset.bookScale = scale.toFixed(2);
       }
     }
-    document.documentElement.dataset.bookMathFitted = "1";
   }
   window.bookFitMath = fitMath;
-
-  function whenTypeset() {
-    if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
-      MathJax.startup.promise.then(fitMath);
-    } else {
-      setTimeout(whenTypeset, 50);
-    }
-  }
-  let timer = null;
-  window.addEventListener("resize", () => {
-    clearTimeout(timer);
-    timer = setTimeout(fitMath, 150);
-  });
-  if (document.readyState === "loading") {
-    document.addEventListener("DOMContentLoaded", whenTypeset);
-  } else {
-    whenTypeset();
-  }
 })();
 
 /* Search summaries read as prose. Sphinx's search shows, under each hit,
@@ -210,7 +225,7 @@
 
 /* Tables read on a phone. A table of three or four columns squeezed into a
  * 390 px screen breaks its words every few letters ("Scal/ed/dot-/prod/uct").
- * Once the page is laid out (and whenever the window is resized), on a
+ * On every layout pass (bookOnLayout, above), on a
  * window up to 600 px wide every table of the article in which a word
  * breaks across lines is shown as a stack of cards instead, one per row, each cell under its column's header
  * (table.book-stack, data-book-label; book.css). A table whose words all fit
@@ -275,34 +290,10 @@
       table.classList.remove("book-stack");
       if (narrow.matches && breaksAWord(table) && label(table)) table.classList.add("book-stack");
     }
-    document.documentElement.dataset.bookTablesStacked = "1";
   }
   window.bookStackTables = stackTables;
-
-  // once laid out (a page without math is done then), and again once MathJax has
-  // typeset the math, which changes the cells' widths
-  function whenLoaded() {
-    stackTables();
-    const mathjax = document.querySelector('script[src*="mathjax" i], script[id*="MathJax" i]');
-    if (!mathjax) return;
-    const wait = (tries) => {
-      if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
-        // and once the math's fonts have come, which changes its width again
-        MathJax.startup.promise.then(stackTables).then(() => document.fonts.ready).then(stackTables);
-      } else if (tries > 0) {
-        setTimeout(() => wait(tries - 1), 50);
-      }
-    };
-    wait(600);
-  }
-  let timer = null;
-  window.addEventListener("resize", () => {
-    clearTimeout(timer);
-    timer = setTimeout(stackTables, 150);
-  });
-  if (document.readyState === "complete") {
-    whenLoaded();
-  } else {
-    window.addEventListener("load", whenLoaded);
-  }
+  window.bookOnLayout(stackTables);
 })();
+
+// the order of the passes: tables first, then the math in the widths they leave
+window.bookOnLayout(window.bookFitMath);
