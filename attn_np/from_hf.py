@@ -33,17 +33,21 @@ import math
 import numpy as np
 
 from .costs.hf_config import _language_model, _load, _windows
-from .latent import LatentKVCache, MultiHeadLatentAttention
+from .latent import MultiHeadLatentAttention
 from .linear_attention import (
     HF_LINEAR_KEYS,
     GatedDeltaNet,
-    StateCache,
     gated_deltanet_from_hf,
     gated_deltanet_grads_to_hf,
 )
-from .long_context import ScaledRotary, read_rope_scaling, softmax_scale
+from .long_context import (
+    ChunkedKVCache,
+    ScaledRotary,
+    read_rope_scaling,
+    softmax_scale,
+)
 from .refinements import ALiBi, RefinedAttention, SoftCap, alibi_slopes
-from .sparse import IndexedLatentCache, SparseLatentAttention
+from .sparse import SparseLatentAttention
 
 # Keys that describe the rest of the model (embeddings, MLP, MoE, training,
 # generation, bookkeeping): read by nobody here, refused by nobody.
@@ -542,7 +546,7 @@ def _decoder(cfg, model_type, layer_idx):
                 float(cfg["attn_scale"]),
             )
     layout = {"kind": "proj", "gate_rows": gate_rows}
-    return RefinedAttention, (d_model, n_heads, n_kv, head_dim), kw, layout
+    return HFAttention, (d_model, n_heads, n_kv, head_dim), kw, layout
 
 
 def _falcon(cfg):
@@ -568,20 +572,18 @@ def _falcon(cfg):
         slopes = alibi_slopes(n_heads) / math.sqrt(head_dim)
         kw.update(use_rope=False, score_mods=(ALiBi(slopes),))
     args = (d_model, n_heads, n_kv, head_dim)
-    return RefinedAttention, args, kw, {"kind": "falcon", "fused": fused}
+    return HFAttention, args, kw, {"kind": "falcon", "fused": fused}
 
 
-class HFGatedDeltaNet(GatedDeltaNet):
-    """Chapter 12's Gated DeltaNet as a Hugging Face decoder layer (a
-    Qwen3-Next ``linear_attention`` layer): the cache of
-    ``forward(x, kv_cache=...)`` is its :class:`~attn_np.StateCache`, so
-    a hybrid stack decodes every layer the same way."""
-
-    def forward(self, x, causal=True, kv_cache=None):
-        return super().forward(x, causal=causal, state_cache=kv_cache)
+class HFAttention(RefinedAttention):
+    """Chapter 10's layer as a Hugging Face decoder layer: a chunked
+    layer (Llama 4's ``chunked_attention``) decodes with chapter 11's
+    :class:`~attn_np.ChunkedKVCache`, which holds at most the chunk."""
 
     def new_cache(self):
-        return StateCache()
+        if self.chunk is None:
+            return super().new_cache()
+        return ChunkedKVCache(self.chunk)
 
 
 def _linear(cfg):
@@ -603,7 +605,7 @@ def _linear(cfg):
         conv_size=_count(cfg, "linear_conv_kernel_dim"),
         eps=float(cfg.get("rms_norm_eps", 1e-6)),
     )
-    return HFGatedDeltaNet, args, kw, {"kind": "linear", "config": cfg}
+    return GatedDeltaNet, args, kw, {"kind": "linear", "config": cfg}
 
 
 def _load_linear(layer, layout, state_dict, dtype):
@@ -667,9 +669,6 @@ class HFLatentAttention(_HFLatentRope, MultiHeadLatentAttention):
             raise ValueError("an HF decoder layer is causal")
         return super().forward(x, causal=True, kv_cache=kv_cache)
 
-    def new_cache(self):
-        return LatentKVCache()
-
 
 class HFSparseLatentAttention(_HFLatentRope, SparseLatentAttention):
     """Chapter 13's DSA (MLA with the lightning indexer) as Hugging
@@ -696,9 +695,6 @@ class HFSparseLatentAttention(_HFLatentRope, SparseLatentAttention):
         if not causal:
             raise ValueError("an HF decoder layer is causal")
         return super().forward(x, kv_cache=kv_cache)
-
-    def new_cache(self):
-        return IndexedLatentCache()
 
 
 def _latent(cfg, model_type):

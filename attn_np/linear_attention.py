@@ -918,19 +918,19 @@ class StateCache:
         if self.state.shape != want:
             raise ValueError(
                 f"x_chunk {tuple(x_shape)} needs a state of shape [B, "
-                f"n_v_heads, d_k, d_v] = {want}, but state_cache holds "
+                f"n_v_heads, d_k, d_v] = {want}, but kv_cache holds "
                 f"{self.state.shape}: use one StateCache per layer and batch"
             )
         got = tuple(c.shape for c in self.conv)
         if got != tuple(conv_shapes):
             raise ValueError(
                 f"x_chunk {tuple(x_shape)} needs convolution inputs of "
-                f"shapes {tuple(conv_shapes)}, but state_cache holds {got}"
+                f"shapes {tuple(conv_shapes)}, but kv_cache holds {got}"
             )
         if np.dtype(dtype) != self.state.dtype:
             raise TypeError(
                 f"x_chunk makes a state of dtype {np.dtype(dtype)}, but "
-                f"state_cache holds {self.state.dtype}"
+                f"kv_cache holds {self.state.dtype}"
             )
 
     def update(self, state, conv, n_new: int) -> None:
@@ -999,8 +999,9 @@ class GatedDeltaNet:
     ``g = -exp(A_log) softplus(x W_a + dt_bias)``, ``beta = sigmoid(x
     W_b)``; the gated delta rule (``mode``: ``"chunked"`` or
     ``"recurrent"``); ``RMSNorm(o) * silu(x W_z)`` per value head;
-    ``W_o``. ``state_cache=`` (a :class:`StateCache`) continues from the
-    cached state, for decoding.
+    ``W_o``. ``kv_cache=`` (a :class:`StateCache`, from
+    :meth:`new_cache`) continues from the cached state, for decoding: the
+    cache protocol of every layer in the book.
     """
 
     def __init__(
@@ -1116,11 +1117,15 @@ class GatedDeltaNet:
             dtype=self.dtype if dtype is None else dtype,
         )
 
+    def new_cache(self) -> StateCache:
+        """An empty :class:`StateCache` for ``forward(x, kv_cache=...)``."""
+        return StateCache()
+
     # ------------------------------------------------------------------
     # forward
-    def forward(self, x, *, causal=True, state_cache=None):
+    def forward(self, x, *, causal=True, kv_cache=None):
         """``x [L, d_model]`` or ``[B, L, d_model]`` -> ``y`` of the same
-        shape. Always causal. With ``state_cache``, ``x`` is the next
+        shape. Always causal. With ``kv_cache``, ``x`` is the next
         chunk of the sequences the cache has seen (inference only)."""
         if causal is not True:
             raise ValueError(
@@ -1130,7 +1135,7 @@ class GatedDeltaNet:
         # the last forward's cache is replaced: drop it before allocating
         # the new one (the loop's holds T + 1 states)
         self._cache = None
-        name = "x" if state_cache is None else "x_chunk"
+        name = "x" if kv_cache is None else "x_chunk"
         x = as_float_array(x, name)
         check_finite(x, name)
         if x.ndim not in (2, 3) or x.shape[-1] != self.d_model:
@@ -1151,14 +1156,14 @@ class GatedDeltaNet:
         P = self.params
         dtype = np.result_type(x3.dtype, P["W_q"].dtype)
         prev, S0 = (None, None, None), None
-        if state_cache is not None:
-            if not isinstance(state_cache, StateCache):
+        if kv_cache is not None:
+            if not isinstance(kv_cache, StateCache):
                 raise TypeError(
-                    "state_cache must be an attn_np.linear_attention."
-                    f"StateCache, got {type(state_cache).__name__}"
+                    "kv_cache must be an attn_np.StateCache (from "
+                    f"layer.new_cache()), got {type(kv_cache).__name__}"
                 )
             K1 = self.conv_size - 1
-            state_cache.check_chunk(
+            kv_cache.check_chunk(
                 x3.shape,
                 batch=B,
                 n_v_heads=n_v,
@@ -1171,10 +1176,10 @@ class GatedDeltaNet:
                 ],
                 dtype=dtype,
             )
-            if state_cache.state is not None:
-                prev = state_cache.conv
+            if kv_cache.state is not None:
+                prev = kv_cache.conv
                 # [B, n_v, d_k, d_v] -> [B, n_k, G, d_k, d_v]
-                S0 = state_cache.state.reshape(B, n_k, G, d_k, d_v)
+                S0 = kv_cache.state.reshape(B, n_k, G, d_k, d_v)
 
         xf = x3.reshape(B * L, self.d_model)  # [B*L, d_model]
         # 1. project, one product for every projection of x:
@@ -1229,10 +1234,10 @@ class GatedDeltaNet:
         # [B*L, n_v*d_v] @ [n_v*d_v, d_model] -> [B, L, d_model]
         out = (y @ P["W_o"]).reshape(B, L, self.d_model)
 
-        if state_cache is not None:
+        if kv_cache is not None:
             xp = cconv[0]  # [B, K-1+L, n_qkv]: [prev, x] of the conv
             tail = xp[:, xp.shape[1] - (self.conv_size - 1) :]
-            state_cache.update(
+            kv_cache.update(
                 ckern.final_state.reshape(B, n_v, d_k, d_v),
                 np.split(tail, [n_q, 2 * n_q], axis=2),
                 L,
@@ -1288,7 +1293,7 @@ class GatedDeltaNet:
         c = self._cache
         if c is None:
             raise RuntimeError(
-                "backward needs a preceding forward without state_cache "
+                "backward needs a preceding forward without kv_cache "
                 "(decoding with a cache is inference only)"
             )
         B, L, unbatched = c["shape"]
