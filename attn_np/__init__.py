@@ -127,6 +127,7 @@ from .instruments import (
     numerical_gradient,
     rel_error,
 )
+from .instruments.workers import lend as _lend_workers
 from .kv_cache import KVCache
 from .latent import LatentKVCache, MultiHeadLatentAttention
 from .linear_attention import (
@@ -271,3 +272,8 @@ __all__ = [
     "training",
     "unbroadcast",
 ]
+
+# The measuring lab lends the kernels its worker threads: a kernel that
+# can use threads takes them from its caller (attn_np._workers), and no
+# mechanism imports the lab.
+_lend_workers()

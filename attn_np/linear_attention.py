@@ -69,6 +69,7 @@ from ._checks import (
     check_upstream,
 )
 from .training.layers import rmsnorm_backward, rmsnorm_forward
+from .training.transformer import register_layer_kind
 
 # ---------------------------------------------------------------------------
 # -- linear attention
@@ -1646,3 +1647,23 @@ def gated_deltanet_grads_to_hf(layer: GatedDeltaNet) -> dict:
         "norm.weight": gr["norm"],
         "out_proj.weight": gr["W_o"].T,
     }
+
+
+def transformer_layer(d_model, n_heads, n_kv_heads, **settings):
+    """A ``"linear"`` layer of chapter 5's
+    :class:`~attn_np.Transformer`: a :class:`GatedDeltaNet` with
+    ``n_heads`` value heads and ``n_kv_heads`` key heads, and the
+    model's ``linear_options``."""
+    return GatedDeltaNet(
+        d_model,
+        n_heads,
+        n_kv_heads,
+        d_k=settings["d_k"],
+        d_v=settings["d_v"],
+        seed=settings["seed"],
+        dtype=settings["dtype"],
+        **(settings.get("linear_options") or {}),
+    )
+
+
+register_layer_kind("linear", transformer_layer)

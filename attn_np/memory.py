@@ -37,7 +37,7 @@ from .costs import (
 )
 from .costs.hf_config import NOPE
 from .costs.model import CHUNKED, FULL, LINEAR, SLIDING
-from .instruments.plotting import format_bytes
+from .costs.units import format_bytes
 
 # units are case-sensitive in their last letter: B is a byte, b a bit
 UNITS = {"B": 1, "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9}

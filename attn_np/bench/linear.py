@@ -46,6 +46,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from .. import linear_attention as la
 from ..instruments.allocator import keep_freed_memory
 from ..instruments.blas import blas_threads
 from ..instruments.measure import capped_rounds, measure_memory
@@ -203,8 +204,6 @@ REST = "projections + layout"
 def timed_parts():
     """Within the block, every call of a part of :data:`PARTS` adds its
     time to ``spent[part]`` (the dict yielded)."""
-    from .. import linear_attention as la
-
     spent = dict.fromkeys(PARTS, 0.0)
     undo = []
 
