@@ -118,8 +118,9 @@ from .flash import (
     flash_attention_backward,
     flash_attention_forward,
 )
-from .from_hf import attention_from_hf
 from .grouped import grouped_attention_backward, grouped_attention_forward
+from .hf.build import attention_from_hf
+from .hf.weights import gated_deltanet_from_hf
 from .instruments import (
     TOLERANCE,
     check_gradients,
@@ -138,7 +139,6 @@ from .linear_attention import (
     gated_delta_chunked_forward,
     gated_delta_recurrent_backward,
     gated_delta_recurrent_forward,
-    gated_deltanet_from_hf,
     linear_attention_backward,
     linear_attention_forward,
 )

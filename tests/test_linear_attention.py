@@ -34,11 +34,11 @@ from attn_np import (
     numerical_gradient,
     rel_error,
 )
+from attn_np.hf.weights import gated_deltanet_grads_to_hf
 from attn_np.linear_attention import (
     causal_conv_backward,
     causal_conv_forward,
     elu_feature_map,
-    gated_deltanet_grads_to_hf,
     l2norm_backward,
     l2norm_forward,
     state_bytes,
