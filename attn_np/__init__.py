@@ -131,7 +131,7 @@ from .instruments import (
 from .instruments.workers import lend as _lend_workers
 from .kv_cache import KVCache
 from .latent import LatentKVCache, MultiHeadLatentAttention
-from .linear_attention import (
+from .linear import (
     GatedDeltaNet,
     KimiDeltaAttention,
     StateCache,

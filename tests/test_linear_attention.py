@@ -35,7 +35,7 @@ from attn_np import (
     rel_error,
 )
 from attn_np.hf.weights import gated_deltanet_grads_to_hf
-from attn_np.linear_attention import (
+from attn_np.linear import (
     causal_conv_backward,
     causal_conv_forward,
     elu_feature_map,
@@ -190,7 +190,7 @@ def test_groups_of_chunks_change_nothing(monkeypatch, per_channel):
     """The chunked form works on groups of GROUP_TOKENS // C chunks; with
     groups of one or two chunks it gives the same outputs and
     gradients."""
-    import attn_np.linear_attention as la
+    import attn_np.linear.chunked as la
 
     x = delta_inputs(seed=8, lead=(2,), T=23, per_channel=per_channel)
     rng = np.random.default_rng(0)
@@ -214,7 +214,7 @@ def test_kept_parts_equal_recomputed_parts(monkeypatch, per_channel):
     kept (KEEP_PARTS), from the squares it kept (KEEP_SQUARES, one decay
     per head only), from parts it recomputes (both off), and a second
     time from the same cache (what was kept is released once used)."""
-    import attn_np.linear_attention as la
+    import attn_np.linear.chunked as la
 
     x = delta_inputs(seed=9, lead=(2,), T=29, per_channel=per_channel)
     rng = np.random.default_rng(1)
@@ -681,8 +681,8 @@ def test_bench_linear_prints_ratios_within_77_columns(capsys):
 
 
 def test_bench_breakdown_times_every_part_and_restores_the_layer():
-    from attn_np import linear_attention as la
     from attn_np.bench import linear as bench
+    from attn_np.linear import layers as la
 
     before = (
         la.causal_conv_forward,

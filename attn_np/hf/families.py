@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 
-from ..linear_attention import GatedDeltaNet
+from ..linear import GatedDeltaNet
 from ..long_context import read_rope_scaling
 from ..refinements import ALiBi, SoftCap, alibi_slopes
 from .config import (

@@ -20,7 +20,7 @@ import copy
 
 import numpy as np
 
-from ..linear_attention import GatedDeltaNet
+from ..linear import GatedDeltaNet
 from .config import count, language_model
 
 
