@@ -133,3 +133,45 @@ def test_hf_llama4_chunked_cache_stays_bounded_by_its_chunk():
     cache = full_layer.new_cache()
     full_layer.forward(x, kv_cache=cache)
     assert len(cache) == cache.positions.size == 40
+
+
+def test_the_model_takes_its_layers_from_a_table():
+    """Chapter 5's model imports no later chapter: chapter 12 adds its
+    kind to LAYER_KINDS; a caller can add one too."""
+    from attn_np.training.transformer import LAYER_KINDS, register_layer_kind
+
+    assert {"full", "linear"} <= set(LAYER_KINDS)
+    built = []
+
+    def build(d_model, n_heads, n_kv_heads, **settings):
+        built.append(settings["seed"])
+        return LAYER_KINDS["full"](d_model, n_heads, n_kv_heads, **settings)
+
+    register_layer_kind("mine", build)
+    try:
+        model = Transformer(
+            vocab_size=9,
+            d_model=8,
+            n_layers=2,
+            n_heads=2,
+            n_kv_heads=1,
+            d_ff=12,
+            max_len=8,
+            layer_pattern=("mine", "full"),
+        )
+        assert len(built) == 1 and model.layer_types == ["mine", "full"]
+    finally:
+        del LAYER_KINDS["mine"]
+    with pytest.raises(ValueError, match="layer_pattern"):
+        Transformer(
+            vocab_size=9,
+            d_model=8,
+            n_layers=2,
+            n_heads=2,
+            n_kv_heads=1,
+            d_ff=12,
+            max_len=8,
+            layer_pattern=("mine",),
+        )
+    with pytest.raises(TypeError, match="build must be callable"):
+        register_layer_kind("x", None)
