@@ -20,6 +20,7 @@ from attn_np import (
     Transformer,
     attention_from_hf,
 )
+from attn_np.hf.build import fixture_errors
 from attn_np.long_context import with_rope_scaling
 from attn_np.sparse import SparseLatentAttention
 from attn_np.streaming import stream_logits
@@ -128,6 +129,9 @@ def test_hf_llama4_chunked_cache_stays_bounded_by_its_chunk():
     np.testing.assert_allclose(
         np.concatenate(outs, axis=1), full, rtol=0, atol=1e-10
     )
+    # and the recorded HF decode (chunks 5, 1, 1, 2 over a chunk of 4)
+    errors = fixture_errors(f"{FIXTURES}/llama4.npz", 0)
+    assert max(errors.values()) < 1e-12, errors
     # the full-attention layer keeps everything
     full_layer, _ = _fixture_layer(1)
     cache = full_layer.new_cache()
