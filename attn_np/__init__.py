@@ -30,32 +30,55 @@ ch  chapter                              modules
 9   FlashAttention                       :mod:`.flash` (called by
                                          :mod:`.grouped`)
 10  real attention layers: biases,       :mod:`.refinements`,
-    QK-norm, soft-caps, scales, gates,   :mod:`.from_hf`
-    ALiBi; any HF model's layer
+    QK-norm, soft-caps, scales, gates,   :mod:`.hf` (:mod:`.hf.config`,
+    ALiBi; any HF model's layer          :mod:`.hf.families`,
+                                         :mod:`.hf.weights`,
+                                         :mod:`.hf.layers`,
+                                         :mod:`.hf.build`)
 11  long context: RoPE scaling, NoPE     :mod:`.long_context`
     layers, chunked attention
-12  linear attention, DeltaNet, Gated    :mod:`.linear_attention`
-    DeltaNet, Kimi Delta Attention
+12  linear attention, DeltaNet, Gated    :mod:`.linear` (per operation:
+    DeltaNet, Kimi Delta Attention       :mod:`.linear.attention`,
+                                         :mod:`.linear.recurrent`,
+                                         :mod:`.linear.chunked`,
+                                         :mod:`.linear.conv`,
+                                         :mod:`.linear.gates`,
+                                         :mod:`.linear.cache`,
+                                         :mod:`.linear.layers`)
 13  sparse attention on the latent       :mod:`.sparse`,
     cache (DSA's lightning indexer,      :mod:`.costs.sparse`
     top-k, block selection)
-A1  the KV cache of any model config     :mod:`.costs.hf_config`,
-                                         :mod:`.memory`
+A1  the KV cache of any model config     :mod:`.costs.hf_config`
+                                         (through :mod:`.hf.config`),
+                                         :mod:`.memory`,
+                                         :mod:`.costs.units`
 ==  ===================================  ===================================
 
-Three supporting subpackages: :mod:`.training` (the chapter-5 kit),
-:mod:`.costs` (the cost formulas and the catalogue of released models) and
-:mod:`.instruments` (gradient checks, plotting, measurement, BLAS threads,
-``show_source``). The checks that several modules share (array kinds and
-dtypes, masks, counts, scales, windows, sink logits, flags, a layer's
-input and the kind of its cache, upstream gradients) live in
-:mod:`._checks`, each rule written once; a module raises itself only for
+Every layer takes its cache through ``kv_cache=`` and makes a fresh one
+with ``new_cache()``, so :func:`.streaming.stream_logits` and chapter 5's
+:class:`~attn_np.Transformer` (whose layer kinds are a table,
+:data:`.training.transformer.LAYER_KINDS`, that chapter 12 adds
+``"linear"`` to) work on every layer type, hybrids included.
+
+Four supporting subpackages: :mod:`.training` (the chapter-5 kit),
+:mod:`.costs` (the cost formulas and the catalogue of released models),
+:mod:`.hf` (Hugging Face, read in one place) and :mod:`.instruments`
+(gradient checks, plotting, ``show_source``). The measuring lab,
+:mod:`.instruments` (measurement, BLAS threads, the worker pool) and
+:mod:`.bench`, is a sibling no mechanism imports: a kernel that can use
+threads takes them from :mod:`._workers`, where the lab lends its pool
+when ``attn_np`` is imported.
+
+The checks that several modules share (array kinds and dtypes, masks,
+counts, scales, windows, sink logits, flags, a layer's input and the kind
+of its cache, upstream gradients) live in :mod:`._checks`, each rule
+written once; a module raises itself only for
 rules of its own (a cache's layout, RoPE's settings, a model config's
 fields).
 ``python -m attn_np.bench NAME`` runs the benchmarks;
 ``python -m attn_np.memory CONFIG --seq-len N`` sizes the key/value cache
 of any Hugging Face ``config.json`` (:func:`.costs.from_hf_config`,
-appendix A1). :func:`.from_hf.attention_from_hf` builds the attention
+appendix A1). :func:`.hf.build.attention_from_hf` builds the attention
 layer of a Hugging Face model (Llama 2/3/3.1, Mistral, Qwen2/3, Gemma 2/3,
 OLMo 2, gpt-oss, DeepSeek-V2/V3/V3.2, Falcon, Qwen3-Next's attention and
 Gated DeltaNet layers, Llama 4) from its ``config.json`` and state dict,
@@ -118,8 +141,9 @@ from .flash import (
     flash_attention_backward,
     flash_attention_forward,
 )
-from .from_hf import attention_from_hf
 from .grouped import grouped_attention_backward, grouped_attention_forward
+from .hf.build import attention_from_hf
+from .hf.weights import gated_deltanet_from_hf
 from .instruments import (
     TOLERANCE,
     check_gradients,
@@ -127,9 +151,10 @@ from .instruments import (
     numerical_gradient,
     rel_error,
 )
+from .instruments.workers import lend as _lend_workers
 from .kv_cache import KVCache
 from .latent import LatentKVCache, MultiHeadLatentAttention
-from .linear_attention import (
+from .linear import (
     GatedDeltaNet,
     KimiDeltaAttention,
     StateCache,
@@ -137,7 +162,6 @@ from .linear_attention import (
     gated_delta_chunked_forward,
     gated_delta_recurrent_backward,
     gated_delta_recurrent_forward,
-    gated_deltanet_from_hf,
     linear_attention_backward,
     linear_attention_forward,
 )
@@ -271,3 +295,8 @@ __all__ = [
     "training",
     "unbroadcast",
 ]
+
+# The measuring lab lends the kernels its worker threads: a kernel that
+# can use threads takes them from its caller (attn_np._workers), and no
+# mechanism imports the lab.
+_lend_workers()

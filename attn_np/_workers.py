@@ -1,54 +1,54 @@
-"""Worker threads for a decode step (chapter 4).
+"""Where a kernel gets its worker threads: from its caller (chapter 4).
 
-A decode step is a few dozen short BLAS calls: matrix-vector products with
-the weights and, per head, over the cache. With two BLAS threads each call
-splits its work and waits for both halves at its end; on a busy machine
-the second thread waits for a core at every call. Within
-:func:`decode_workers`, a step's attention is dealt out once to as many
-workers as BLAS may use threads, and BLAS runs one thread in each: NumPy
-lets go of Python's lock in BLAS and in its ufuncs, so the workers run at
-the same time, each on its own part of the cache (half the key/value
-heads, or half of one head's positions). :func:`row_products` deals a
-product with a weight matrix out by its rows (the decode benchmark reads
-memory that way too). Off by default: on a quiet two-core machine a step
-dealt out took about 1.6 times as long as one on BLAS's own threads, on a
-busy one a fraction (``python -m attn_np.bench decode --levers``).
+The grouped core (:mod:`attn_np.grouped`) and the tiled kernels
+(:mod:`attn_np.flash`) can deal a product out to worker threads. They
+make no threads and touch no BLAS setting: they ask this module.
 
-The pool of workers is made once and kept, since starting threads for
-every step would cost more than some steps take. A call made from inside
-a worker runs its tasks in that worker, one after the other.
+* :func:`run_tasks` runs a list of functions of nothing and returns their
+  results in order: in one piece, one after the other, unless a caller
+  lent threads with :func:`lend_threads` (the measuring lab's pool,
+  :mod:`attn_np.instruments.workers`, does so when ``attn_np`` is
+  imported);
+* :func:`worker_count` is how many workers the lender has (1 without one);
+* :func:`decode_workers` switches the grouped core's decode steps to the
+  workers (off by default, as the lab's docstring says why);
+  :func:`sharing` reads the switch.
 """
 
 from __future__ import annotations
 
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
-import numpy as np
-
 from ._checks import check_flag
-from .instruments.blas import blas_threads, get_blas_threads
 
-_POOL = None  # the workers, made at the first call that shares out
-_POOL_SIZE = 0
-_LOCK = threading.Lock()
-_INSIDE = threading.local()  # set in a thread running a shared task
-_SHARED = {
-    "on": False
-}  # off by default (the module's docstring)  # decode_workers() switches it
+_LENT = {"run": None, "count": None}  # lend_threads() fills them
+_SHARED = {"on": False}  # decode_workers() switches it
+
+
+def lend_threads(run, count) -> None:
+    """Lend the kernels worker threads: ``run(tasks) -> results`` runs
+    functions of nothing at the same time, ``count() -> int`` says how
+    many workers it has. ``lend_threads(None, None)`` takes them back
+    (every kernel then works in one piece)."""
+    if (run is None) != (count is None) or not (
+        run is None or (callable(run) and callable(count))
+    ):
+        raise TypeError(
+            "run and count must both be callables (or both None), got "
+            f"{run!r} and {count!r}"
+        )
+    _LENT["run"], _LENT["count"] = run, count
 
 
 @contextmanager
 def decode_workers(enabled: bool = True):
     """``with decode_workers(): ...`` deals the attention of every decode
-    step in the block out to worker threads with one BLAS thread each (its
-    heads, or one key/value head's positions) instead of making each
-    product in one piece with BLAS's own threads (the default);
-    ``decode_workers(False)`` switches it off again. The same numbers to
-    rounding. Which is faster depends on the machine and how busy it is:
-    ``python -m attn_np.bench decode --levers`` measures it.
+    step in the block out to the lent worker threads, with one BLAS
+    thread each (its heads, or one key/value head's positions) instead of
+    making each product in one piece with BLAS's own threads (the
+    default); ``decode_workers(False)`` switches it off again. The same
+    numbers to rounding. Which is faster depends on the machine and how
+    busy it is: ``python -m attn_np.bench decode --levers`` measures it.
     """
     before = _SHARED["on"]
     _SHARED["on"] = check_flag(enabled, "enabled")
@@ -64,100 +64,23 @@ def sharing() -> bool:
 
 
 def worker_count() -> int:
-    """How many workers a step is shared out to: as many as BLAS may use
-    threads (1 where NumPy's BLAS is not OpenBLAS)."""
-    return get_blas_threads() or 1
-
-
-def _pool(n):
-    """The kept pool, with at least ``n`` threads."""
-    global _POOL, _POOL_SIZE
-    with _LOCK:
-        if _POOL is None or _POOL_SIZE < n:
-            _POOL = ThreadPoolExecutor(n, thread_name_prefix="attn_np")
-            _POOL_SIZE = n
-        return _POOL
-
-
-def _forget_pool():
-    """In a child made by ``fork``: the parent's threads are not there."""
-    global _POOL, _POOL_SIZE, _LOCK
-    _POOL, _POOL_SIZE, _LOCK = None, 0, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _run(task, errstate):
-    """``task()`` under the caller's floating-point error handling (NumPy
-    keeps it per thread)."""
-    _INSIDE.active = True
-    try:
-        with np.errstate(**errstate):
-            return task()
-    finally:
-        _INSIDE.active = False
+    """How many workers a step can be shared out to: the lender's count
+    (1 when no threads were lent)."""
+    count = _LENT["count"]
+    return 1 if count is None else max(1, int(count() or 1))
 
 
 def run_tasks(tasks) -> list:
-    """Run every function of nothing in ``tasks`` at the same time, BLAS
-    on one thread in each (the first in the calling thread); returns
-    their results in order, and raises what a task raised, after all of
-    them have ended. Each task runs under the caller's
-    :func:`numpy.errstate`."""
+    """``[task() for task in tasks]``, at the same time on the lent
+    threads where there are any; raises what a task raised."""
     tasks = list(tasks)
-    if len(tasks) < 2 or getattr(_INSIDE, "active", False):
+    run = _LENT["run"]
+    if run is None or len(tasks) < 2:
         return [task() for task in tasks]
-    pool = _pool(len(tasks) - 1)
-    errstate = np.geterr()
-    with blas_threads(1):
-        futures = [pool.submit(_run, t, errstate) for t in tasks[1:]]
-        try:
-            first = _run(tasks[0], errstate)
-        finally:
-            rest = [f.exception() for f in futures]  # waits for all
-    for error in rest:
-        if error is not None:
-            raise error
-    return [first] + [f.result() for f in futures]
+    return run(tasks)
 
 
 def split(n: int, parts: int) -> list[slice]:
     """``n`` items as ``parts`` contiguous slices, as even as can be."""
     edges = [round(i * n / parts) for i in range(parts + 1)]
     return [slice(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
-
-
-# a product of a few rows with weights of at least this many bytes in all
-# is shared out (:func:`row_products`)
-SHARED_MIN_BYTES = 2**21
-SHARED_MAX_ROWS = 16
-
-
-def row_products(x, *weights) -> list:
-    """``[x @ W for W in weights]`` for ``x [..., d]`` with a few rows (a
-    decode step): each worker multiplies its own contiguous block of the
-    rows of every ``W [d, n]`` by the matching columns of ``x``, and the
-    blocks' sums are added. In one piece (BLAS's threads) for many rows,
-    small weights or one worker."""
-    rows = x.size // max(1, x.shape[-1])
-    n = worker_count()
-    if (
-        n < 2
-        or not _SHARED["on"]
-        or rows > SHARED_MAX_ROWS
-        or sum(W.nbytes for W in weights) < SHARED_MIN_BYTES
-        or getattr(_INSIDE, "active", False)
-    ):
-        return [x @ W for W in weights]
-
-    def task(sl):  # [.., d_part] @ [d_part, n] for every W
-        return lambda: [x[..., sl] @ W[sl] for W in weights]
-
-    parts = run_tasks(task(sl) for sl in split(x.shape[-1], n))
-    out = parts[0]  # fresh arrays: the other blocks are added in place
-    for more in parts[1:]:
-        for y, y_more in zip(out, more):
-            y += y_more
-    return out

@@ -38,14 +38,13 @@ from ._checks import (
     check_positive_int,
     check_upstream,
 )
-from ._workers import run_tasks
+from ._workers import run_tasks, worker_count
 from .attention import (
     _check_inputs,
     check_window,
     position_mask,
     unbroadcast,
 )
-from .instruments.blas import get_blas_threads
 
 BLOCK_Q = 256  # query rows per tile: the fastest in the chapter-9 sweep
 BLOCK_K = 256  # keys per tile
@@ -582,7 +581,7 @@ def in_parallel(share, batch, flops):
     core. ``take(x)`` gives a worker its part of ``x``. A call of fewer
     than ``PARALLEL_MIN_FLOPS`` matmul FLOPs runs in one piece.
     """
-    workers = get_blas_threads() or 1
+    workers = worker_count()  # the threads its caller lent
     axis = next((a for a, n in enumerate(batch) if n >= workers), None)
     if axis is None and batch:  # fewer heads than threads
         axis = int(np.argmax(batch))

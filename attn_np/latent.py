@@ -292,6 +292,11 @@ class MultiHeadLatentAttention:
             )
         return y[0] if unbatched else y
 
+    def new_cache(self):
+        """An empty :class:`LatentKVCache` for ``forward(x,
+        kv_cache=...)``."""
+        return LatentKVCache()
+
     def check_cache(self, kv_cache, x3):
         """Raise unless ``kv_cache`` (None, or a :class:`LatentKVCache`)
         can take ``x3``'s chunk from this layer."""

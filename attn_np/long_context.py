@@ -785,6 +785,12 @@ class LongContextAttention(GroupedQueryAttention):
             q, k, v, mask=mask, score_mods=self.score_mods, **where
         )
 
+    def new_cache(self):
+        """An empty cache: a :class:`ChunkedKVCache` of the layer's
+        chunk (the parent's for an unchunked layer)."""
+        C = self.attention_chunk_size
+        return super().new_cache() if C is None else ChunkedKVCache(C)
+
     def check_cache(self, kv_cache, x3):
         """The parent's checks, and a chunked layer's cache is a
         :class:`ChunkedKVCache` of its chunk."""
@@ -808,7 +814,8 @@ class LongContextAttention(GroupedQueryAttention):
 def with_rope_scaling(model, rope_scaling, **options):
     """A copy of a chapter-5 :class:`~attn_np.Transformer` (``positions=
     "rope"``) whose attention layers use ``rope_scaling``; it shares the
-    weights. ``options`` go to :class:`LongContextAttention`."""
+    weights. ``options`` go to :class:`LongContextAttention`. A layer
+    without positions (a hybrid's linear layer) is kept as it is."""
     import copy
 
     if getattr(model, "position_encoding", None) != "rope":
@@ -820,6 +827,9 @@ def with_rope_scaling(model, rope_scaling, **options):
     new.blocks = []
     for blk in model.blocks:
         b = copy.copy(blk)
+        if getattr(blk.attn, "rope_base", None) is None:  # no positions
+            new.blocks.append(b)
+            continue
         b.attn = LongContextAttention.from_layer(
             blk.attn, rope_scaling=rope_scaling, **options
         )

@@ -37,7 +37,7 @@ from .costs import (
 )
 from .costs.hf_config import NOPE
 from .costs.model import CHUNKED, FULL, LINEAR, SLIDING
-from .instruments.plotting import format_bytes
+from .costs.units import format_bytes
 
 # units are case-sensitive in their last letter: B is a byte, b a bit
 UNITS = {"B": 1, "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9}
@@ -128,6 +128,53 @@ def _rope_line(cfg) -> list[str]:
     return [f"rope         {'; '.join(parts)}"]
 
 
+def _latent_lines(cfg) -> list[str]:
+    """What an MLA model caches, against what transformers 4.x cached."""
+    v = cfg.d_head_v or cfg.head_dim
+    hf4 = cfg.n_heads * (cfg.head_dim + cfg.d_rope + v)
+    ratio = hf4 / cfg.kv_numbers_per_layer
+    return [
+        f"             caching a latent of {cfg.d_latent_kv} and "
+        + ("an unrotated" if _nope(cfg) else "a rotary")
+        + f" key of {cfg.d_rope}",
+        "             (transformers 5 caches this; transformers 4.x "
+        "caches every",
+        f"             head's keys and values, {hf4:,} numbers, "
+        f"{ratio:.1f}x as many)",
+    ]
+
+
+def _state_lines(cfg, seq_len, batch, b) -> list[str]:
+    """The caches that are not keys and values: a linear layer's state
+    and convolution inputs, DSA's indexer keys."""
+    lines, counts = [], cfg.layer_counts
+    if cfg.linear is not None:
+        s = cfg.linear
+        recurrent, conv = state_bytes(cfg, batch, b)
+        lines += [
+            f"state        {format_bytes(recurrent)} = {recurrent:,} "
+            f"bytes, any context",
+            f"             {counts[LINEAR]} layers x {s.n_v_heads} value "
+            f"heads x {s.d_k} x {s.d_v}, {s.state_dtype}",
+            f"conv state   {format_bytes(conv)} = {conv:,} bytes, "
+            "any context",
+            f"             {counts[LINEAR]} layers x {s.conv_dim:,} "
+            f"channels x {s.conv_kernel} positions, {b} per number",
+        ]
+    if cfg.indexer is not None:
+        ix = cfg.indexer
+        idx = indexer_cache_bytes(cfg, seq_len, batch)
+        lines += [
+            f"indexer      {format_bytes(idx)} = {idx:,} bytes",
+            f"             {cfg.n_attention_layers} layers x "
+            f"{ix.bytes_per_token} bytes a token (FP8 key of "
+            f"{ix.head_dim},",
+            f"             a float32 scale per {ix.block}); each query "
+            f"reads {ix.topk:,} tokens",
+        ]
+    return lines
+
+
 def report(cfg, seq_len, batch=1, bytes_per_element=2, budget=None):
     """The lines the command prints (each at most 77 characters)."""
     b = bytes_per_element
@@ -147,20 +194,7 @@ def report(cfg, seq_len, batch=1, bytes_per_element=2, budget=None):
         f"shape        {heads}",
     ]
     if cfg.family == "MLA":
-        lines.append(
-            f"             caching a latent of {cfg.d_latent_kv} and "
-            + ("an unrotated" if _nope(cfg) else "a rotary")
-            + f" key of {cfg.d_rope}"
-        )
-        v = cfg.d_head_v or cfg.head_dim
-        hf4 = cfg.n_heads * (cfg.head_dim + cfg.d_rope + v)
-        ratio = hf4 / cfg.kv_numbers_per_layer
-        lines += [
-            "             (transformers 5 caches this; transformers 4.x "
-            "caches every",
-            f"             head's keys and values, {hf4:,} numbers, "
-            f"{ratio:.1f}x as many)",
-        ]
+        lines += _latent_lines(cfg)
     lines += _rope_line(cfg)
     lines.append(
         f"per token    {format_bytes(per_token)} = {per_token:,} bytes "
@@ -188,29 +222,7 @@ def report(cfg, seq_len, batch=1, bytes_per_element=2, budget=None):
         f"KV cache     {format_bytes(kv)} = {kv:,} bytes",
         f"             for {seqs} of {seq_len:,} tokens",
     ]
-    if cfg.linear is not None:
-        s = cfg.linear
-        recurrent, conv = state_bytes(cfg, batch, b)
-        lines += [
-            f"state        {format_bytes(recurrent)} = {recurrent:,} "
-            f"bytes, any context",
-            f"             {counts[LINEAR]} layers x {s.n_v_heads} value "
-            f"heads x {s.d_k} x {s.d_v}, {s.state_dtype}",
-            f"conv state   {format_bytes(conv)} = {conv:,} bytes, "
-            "any context",
-            f"             {counts[LINEAR]} layers x {s.conv_dim:,} "
-            f"channels x {s.conv_kernel} positions, {b} per number",
-        ]
-    if cfg.indexer is not None:
-        ix = cfg.indexer
-        idx = indexer_cache_bytes(cfg, seq_len, batch)
-        lines += [
-            f"indexer      {format_bytes(idx)} = {idx:,} bytes",
-            f"             {n_attn} layers x {ix.bytes_per_token} bytes "
-            f"a token (FP8 key of {ix.head_dim},",
-            f"             a float32 scale per {ix.block}); each query "
-            f"reads {ix.topk:,} tokens",
-        ]
+    lines += _state_lines(cfg, seq_len, batch, b)
     if total != kv:
         lines.append(f"total        {format_bytes(total)} = {total:,} bytes")
     if budget is not None:

@@ -406,6 +406,11 @@ class GroupedQueryAttention:
         return dx
 
     # ------------------------------------------------------------------
+    def new_cache(self):
+        """An empty cache for ``forward(x, kv_cache=...)``: a
+        :class:`~attn_np.KVCache` rolling over the layer's window."""
+        return KVCache(window=self.window)
+
     def check_cache(self, kv_cache, x3):
         """Raise unless ``kv_cache`` (None, or a :class:`~attn_np.KVCache`)
         can take ``x3``'s chunk from this layer."""

@@ -630,13 +630,25 @@ class SparseLatentAttention(MultiHeadLatentAttention):
         self.index_scores = None  # [B, L_q, L_k]
         self.selected = None  # [B, L_q, L_k] bool
 
-    def forward(self, x, *, kv_cache=None, absorb=None):
+    def new_cache(self):
+        """An empty :class:`IndexedLatentCache` for ``forward(x,
+        kv_cache=...)``."""
+        return IndexedLatentCache()
+
+    def forward(self, x, *, causal=True, kv_cache=None, absorb=None):
         """``y`` of a causal chunk ``x [L | B, L, d_model]``.
 
-        With ``kv_cache`` (an :class:`IndexedLatentCache`) ``x`` follows
-        the cached positions and its latents and indexer keys are
-        appended. ``absorb`` defaults to True with a cache.
+        With ``kv_cache`` (an :class:`IndexedLatentCache`, from
+        :meth:`new_cache`) ``x`` follows the cached positions and its
+        latents and indexer keys are appended. ``absorb`` defaults to
+        True with a cache. Always causal (``causal=True``, the keyword
+        every layer takes).
         """
+        if causal is not True:
+            raise ValueError(
+                "SparseLatentAttention is causal (its top-k picks among "
+                f"earlier positions): causal must be True, got {causal!r}"
+            )
         name = "x" if kv_cache is None else "x_chunk"
         x3, unbatched = check_layer_input(x, self.d_model, name)
         B, L, _ = x3.shape

@@ -2,10 +2,12 @@
 (chapter 8).
 
 :func:`stream_logits` runs chapter 5's :class:`~attn_np.Transformer` the
-way a server decodes: every attention layer keeps a
-:class:`~attn_np.KVCache` that matches its window. Layers without a window
-keep everything (the result equals ``model.forward``); window layers keep
-a rolling cache, and ``sink_tokens=S`` adds StreamingLLM's attention sinks
+way a server decodes: every layer keeps the cache its ``new_cache()``
+makes (the one cache protocol: a :class:`~attn_np.KVCache` that matches
+an attention layer's window, a linear layer's
+:class:`~attn_np.StateCache`, ...). Layers without a window keep
+everything (the result equals ``model.forward``); window layers keep a
+rolling cache, and ``sink_tokens=S`` adds StreamingLLM's attention sinks
 (Xiao et al. 2023): the first S positions stay in every rolling cache.
 :class:`MarkedCopy` is the small task the chapter trains on.
 """
@@ -25,7 +27,8 @@ def stream_logits(model, ids, *, sink_tokens=0, chunk=None):
     """Logits ``[B, L, vocab]`` of ``model`` for ``ids [B, L]``, fed
     ``chunk`` positions at a time (default: all at once).
 
-    Each layer gets ``KVCache(window=layer.window, sink_tokens=S)`` (no
+    Each layer gets ``layer.new_cache()``; with ``sink_tokens=S`` a window
+    layer gets ``KVCache(window=layer.window, sink_tokens=S)`` instead (no
     sinks for a layer without a window). The output does not depend on
     ``chunk``, and the input may be longer than ``model.max_len`` when
     the model rotates its positions (RoPE) instead of adding a table.
@@ -41,10 +44,7 @@ def stream_logits(model, ids, *, sink_tokens=0, chunk=None):
         )
     chunk = L if chunk is None else check_positive_int(chunk, "chunk")
     S = check_count(sink_tokens, "sink_tokens", minimum=0)
-    caches = [
-        KVCache(window=w, sink_tokens=S if w is not None else 0)
-        for w in (blk.attn.window for blk in model.blocks)
-    ]
+    caches = [_cache(blk.attn, S) for blk in model.blocks]
     out = []
     for start in range(0, L, chunk):
         x = model.embed.forward(ids[:, start : start + chunk])  # [B, C, d]
@@ -58,6 +58,15 @@ def stream_logits(model, ids, *, sink_tokens=0, chunk=None):
         # [B, C, d] -> [B, C, vocab]
         out.append(model.head.forward(model.norm_f.forward(x)))
     return np.concatenate(out, axis=1)  # [B, L, vocab]
+
+
+def _cache(layer, sink_tokens):
+    """``layer.new_cache()``, or a StreamingLLM cache for a window
+    layer when ``sink_tokens`` asks for one."""
+    window = getattr(layer, "window", None)
+    if sink_tokens and window is not None:
+        return KVCache(window=window, sink_tokens=sink_tokens)
+    return layer.new_cache()
 
 
 @dataclass(frozen=True)

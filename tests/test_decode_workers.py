@@ -1,4 +1,5 @@
-"""A decode step dealt out to worker threads (attn_np._workers, within
+"""A decode step dealt out to worker threads (the lab's pool lent through
+attn_np._workers, within
 decode_workers(); off by default): the same outputs and attention weights
 as in one piece, for every family, sinks and windows, and MLA's absorbed
 step; a worker's error reaches the caller; the switch turns it on and
@@ -7,8 +8,9 @@ off."""
 import numpy as np
 import pytest
 
-import attn_np._workers as workers
+import attn_np._workers as hook
 import attn_np.grouped as grouped
+import attn_np.instruments.workers as workers
 from attn_np import GroupedQueryAttention, KVCache, decode_workers
 from attn_np.instruments import blas_threads, get_blas_threads
 from attn_np.latent import LatentKVCache, MultiHeadLatentAttention
@@ -182,3 +184,20 @@ def test_positions_shared_out_equal_the_softmax(monkeypatch):
     assert np.abs(c.weights - c1.weights).max() < 1e-13
     assert np.allclose(c.weights.sum(-1), 1.0, rtol=0, atol=1e-14)
     assert calls == [1]  # shared out once, in one piece once
+
+
+def test_kernels_without_lent_threads_work_in_one_piece():
+    """No lender: one worker, the tasks one after the other in the
+    calling thread (the kernels make no threads of their own)."""
+    import threading
+
+    hook.lend_threads(None, None)
+    try:
+        assert hook.worker_count() == 1
+        seen = hook.run_tasks([threading.get_ident, threading.get_ident])
+        assert seen == [threading.get_ident()] * 2
+        with pytest.raises(TypeError, match="run and count"):
+            hook.lend_threads(workers.run_tasks, None)
+    finally:
+        workers.lend()
+    assert hook.worker_count() == workers.worker_count()

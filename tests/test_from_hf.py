@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 import attn_np
-from attn_np.from_hf import (
+from attn_np.hf.build import (
     attention_from_hf,
     attention_layers_from_hf,
     fixture_errors,
-    indexer_to_hf,
-    layer_settings,
 )
+from attn_np.hf.families import layer_settings
+from attn_np.hf.weights import indexer_to_hf
 from attn_np.refinements import RefinedAttention
 
 FIXTURES = Path(__file__).parent / "fixtures"

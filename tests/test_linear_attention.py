@@ -34,11 +34,11 @@ from attn_np import (
     numerical_gradient,
     rel_error,
 )
-from attn_np.linear_attention import (
+from attn_np.hf.weights import gated_deltanet_grads_to_hf
+from attn_np.linear import (
     causal_conv_backward,
     causal_conv_forward,
     elu_feature_map,
-    gated_deltanet_grads_to_hf,
     l2norm_backward,
     l2norm_forward,
     state_bytes,
@@ -190,7 +190,7 @@ def test_groups_of_chunks_change_nothing(monkeypatch, per_channel):
     """The chunked form works on groups of GROUP_TOKENS // C chunks; with
     groups of one or two chunks it gives the same outputs and
     gradients."""
-    import attn_np.linear_attention as la
+    import attn_np.linear.chunked as la
 
     x = delta_inputs(seed=8, lead=(2,), T=23, per_channel=per_channel)
     rng = np.random.default_rng(0)
@@ -214,7 +214,7 @@ def test_kept_parts_equal_recomputed_parts(monkeypatch, per_channel):
     kept (KEEP_PARTS), from the squares it kept (KEEP_SQUARES, one decay
     per head only), from parts it recomputes (both off), and a second
     time from the same cache (what was kept is released once used)."""
-    import attn_np.linear_attention as la
+    import attn_np.linear.chunked as la
 
     x = delta_inputs(seed=9, lead=(2,), T=29, per_channel=per_channel)
     rng = np.random.default_rng(1)
@@ -424,12 +424,12 @@ def test_decode_after_chunked_prefill_equals_full_forward(cls, prefill):
     x = np.random.default_rng(prefill).standard_normal((2, 12, 12))
     full = layer.forward(x)
     cache = StateCache()
-    outs = [layer.forward(x[:, :prefill], state_cache=cache)]
+    outs = [layer.forward(x[:, :prefill], kv_cache=cache)]
     t = prefill
     for step in (1, 1, 2, 1, 12):  # one by one, short chunks, the rest
         if t < 12:
             chunk = x[:, t : t + step]
-            outs.append(layer.forward(chunk, state_cache=cache))
+            outs.append(layer.forward(chunk, kv_cache=cache))
             t += chunk.shape[1]
     assert len(cache) == 12
     assert np.abs(np.concatenate(outs, axis=1) - full).max() < 1e-13
@@ -441,14 +441,14 @@ def test_state_cache_bytes_do_not_grow():
     x = np.random.default_rng(0).standard_normal((B, 20, 32))
     cache = StateCache()
     assert cache.nbytes == 0 and len(cache) == 0
-    layer.forward(x[:, :5], state_cache=cache)
+    layer.forward(x[:, :5], kv_cache=cache)
     state = B * 4 * 8 * 6 * 8  # B n_v d_k d_v x 8 bytes
     conv = B * 3 * (2 * 2 * 8 + 4 * 6) * 8  # B (K-1) channels x 8
     assert cache.state_bytes == state and cache.conv_bytes == conv
     assert (
         cache.nbytes == state + conv == B * layer.state_bytes_per_sequence()
     )
-    layer.forward(x[:, 5:], state_cache=cache)
+    layer.forward(x[:, 5:], kv_cache=cache)
     assert len(cache) == 20 and cache.nbytes == state + conv
     assert layer.state_bytes_per_sequence(np.float32) * 2 == (
         layer.state_bytes_per_sequence()
@@ -458,7 +458,7 @@ def test_state_cache_bytes_do_not_grow():
 def test_state_cache_truncate():
     layer = small_layer()
     cache = StateCache()
-    layer.forward(np.ones((1, 4, 12)), state_cache=cache)
+    layer.forward(np.ones((1, 4, 12)), kv_cache=cache)
     cache.truncate(4)  # nothing to forget
     assert len(cache) == 4
     with pytest.raises(ValueError, match="cannot be truncated to 2"):
@@ -516,12 +516,12 @@ def test_layer_bad_input():
     layer.forward(np.ones((1, 3, 12)))
     with pytest.raises(ValueError, match="dy must have shape"):
         layer.backward(np.ones((1, 4, 12)))
-    with pytest.raises(TypeError, match="state_cache must be"):
-        layer.forward(np.ones((1, 3, 12)), state_cache={})
+    with pytest.raises(TypeError, match="kv_cache must be"):
+        layer.forward(np.ones((1, 3, 12)), kv_cache={})
     cache = StateCache()
-    layer.forward(np.ones((2, 3, 12)), state_cache=cache)
-    with pytest.raises(ValueError, match="state_cache holds"):
-        layer.forward(np.ones((1, 1, 12)), state_cache=cache)
+    layer.forward(np.ones((2, 3, 12)), kv_cache=cache)
+    with pytest.raises(ValueError, match="kv_cache holds"):
+        layer.forward(np.ones((1, 1, 12)), kv_cache=cache)
     with pytest.raises(TypeError, match="dtype float32"):
         cache.check_chunk(
             (2, 1, 12),
@@ -574,7 +574,7 @@ def test_qwen3_next_decode_matches_hf_cache():
     layer = qwen3_next_layer(f, chunk_size=4)
     x, cache, outs, t = f["x"], StateCache(), [], 0
     for n in chunks:
-        outs.append(layer.forward(x[:, t : t + n], state_cache=cache))
+        outs.append(layer.forward(x[:, t : t + n], kv_cache=cache))
         t += n
         if t == chunks[0]:  # HF's cache right after the prefill
             assert close(
@@ -681,8 +681,8 @@ def test_bench_linear_prints_ratios_within_77_columns(capsys):
 
 
 def test_bench_breakdown_times_every_part_and_restores_the_layer():
-    from attn_np import linear_attention as la
     from attn_np.bench import linear as bench
+    from attn_np.linear import layers as la
 
     before = (
         la.causal_conv_forward,

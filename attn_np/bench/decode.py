@@ -54,7 +54,6 @@ from pathlib import Path
 import numpy as np
 
 from attn_np import decode_workers
-from attn_np._workers import row_products, run_tasks, split, worker_count
 from attn_np.costs.decode import decode_step_cost
 from attn_np.costs.latent import latent_decode_step_cost
 from attn_np.instruments import decode_ceiling as ceiling
@@ -65,6 +64,12 @@ from attn_np.instruments.measure import (
     read_probes,
 )
 from attn_np.instruments.plotting import format_bytes
+from attn_np.instruments.workers import (
+    row_products,
+    run_tasks,
+    split,
+    worker_count,
+)
 from attn_np.kv_cache import KVCache
 from attn_np.latent import LatentKVCache, MultiHeadLatentAttention
 from attn_np.multihead import GroupedQueryAttention

@@ -49,13 +49,14 @@ import numpy as np
 from ..instruments.allocator import keep_freed_memory
 from ..instruments.blas import blas_threads
 from ..instruments.measure import capped_rounds, measure_memory
-from ..linear_attention import (
+from ..linear import (
     GatedDeltaNet,
     gated_delta_chunked_backward,
     gated_delta_chunked_forward,
     gated_delta_recurrent_backward,
     gated_delta_recurrent_forward,
 )
+from ..linear import layers as la
 
 SHAPE = dict(d_model=128, n_v_heads=2, n_k_heads=1, d_k=128, d_v=128)
 
@@ -203,8 +204,6 @@ REST = "projections + layout"
 def timed_parts():
     """Within the block, every call of a part of :data:`PARTS` adds its
     time to ``spent[part]`` (the dict yielded)."""
-    from .. import linear_attention as la
-
     spent = dict.fromkeys(PARTS, 0.0)
     undo = []
 

@@ -1,32 +1,33 @@
 """Reading a Hugging Face ``config.json`` into a
 :class:`~attn_np.costs.model.ModelConfig` (appendix A1).
 
-:func:`from_hf_config` is the reader; ``python -m attn_np.memory`` is its
-command line.
+:func:`from_hf_config` is the KV calculator's reader; ``python -m
+attn_np.memory`` is its command line. The file, its spellings, its layer
+types, windows and RoPE are read by :mod:`attn_np.hf.config`, the one
+reader of a ``config.json`` (the layer builder uses it too); this module
+adds what the calculator needs: the recurrent state, the indexer, and
+which layers use no RoPE.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import os
-
-from .model import (
+from ..hf.config import (  # noqa: F401 (importable here too)
     CHUNKED,
     FULL,
-    LAYER_TYPES,
     LINEAR,
-    SLIDING,
-    Indexer,
-    LinearState,
-    ModelConfig,
-    _alternate,
+    MAX_CONFIG_BYTES,
+    MAX_LAYERS,
+    count,
+    flag,
+    kv_heads,
+    language_model,
+    layer_types,
+    load_config,
+    parse_config_text,
+    rope_parameters,
+    windows,
 )
-
-#: The largest config file read, and the most layers for which the reader
-#: builds a per-layer list.
-MAX_CONFIG_BYTES = 16 * 2**20
-MAX_LAYERS = 100_000
+from .model import Indexer, LinearState, ModelConfig
 
 # Keys of configs whose cache this calculator does not model: it refuses
 # them rather than return a wrong number.
@@ -37,443 +38,7 @@ _UNMODELLED = {
     "hybrid_override_pattern": "state-space (Mamba) layers",
     "attn_layer_period": "state-space (Mamba) layers",
 }
-# model_type -> which layers a sliding_window applies to when the config
-# has neither layer_types nor sliding_window_pattern: Hugging Face's
-# defaults in each model's configuration class.
-_EVERY_LAYER = {"mistral", "mixtral"}
-_PATTERN = {"gemma2": 2, "gpt_oss": 2, "gemma3": 6, "gemma3_text": 6}
-_OFF_UNLESS_USED = {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"}
-# Hybrids whose configuration class fills layer_types from
-# full_attention_interval (default 4) when neither is written.
-_HYBRID_INTERVAL = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"}
-# Llama 4: no_rope_layers from no_rope_layer_interval (default 4).
-_CHUNKED_MODELS = {"llama4", "llama4_text"}
 _STATE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
-# Keys that must agree when written both at the top and in text_config.
-_TEXT_KEYS = (
-    "num_hidden_layers",
-    "num_attention_heads",
-    "head_dim",
-    "num_key_value_heads",
-    "sliding_window",
-    "layer_types",
-    "kv_lora_rank",
-    "attention_chunk_size",
-    "linear_attn_config",
-    "full_attention_interval",
-    "index_head_dim",
-)
-# Older spellings of a key (GPT-2 style names, Gemma 2's first release).
-_ALIASES = {
-    "num_hidden_layers": ("n_layer",),
-    "num_attention_heads": ("n_head",),
-    "hidden_size": ("n_embd",),
-    "sliding_window": ("sliding_window_size",),
-}
-
-
-def _get(cfg: dict, key: str, *, required: bool = False):
-    """``cfg[key]`` under any of its spellings (``None`` if absent); two
-    spellings that disagree, or a required key that is absent, raise."""
-    found = {k: cfg[k] for k in (key, *_ALIASES.get(key, ())) if k in cfg}
-    values = list(found.values())
-    if any(v != values[0] for v in values[1:]):
-        got = ", ".join(f"{k}={v!r}" for k, v in found.items())
-        raise ValueError(f"config is contradictory: {got}")
-    value = next(iter(found.values()), None)
-    if value is None and required:
-        also = " or ".join(_ALIASES.get(key, ()))
-        raise ValueError(
-            f"config has no {key}" + (f" (nor {also})" if also else "")
-        )
-    return value
-
-
-def _count(
-    cfg: dict, key: str, *, required: bool = True, minimum: int = 1
-) -> int | None:
-    value = _get(cfg, key, required=required)
-    if value is None:
-        return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < minimum
-    ):
-        kind = "a non-negative" if minimum == 0 else "a positive"
-        raise ValueError(
-            f"config key {key} must be {kind} integer, got {value!r}"
-        )
-    return value
-
-
-def _no_duplicates(pairs) -> dict:
-    """A JSON object, refusing a key written twice (``json`` would keep
-    the last one silently)."""
-    out = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(
-                f"config has the key {key!r} twice; JSON keeps the last "
-                "one silently, so the file is ambiguous"
-            )
-        out[key] = value
-    return out
-
-
-def _no_constant(name: str):
-    raise ValueError(f"config holds {name}, which is not a JSON number")
-
-
-def parse_config_text(text: str, where: str = "config") -> dict:
-    """The JSON object in ``text``: duplicate keys, ``NaN``/``Infinity``
-    and nesting deeper than Python can parse are errors naming ``where``."""
-    try:
-        data = json.loads(
-            text,
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_no_constant,
-        )
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{where} is not valid JSON: {err}") from None
-    except RecursionError:
-        raise ValueError(
-            f"{where} is nested too deeply to be a config.json"
-        ) from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{where} must hold a JSON object")
-    return data
-
-
-def _read(path: str) -> dict:
-    if os.path.exists(path) and not os.path.isfile(path):
-        raise ValueError(
-            f"{path} is not a regular file (a config.json is one)"
-        )
-    with open(path, "rb") as f:
-        raw = f.read(MAX_CONFIG_BYTES + 1)
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ValueError(
-            f"{path} is larger than {MAX_CONFIG_BYTES // 2**20} MiB; a "
-            "config.json is a few KiB"
-        )
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ValueError(f"{path} is not UTF-8 text") from None
-    return parse_config_text(text, path)
-
-
-def _load(config) -> tuple[dict, str, str]:
-    """The config as a dict, its default name and its source."""
-    if isinstance(config, (str, os.PathLike)):
-        path = os.fspath(config)
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        data = _read(path)
-        stem = os.path.basename(path)
-        name = stem[:-5] if stem.endswith(".json") else stem
-        if name == "config":
-            parent = os.path.basename(os.path.dirname(os.path.abspath(path)))
-            name = parent or name
-        source = path
-    elif isinstance(config, dict):
-        data = config
-        name = str(config.get("_name_or_path") or "hf-config")
-        source = "a config.json given as a dict"
-    else:
-        raise TypeError(
-            "config must be a path to a config.json or a dict, got "
-            f"{type(config).__name__}"
-        )
-    return data, name, source
-
-
-def _flag(cfg: dict, key: str) -> bool | None:
-    """A JSON boolean (``None`` if absent): the string ``"false"`` is not
-    false."""
-    value = cfg.get(key)
-    if value is None or isinstance(value, bool):
-        return value
-    raise ValueError(
-        f"config key {key} must be true or false (a JSON boolean), got "
-        f"{value!r}"
-    )
-
-
-def _object(cfg: dict, key: str) -> dict | None:
-    """``cfg[key]``, a nested object of the config, or None if absent."""
-    value = cfg.get(key)
-    if value is not None and not isinstance(value, dict):
-        raise ValueError(
-            f"config key {key} must be an object, got {value!r}"
-        )
-    return value
-
-
-def _language_model(data: dict) -> dict:
-    """The part of the config that describes the language model: the whole
-    config, or its ``text_config`` (multimodal models)."""
-    text = _object(data, "text_config")
-    if text is None:
-        return data
-    for key in _TEXT_KEYS:
-        if key in data and key in text and data[key] != text[key]:
-            raise ValueError(
-                f"config is contradictory: {key}={data[key]!r} at the top "
-                f"and {text[key]!r} in text_config"
-            )
-    text = dict(text)
-    text.setdefault("model_type", data.get("model_type"))
-    return text
-
-
-def _kv_heads(cfg: dict, n_heads: int) -> int:
-    """``num_key_value_heads`` (absent: MHA), or Falcon's ``multi_query``,
-    ``new_decoder_architecture`` and ``num_kv_heads``."""
-    kv = _count(cfg, "num_key_value_heads", required=False)
-    if _flag(cfg, "new_decoder_architecture"):
-        falcon = _count(cfg, "num_kv_heads", required=False) or n_heads
-    elif _flag(cfg, "multi_query"):
-        falcon = 1
-    else:
-        falcon = _count(cfg, "num_kv_heads", required=False)
-    if kv is not None and falcon is not None and kv != falcon:
-        raise ValueError(
-            f"config is contradictory: num_key_value_heads={kv} but "
-            "multi_query, new_decoder_architecture and num_kv_heads say "
-            f"{falcon}"
-        )
-    kv = kv or falcon or n_heads
-    if n_heads % kv:
-        raise ValueError(
-            f"num_attention_heads={n_heads} is not a multiple of the "
-            f"number of key/value heads, {kv}"
-        )
-    return kv
-
-
-def _listed_layers(cfg: dict, n_layers: int, why: str) -> None:
-    if n_layers > MAX_LAYERS:
-        raise ValueError(
-            f"config key num_hidden_layers={n_layers} is more than "
-            f"{MAX_LAYERS:,} layers, and {why} needs one entry per layer"
-        )
-
-
-def _explicit_types(cfg: dict, n_layers: int):
-    types = cfg.get("layer_types")
-    if types is None:
-        return None
-    if not isinstance(types, list) or len(types) != n_layers:
-        raise ValueError(
-            f"config key layer_types must list {n_layers} layer types "
-            f"(num_hidden_layers), got {types!r:.200}"
-        )
-    bad = sorted(set(map(str, types)) - set(LAYER_TYPES))
-    if bad:
-        raise ValueError(
-            f"config key layer_types has {bad}: this calculator knows "
-            f"{', '.join(map(repr, LAYER_TYPES))} only"
-        )
-    return tuple(types)
-
-
-def _kimi_types(cfg: dict, n_layers: int):
-    """Kimi Linear's ``linear_attn_config``: ``kda_layers`` and
-    ``full_attn_layers``, numbered from 1 (Hugging Face's configuration
-    class subtracts one)."""
-    lin = _object(cfg, "linear_attn_config")
-    if lin is None:
-        return None
-    given = [k for k in ("full_attn_layers", "kda_layers") if k in lin]
-    if not given:  # the layer types are written as layer_types
-        return None
-    types = [None] * n_layers
-    for key, kind in (("full_attn_layers", FULL), ("kda_layers", LINEAR)):
-        layers = lin.get(key)
-        if not isinstance(layers, list):
-            raise ValueError(
-                f"config key linear_attn_config.{key} must list layer "
-                f"numbers (from 1), got {layers!r}"
-            )
-        for i in layers:
-            if isinstance(i, bool) or not isinstance(i, int):
-                raise ValueError(
-                    f"config key linear_attn_config.{key} holds {i!r}, "
-                    "not a layer number"
-                )
-            if not 1 <= i <= n_layers or types[i - 1] is not None:
-                raise ValueError(
-                    f"config key linear_attn_config.{key} holds {i}: "
-                    f"layers are numbered 1 to {n_layers}, each listed once"
-                )
-            types[i - 1] = kind
-    if None in types:
-        missing = [i + 1 for i, t in enumerate(types) if t is None]
-        raise ValueError(
-            "config key linear_attn_config lists neither as kda_layers "
-            f"nor as full_attn_layers the layers {missing[:10]}"
-        )
-    return tuple(types)
-
-
-def _interval_types(cfg: dict, n_layers: int, explicit):
-    """Qwen3-Next and Qwen3.5: layer ``i`` is full iff ``(i + 1) %
-    full_attention_interval == 0``, linear otherwise."""
-    every = _count(cfg, "full_attention_interval", required=False)
-    if every is None:
-        if explicit is not None or cfg.get("model_type") not in (
-            _HYBRID_INTERVAL
-        ):
-            return None
-        every = 4  # the configuration class's default
-    _listed_layers(cfg, n_layers, "full_attention_interval")
-    return tuple(
-        FULL if (i + 1) % every == 0 else LINEAR for i in range(n_layers)
-    )
-
-
-def _chunked_types(cfg: dict, n_layers: int, explicit):
-    """Llama 4: a chunked layer on every layer that uses RoPE. Hugging
-    Face's ``no_rope_layers[i] == 1`` means layer ``i`` *uses* RoPE
-    (chunked); 0 is a NoPE layer (full attention)."""
-    chunk = _count(cfg, "attention_chunk_size", required=False)
-    flags = cfg.get("no_rope_layers")
-    if flags == []:  # the released Scout file: the default applies
-        flags = None
-    if chunk is None:
-        if flags is not None:
-            raise ValueError(
-                "config has no_rope_layers but no attention_chunk_size"
-            )
-        return None, None
-    if flags is not None:
-        if not isinstance(flags, list) or len(flags) < n_layers:
-            raise ValueError(
-                "config key no_rope_layers must list a 0 or 1 for each of "
-                f"the {n_layers} layers, got {flags!r:.200}"
-            )
-        if any(f not in (0, 1) or isinstance(f, bool) for f in flags):
-            raise ValueError(
-                "config key no_rope_layers must hold 0 (NoPE) or 1 (RoPE), "
-                f"got {flags!r:.200}"
-            )
-        uses_rope = flags[:n_layers]
-    elif explicit is not None:
-        return chunk, None
-    elif cfg.get("model_type") in _CHUNKED_MODELS:
-        every = _count(cfg, "no_rope_layer_interval", required=False) or 4
-        _listed_layers(cfg, n_layers, "no_rope_layer_interval")
-        uses_rope = [int((i + 1) % every != 0) for i in range(n_layers)]
-    else:
-        raise ValueError(
-            f"config has attention_chunk_size={chunk} but says neither "
-            "which layers are chunked (layer_types, no_rope_layers) nor a "
-            f"model_type whose rule is known ({sorted(_CHUNKED_MODELS)}); "
-            f"got model_type={cfg.get('model_type')!r}"
-        )
-    return chunk, tuple(CHUNKED if f else FULL for f in uses_rope)
-
-
-def _layer_types(cfg: dict, n_layers: int):
-    """``(layer_types, attention_chunk_size)`` from every key that says
-    what a layer is; keys that disagree are an error."""
-    explicit = _explicit_types(cfg, n_layers)
-    derived = {"linear_attn_config": _kimi_types(cfg, n_layers)}
-    derived["full_attention_interval"] = _interval_types(
-        cfg,
-        n_layers,
-        explicit if derived["linear_attn_config"] is None else True,
-    )
-    chunk, derived["no_rope_layers"] = _chunked_types(
-        cfg, n_layers, explicit
-    )
-    types, source = explicit, "layer_types"
-    for key, value in derived.items():
-        if value is None:
-            continue
-        if types is None:
-            types, source = value, key
-        elif types != value:
-            raise ValueError(
-                f"config is contradictory: {source} and {key} give "
-                "different layer types"
-            )
-    if types is None and cfg.get("model_type") == "kimi_linear":
-        raise ValueError(
-            "config of model_type 'kimi_linear' says neither which layers "
-            "are linear (linear_attn_config.kda_layers and "
-            "full_attn_layers) nor layer_types"
-        )
-    if types is not None and CHUNKED in types and chunk is None:
-        raise ValueError(
-            "config key layer_types has 'chunked_attention' layers but "
-            "there is no attention_chunk_size"
-        )
-    return types, chunk
-
-
-def _windows(cfg: dict, n_layers: int, types):
-    """``(sliding_window, layer_types)`` as :class:`ModelConfig` takes
-    them, ``types`` being what the other keys said (or ``None``)."""
-    window = _count(cfg, "sliding_window", required=False)
-    pattern = _count(cfg, "sliding_window_pattern", required=False)
-    use = _flag(cfg, "use_sliding_window")
-    model_type = cfg.get("model_type")
-    if types is not None and pattern is not None:
-        _listed_layers(cfg, n_layers, "sliding_window_pattern")
-        if types != _alternate(n_layers, pattern):
-            raise ValueError(
-                "config is contradictory: layer_types does not follow "
-                f"sliding_window_pattern={pattern}"
-            )
-    has_sliding = types is not None and SLIDING in types
-    if use is False:  # Qwen2: a window size is written, and not used
-        if has_sliding:
-            raise ValueError(
-                "config is contradictory: use_sliding_window is false but "
-                f"layer_types has {SLIDING!r} layers"
-            )
-        return None, types
-    if window is None:
-        if has_sliding or pattern or use:
-            raise ValueError(
-                "config asks for window layers (layer_types, "
-                "sliding_window_pattern or use_sliding_window) but has "
-                "no sliding_window"
-            )
-        return None, types
-    if types is not None:
-        if use and not has_sliding:
-            raise ValueError(
-                "config is contradictory: use_sliding_window is true but "
-                f"no layer is {SLIDING!r}"
-            )
-        return (window if has_sliding else None), types
-    if pattern is not None:
-        _listed_layers(cfg, n_layers, "sliding_window_pattern")
-        return window, _alternate(n_layers, pattern)
-    if use is True:  # Qwen2: layers from max_window_layers on
-        first = _count(cfg, "max_window_layers", minimum=0)
-        _listed_layers(cfg, n_layers, "max_window_layers")
-        return window, tuple(
-            SLIDING if i >= first else FULL for i in range(n_layers)
-        )
-    if model_type in _PATTERN:
-        _listed_layers(cfg, n_layers, f"{model_type}'s window pattern")
-        return window, _alternate(n_layers, _PATTERN[model_type])
-    if model_type in _EVERY_LAYER:
-        return window, None
-    if model_type in _OFF_UNLESS_USED:
-        return None, None
-    raise ValueError(
-        f"config has sliding_window={window} but says neither which "
-        "layers use it (layer_types, sliding_window_pattern, "
-        "use_sliding_window) nor a model_type whose rule is known "
-        f"({', '.join(sorted(_EVERY_LAYER | set(_PATTERN)))}); got "
-        f"model_type={model_type!r}"
-    )
 
 
 def _state_dtype(cfg: dict) -> tuple[str, int]:
@@ -501,22 +66,22 @@ def _linear_state(cfg: dict) -> LinearState:
     lin = cfg.get("linear_attn_config")
     if lin is None and cfg.get("model_type") == "kimi_linear":
         lin = {  # transformers 5's spelling of the same numbers
-            "num_heads": _count(cfg, "linear_num_heads"),
-            "head_dim": _count(cfg, "linear_head_dim"),
-            "short_conv_kernel_size": _count(cfg, "linear_conv_kernel_dim"),
+            "num_heads": count(cfg, "linear_num_heads"),
+            "head_dim": count(cfg, "linear_head_dim"),
+            "short_conv_kernel_size": count(cfg, "linear_conv_kernel_dim"),
         }
     if lin is not None:
-        h = _count(lin, "num_heads")
-        d = _count(lin, "head_dim")
-        k = _count(lin, "short_conv_kernel_size")
+        h = count(lin, "num_heads")
+        d = count(lin, "head_dim")
+        k = count(lin, "short_conv_kernel_size")
         return LinearState(
             "Kimi Delta Attention", h, h, d, d, k, 3 * h * d, nbytes, dtype
         )
-    n_k = _count(cfg, "linear_num_key_heads")
-    n_v = _count(cfg, "linear_num_value_heads")
-    d_k = _count(cfg, "linear_key_head_dim")
-    d_v = _count(cfg, "linear_value_head_dim")
-    k = _count(cfg, "linear_conv_kernel_dim")
+    n_k = count(cfg, "linear_num_key_heads")
+    n_v = count(cfg, "linear_num_value_heads")
+    d_k = count(cfg, "linear_key_head_dim")
+    d_v = count(cfg, "linear_value_head_dim")
+    k = count(cfg, "linear_conv_kernel_dim")
     if n_v % n_k:
         raise ValueError(
             f"config key linear_num_value_heads={n_v} must be a multiple "
@@ -532,110 +97,13 @@ def _indexer(cfg: dict, latent: dict) -> Indexer | None:
     keys = ("index_n_heads", "index_head_dim", "index_topk")
     if all(cfg.get(k) is None for k in keys):
         return None
-    values = [_count(cfg, k) for k in keys]
+    values = [count(cfg, k) for k in keys]
     if not latent:
         raise ValueError(
             "config has an indexer (index_n_heads, index_head_dim, "
             "index_topk) but no latent cache (kv_lora_rank)"
         )
     return Indexer(*values)
-
-
-_ROPE_KEYS = ("rope_theta", "rope_scaling", "partial_rotary_factor")
-
-
-def _check_rope(params: dict, where: str) -> dict:
-    if not isinstance(params, dict):
-        raise ValueError(f"config key {where} must be an object")
-    out = dict(params)
-    if "type" in out and "rope_type" not in out:
-        out["rope_type"] = out.pop("type")
-    theta = out.get("rope_theta")
-    if theta is not None and (
-        isinstance(theta, bool)
-        or not isinstance(theta, (int, float))
-        or not (math.isfinite(theta) and theta > 0)
-    ):
-        raise ValueError(
-            f"config key {where}.rope_theta must be a positive number, got "
-            f"{theta!r}"
-        )
-    f = out.get("partial_rotary_factor")
-    if f is not None and (
-        isinstance(f, bool)
-        or not isinstance(f, (int, float))
-        or not 0 < f <= 1
-    ):
-        raise ValueError(
-            f"config key {where}.partial_rotary_factor must be in (0, 1], "
-            f"got {f!r}"
-        )
-    kind = out.setdefault("rope_type", "default")
-    if not isinstance(kind, str):
-        raise ValueError(
-            f"config key {where}.rope_type must be a string, got {kind!r}"
-        )
-    return out
-
-
-def rope_parameters(cfg: dict, layer_types=None) -> dict | None:
-    """The rotary embedding's parameters per layer type, ``{layer_type:
-    {"rope_type": ..., "rope_theta": ..., ...}}``, read from either of
-    Hugging Face's spellings:
-
-    * older files: ``rope_theta``, ``rope_scaling`` (its ``type`` or
-      ``rope_type`` and the scaling keys) and ``partial_rotary_factor`` at
-      the top level; Gemma 3's ``rope_local_base_freq`` is the base of the
-      sliding layers, whose RoPE is not scaled;
-    * ``transformers`` 5: ``rope_parameters``, one dict, or one per layer
-      type (Gemma 3: ``full_attention`` and ``sliding_attention``).
-
-    A key written in both spellings with two values is an error. ``None``
-    when the config says nothing of RoPE.
-    """
-    kinds = sorted(set(layer_types or (FULL,)) - {LINEAR})
-    new = _object(cfg, "rope_parameters")
-    if new is not None:
-        if new and set(new) <= set(LAYER_TYPES):
-            per = {
-                k: _check_rope(v, f"rope_parameters.{k}")
-                for k, v in new.items()
-            }
-        else:
-            one = _check_rope(new, "rope_parameters")
-            per = {k: one for k in kinds}
-    old: dict = {}
-    if cfg.get("rope_theta") is not None:
-        old["rope_theta"] = cfg["rope_theta"]
-    scaling = _object(cfg, "rope_scaling")
-    if scaling is not None:
-        old.update(scaling)
-    if cfg.get("partial_rotary_factor") is not None:
-        old["partial_rotary_factor"] = cfg["partial_rotary_factor"]
-    if not old:
-        return per if new is not None else None
-    old = _check_rope(old, "rope_scaling")
-    old_per = {k: old for k in kinds}
-    local = cfg.get("rope_local_base_freq")
-    if local is None and str(cfg.get("model_type")).startswith("gemma3"):
-        local = 10_000.0  # Gemma3TextConfig's default for sliding layers
-    if local is not None and SLIDING in kinds:
-        sliding = _check_rope({"rope_theta": local}, "rope_local_base_freq")
-        if "partial_rotary_factor" in old:
-            sliding["partial_rotary_factor"] = old["partial_rotary_factor"]
-        old_per[SLIDING] = sliding
-    if new is None:
-        return old_per
-    for kind, params in per.items():
-        for key, value in old_per.get(kind, {}).items():
-            if key == "rope_type" and value == "default":
-                continue
-            if key in params and params[key] != value:
-                raise ValueError(
-                    f"config is contradictory: {key}={value!r} at the top "
-                    f"level and {params[key]!r} in rope_parameters"
-                )
-    return per
 
 
 NOPE = {"rope_type": "none (NoPE)"}
@@ -647,7 +115,7 @@ def _rope_in_use(cfg: dict, types) -> dict | None:
     Linear's MLA layers (``mla_use_nope``)."""
     rope = rope_parameters(cfg, types)
     kinds = set(types or (FULL,))
-    if _flag(cfg, "mla_use_nope"):
+    if flag(cfg, "mla_use_nope"):
         rope = {k: NOPE for k in kinds - {LINEAR}}
     elif CHUNKED in kinds and FULL in kinds:
         rope = {**(rope or {}), FULL: NOPE}
@@ -687,7 +155,7 @@ def from_hf_config(config, name: str | None = None) -> ModelConfig:
     it; so does a feature that changes the cache in a way not modelled
     here. The result has ``n_params=None``: weights are not counted.
     """
-    data, default_name, source = _load(config)
+    data, default_name, source = load_config(config)
     try:
         return _from_dict(data, name or default_name, source)
     except RecursionError:
@@ -697,33 +165,33 @@ def from_hf_config(config, name: str | None = None) -> ModelConfig:
 
 
 def _from_dict(data: dict, name: str, source: str) -> ModelConfig:
-    cfg = _language_model(data)
+    cfg = language_model(data)
     for key, what in _UNMODELLED.items():
         if cfg.get(key):
             raise ValueError(
                 f"config key {key}={cfg[key]!r} ({what}) changes the cache "
                 "in a way this calculator does not model"
             )
-    n_layers = _count(cfg, "num_hidden_layers")
-    n_heads = _count(cfg, "num_attention_heads")
-    d_model = _count(cfg, "hidden_size")
-    n_kv = _kv_heads(cfg, n_heads)
+    n_layers = count(cfg, "num_hidden_layers")
+    n_heads = count(cfg, "num_attention_heads")
+    d_model = count(cfg, "hidden_size")
+    n_kv = kv_heads(cfg, n_heads)
     latent = {}
     if cfg.get("kv_lora_rank") is not None:
         latent = dict(
-            d_latent_kv=_count(cfg, "kv_lora_rank"),
-            d_rope=_count(cfg, "qk_rope_head_dim"),
-            d_latent_q=_count(cfg, "q_lora_rank", required=False),
-            d_head_v=_count(cfg, "v_head_dim", required=False),
+            d_latent_kv=count(cfg, "kv_lora_rank"),
+            d_rope=count(cfg, "qk_rope_head_dim"),
+            d_latent_q=count(cfg, "q_lora_rank", required=False),
+            d_head_v=count(cfg, "v_head_dim", required=False),
         )
-        head_dim = _count(cfg, "qk_nope_head_dim")
+        head_dim = count(cfg, "qk_nope_head_dim")
     elif cfg.get("qk_rope_head_dim") is not None:
         raise ValueError(
             "config has qk_rope_head_dim but no kv_lora_rank: a latent "
             "cache needs both"
         )
     else:
-        head_dim = _count(cfg, "head_dim", required=False)
+        head_dim = count(cfg, "head_dim", required=False)
         if head_dim is None:
             if d_model % n_heads:
                 raise ValueError(
@@ -732,8 +200,8 @@ def _from_dict(data: dict, name: str, source: str) -> ModelConfig:
                     f"num_attention_heads={n_heads}"
                 )
             head_dim = d_model // n_heads
-    types, chunk = _layer_types(cfg, n_layers)
-    window, types = _windows(cfg, n_layers, types)
+    types, chunk = layer_types(cfg, n_layers)
+    window, types = windows(cfg, n_layers, types)
     linear = _linear_state(cfg) if types and LINEAR in types else None
     if types is not None and set(types) == {FULL}:
         types = None

@@ -62,15 +62,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._checks import check_count, check_positive_number
+
+# Hugging Face's layer types, and its rule for alternating window layers
+from ..hf.config import (  # noqa: F401 (importable here too)
+    CHUNKED,
+    FULL,
+    LAYER_TYPES,
+    LINEAR,
+    SLIDING,
+)
+from ..hf.config import alternate as _alternate  # noqa: F401
 from .sparse import indexer_key_bytes
 
 GB = 10**9  # a decimal gigabyte, the unit of data sheets ("80 GB")
 GiB = 2**30  # a binary gibibyte, the unit the book prints with
 
-# Hugging Face's layer types
-SLIDING, FULL = "sliding_attention", "full_attention"
-CHUNKED, LINEAR = "chunked_attention", "linear_attention"
-LAYER_TYPES = (FULL, SLIDING, CHUNKED, LINEAR)
 
 #: The most layers for which :attr:`ModelConfig.layer_windows` builds a
 #: tuple (one entry per layer); the formulas count layers in closed form.
@@ -386,14 +392,6 @@ class ModelConfig:
             sliding_window=None,
             layer_types=types,
         )
-
-
-def _alternate(n_layers: int, every: int) -> tuple[str, ...]:
-    """Hugging Face's rule: layer ``i`` is full iff ``(i + 1) % every ==
-    0``, a window layer otherwise (``every=2``: window, full, window...)."""
-    return tuple(
-        FULL if (i + 1) % every == 0 else SLIDING for i in range(n_layers)
-    )
 
 
 #: Every released model by name. The data live in

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from attn_np._workers import run_tasks, split
 from attn_np.grouped import MIN_STACKED_ROWS, merge_partial_softmax
 from attn_np.instruments.blas import blas_threads
+from attn_np.instruments.workers import run_tasks, split
 from attn_np.softmax import masked_softmax
 
 FORMULATIONS = {

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .blas import blas_threads
+
 
 def best_time(fn, *, repeat: int = 5, min_time: float = 0.0) -> float:
     """The smallest wall-clock time of ``repeat`` calls of ``fn()`` (after
@@ -199,8 +201,6 @@ def blas_call_times(
     others, spinning; when they have no core, the call takes as long as
     the scheduler takes to give them one.
     """
-    from .blas import blas_threads
-
     m, k, n = shape
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k)).astype(dtype)

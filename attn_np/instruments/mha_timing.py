@@ -8,17 +8,17 @@
   core kept busy (:func:`~.measure.busy_core`): what a busy machine does
   to the matmul rate, and to the fraction, measured in the same run.
 * :func:`naive_ratio`: the layer against the naive per-head-view code of
-  :mod:`attn_np.bench.mha`.
+  :mod:`attn_np.instruments.naive_mha`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..bench.mha import forward_backward_step, naive_forward_backward_step
 from ..costs import layer as costs
 from ..multihead import MultiHeadAttention
-from .measure import matmul_probe
+from .measure import matmul_probe, ratio_spread
+from .naive_mha import forward_backward_step, naive_forward_backward_step
 from .paired import Paired, compare, spread_text, under_load
 
 
@@ -90,8 +90,6 @@ def busy_effect(L=1024, *, d_model=512, n_heads=8, rounds=4):
     ``"fraction quiet"``, ``"fraction loaded"``, ``"A/A"``, ``"matmul
     GFLOP/s quiet"``, ``"matmul GFLOP/s loaded"}``, each ``(median,
     low, high)``."""
-    from .measure import ratio_spread
-
     mm, mm_flops = matmul_probe()
     layer, x = _layer(L, d_model, n_heads)
     t = under_load(

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..costs.units import BINARY_UNITS, format_bytes  # noqa: F401
+
 # : CSS px per inch of a figure as the book shows it (matplotlib's
 # default figure.dpi, so ``figsize`` in inches x 100 is the CSS width).
 CSS_DPI = 100
@@ -277,26 +279,6 @@ def plot_head_grid(
         fig.suptitle(title)
     fig.tight_layout()
     return fig
-
-
-BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def format_bytes(n: float) -> str:
-    """``1536 -> '1.50 KiB'``: bytes in binary units (1 KiB = 1024 B)."""
-    real = (int, float, np.integer, np.floating)
-    if isinstance(n, bool) or not isinstance(n, real):
-        raise TypeError(f"n must be a number of bytes, got {n!r:.40}")
-    if isinstance(n, int) and abs(n) >= 2**1000:
-        raise ValueError("n is too large to print (2**1000 bytes or more)")
-    n = float(n)
-    if not np.isfinite(n):
-        raise ValueError(f"n must be a finite number of bytes, got {n}")
-    for unit in BINARY_UNITS:
-        if abs(n) < 1024 or unit == BINARY_UNITS[-1]:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def bytes_axis(ax, axis: str = "y") -> None:

@@ -32,7 +32,43 @@ from .layers import (
 )
 
 POSITIONS = ("sinusoidal", "rope", "none")
-LAYER_TYPES = ("full", "linear")
+
+
+def full_attention_layer(d_model, n_heads, n_kv_heads, **settings):
+    """A ``"full"`` layer of the stack: chapter 3's
+    :class:`~attn_np.GroupedQueryAttention` with the model's positions,
+    window and sinks."""
+    return GroupedQueryAttention(
+        d_model,
+        n_heads,
+        n_kv_heads,
+        d_k=settings["d_k"],
+        d_v=settings["d_v"],
+        seed=settings["seed"],
+        dtype=settings["dtype"],
+        rope_base=settings["rope_base"],
+        rope_layout=settings["rope_layout"],
+        window=settings["window"],
+        sinks=settings["sinks"],
+    )
+
+
+# The layer kinds ``layer_pattern`` names: ``kind -> build(d_model,
+# n_heads, n_kv_heads, **settings)``. A later chapter adds its kind here
+# (chapter 12's ``"linear"``, :func:`register_layer_kind`): the model
+# takes its layers from the table and imports no later chapter.
+LAYER_KINDS = {"full": full_attention_layer}
+
+
+def register_layer_kind(kind, build):
+    """Let ``layer_pattern`` name ``kind``, built by ``build(d_model,
+    n_heads, n_kv_heads, **settings)`` (``settings``: ``d_k, d_v, seed,
+    dtype, rope_base, rope_layout, window, sinks, linear_options``)."""
+    if not isinstance(kind, str) or not kind:
+        raise ValueError(f"kind must be a non-empty str, got {kind!r}")
+    if not callable(build):
+        raise TypeError(f"build must be callable, got {build!r}")
+    LAYER_KINDS[kind] = build
 
 
 class Block(Composite):
@@ -89,9 +125,10 @@ class Transformer(Composite):
     query head.
 
     ``layer_pattern`` (chapter 12) builds a hybrid stack: a sequence of
-    ``"full"`` and ``"linear"``, repeated over the layers (Qwen3-Next's
-    ``("linear", "linear", "linear", "full")`` is three Gated DeltaNet
-    layers per attention layer). A linear layer is a
+    layer kinds of :data:`LAYER_KINDS`, ``"full"`` and ``"linear"``,
+    repeated over the layers (Qwen3-Next's ``("linear", "linear",
+    "linear", "full")`` is three Gated DeltaNet layers per attention
+    layer). A linear layer (chapter 12 adds the kind) is a
     :class:`~attn_np.GatedDeltaNet` with ``n_heads`` value heads and
     ``n_kv_heads`` key heads of ``d_k`` and ``d_v``; ``linear_options``
     (a dict) goes to it (``chunk_size``, ``conv_size``, ...).
@@ -120,10 +157,10 @@ class Transformer(Composite):
         linear_options=None,
     ):
         pattern = tuple(layer_pattern)
-        if not pattern or any(t not in LAYER_TYPES for t in pattern):
+        if not pattern or any(t not in LAYER_KINDS for t in pattern):
             raise ValueError(
                 "layer_pattern must be a non-empty sequence of "
-                f"{LAYER_TYPES}, got {layer_pattern!r}"
+                f"{tuple(LAYER_KINDS)}, got {layer_pattern!r}"
             )
         if positions not in POSITIONS:
             raise ValueError(
@@ -147,35 +184,20 @@ class Transformer(Composite):
             if positions == "sinusoidal"
             else None
         )
-        rope = positions == "rope"
+        settings = dict(
+            d_k=d_k,
+            d_v=d_v,
+            dtype=dtype,
+            rope_base=rope_base if positions == "rope" else None,
+            rope_layout=rope_layout,
+            window=window,
+            sinks=sinks,
+            linear_options=linear_options,
+        )
 
         def attention(i, seed):
-            if pattern[i % len(pattern)] == "linear":
-                from ..linear_attention import GatedDeltaNet
-
-                return GatedDeltaNet(
-                    d_model,
-                    n_heads,
-                    n_kv_heads,
-                    d_k=d_k,
-                    d_v=d_v,
-                    seed=seed,
-                    dtype=dtype,
-                    **(linear_options or {}),
-                )
-            return GroupedQueryAttention(
-                d_model,
-                n_heads,
-                n_kv_heads,
-                d_k=d_k,
-                d_v=d_v,
-                seed=seed,
-                dtype=dtype,
-                rope_base=rope_base if rope else None,
-                rope_layout=rope_layout,
-                window=window,
-                sinks=sinks,
-            )
+            build = LAYER_KINDS[pattern[i % len(pattern)]]
+            return build(d_model, n_heads, n_kv_heads, seed=seed, **settings)
 
         self.layer_types = [
             pattern[i % len(pattern)] for i in range(n_layers)

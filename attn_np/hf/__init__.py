@@ -1,0 +1,39 @@
+"""Hugging Face, read in one place (chapter 10; appendix A1).
+
+* :mod:`attn_np.hf.config`: the one reader of a ``config.json`` (the
+  file, ``text_config``, older spellings, layer types, windows, RoPE);
+  the KV calculator (:func:`attn_np.costs.from_hf_config`) and the layer
+  builder both read through it;
+* :mod:`attn_np.hf.families`: what each family's attention layer is,
+  each written as a difference from the plain decoder (Llama), the way
+  ``transformers``' ``modular_*.py`` files define a model;
+* :mod:`attn_np.hf.weights`: the state-dict maps, HF's names and layouts
+  to the layers' ``params`` and back;
+* :mod:`attn_np.hf.layers`: :func:`~attn_np.attention_from_hf` and the
+  HF decoder layers it builds, and :func:`fixture_errors`, the check
+  against recorded ``transformers`` fixtures.
+
+This ``__init__`` imports only the reader (the cost models read configs
+through it without importing any layer); ``attn_np`` exports the
+builder.
+"""
+
+from .config import (
+    LAYER_TYPES,
+    language_model,
+    layer_types,
+    load_config,
+    parse_config_text,
+    rope_parameters,
+    windows,
+)
+
+__all__ = [
+    "LAYER_TYPES",
+    "language_model",
+    "layer_types",
+    "load_config",
+    "parse_config_text",
+    "rope_parameters",
+    "windows",
+]

@@ -1,0 +1,140 @@
+"""Any Hugging Face model's attention layer, from its ``config.json``
+(chapter 10).
+
+:func:`attention_from_hf` reads a config (a path, a folder or a dict; a
+multimodal config's ``text_config``) with :mod:`attn_np.hf.config`, picks
+layer ``layer_idx``'s family and type with :mod:`attn_np.hf.families`
+(sliding or full, chunked, NoPE, Qwen3-Next's linear attention) and
+builds that layer (chapter 10's :class:`~attn_np.refinements.
+RefinedAttention` with the layer's details, chapter 7's MLA for DeepSeek,
+chapter 13's sparse MLA for DeepSeek-V3.2, chapter 12's Gated DeltaNet
+for a ``linear_attention`` layer; :func:`attention_layers_from_hf` builds
+them all). ``state_dict`` (HF's names without the
+``model.layers.{i}.self_attn.`` prefix, ``nn.Linear`` weights ``[out,
+in]``) fills its weights through :mod:`attn_np.hf.weights`. The layer's
+``to_hf(d)`` maps a dict in the layer's keys (``params`` or ``grads``)
+back to HF's names and layout, so gradients compare name by name.
+
+A key it does not understand, or a RoPE scaling it does not implement, is
+a ``ValueError`` naming it: never a guess. Checked against HF
+``transformers`` 5.24.0 in ``tests/test_from_hf.py``
+(:func:`fixture_errors`).
+
+A checkpoint on disk loads without PyTorch: ``safetensors.numpy.load_file``
+reads a shard as NumPy arrays (``safetensors`` is not a requirement of this
+library); keep the keys that start with ``model.layers.{i}.self_attn.``,
+strip that prefix, and pass them as ``state_dict``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from .config import count, language_model, load_config
+from .families import layer_settings
+from .weights import linear_to_hf, load_linear, load_state, to_hf
+
+
+def attention_from_hf(
+    config, layer_idx=0, state_dict=None, dtype=np.float64
+):
+    """Layer ``layer_idx``'s attention of a Hugging Face model.
+
+    Families: Llama (2, 3.0), Mistral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3,
+    OLMo 2, gpt-oss, DeepSeek-V2/V3 (MLA, on chapter 7's layer), Falcon
+    (MQA, ``new_decoder_architecture``, ALiBi), DeepSeek-V3.2 (MLA with
+    chapter 13's lightning indexer and top-k: ``index_n_heads``,
+    ``index_head_dim``, ``index_topk``), Qwen3-Next (its
+    ``linear_attention`` layers are chapter 12's Gated DeltaNet, its
+    weights read by ``gated_deltanet_from_hf``; ``kv_cache`` is then a
+    ``StateCache``) and Llama 4's attention (chunked and NoPE layers). RoPE
+    as ``rope_theta``/``rope_scaling``/``partial_rotary_factor`` at the
+    top level or under ``rope_parameters`` (transformers 5; per layer type
+    for Gemma 3); ``rope_type`` ``default``, ``linear``, and chapter 11's
+    ``llama3`` and ``yarn`` (Llama 3.1, gpt-oss, DeepSeek-V3: the factor
+    on cos/sin, and ``mscale_all_dim`` in MLA's softmax scale). The layer's
+    ``forward(x, kv_cache=layer.new_cache())`` continues positions from the
+    cache.
+    """
+    cls, args, kw, layout = layer_settings(config, layer_idx)
+    layer = cls(*args, dtype=dtype, **kw)
+    layer.hf_layout = layout
+    if layout["kind"] == "linear":
+        layer.to_hf = lambda d: linear_to_hf(layer, d)
+        if state_dict is not None:
+            load_linear(layer, layout, state_dict, dtype)
+        return layer
+    layer.to_hf = lambda d: to_hf(layout, layer, d)
+    if state_dict is not None:
+        load_state(layer, layout, state_dict, dtype)
+    return layer
+
+
+def attention_layers_from_hf(config, state_dicts=None, dtype=np.float64):
+    """Every layer's attention of a Hugging Face model, in order: one
+    :func:`attention_from_hf` per layer of ``num_hidden_layers`` (a hybrid
+    model such as Qwen3-Next mixes Gated DeltaNet and attention layers).
+    ``state_dicts`` is None (random weights) or a sequence with one state
+    dict per layer (HF's names without the layer's module prefix)."""
+    data, _, _ = load_config(config)
+    cfg = language_model(data)
+    n = count(cfg, "num_hidden_layers")
+    if state_dicts is not None and len(state_dicts) != n:
+        raise ValueError(
+            f"state_dicts must have one entry per layer "
+            f"(num_hidden_layers={n}), got {len(state_dicts)}"
+        )
+    return [
+        attention_from_hf(
+            cfg,
+            i,
+            None if state_dicts is None else state_dicts[i],
+            dtype=dtype,
+        )
+        for i in range(n)
+    ]
+
+
+def fixture_errors(path, layer_idx=0):
+    """Compare ``attention_from_hf`` with a reference fixture.
+
+    ``path`` is one of ``tests/fixtures/*.npz`` (written by
+    ``scripts/record_hf_fixtures.py``: HF's config, the layer's state
+    dict, an input ``x``, HF's output, the gradients of ``sum(out * dy)``
+    and a chunked decode). Returns ``{"forward": e, "grad x": e,
+    "grad NAME": e, ..., "decode": e}``, each the largest absolute error
+    divided by the reference's largest entry.
+    """
+    f = np.load(path)
+    config = json.loads(str(f["config"]))
+    meta = json.loads(str(f["meta"]))
+    i = layer_idx
+    pre = f"layer{i}.param."
+    state = {k[len(pre) :]: f[k] for k in f.files if k.startswith(pre)}
+    layer = attention_from_hf(config, layer_idx=i, state_dict=state)
+
+    def err(a, b):
+        return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+    x = f["x"]
+    errors = {"forward": err(layer.forward(x), f[f"layer{i}.out"])}
+    errors["grad x"] = err(layer.backward(f["dy"]), f[f"layer{i}.grad.x"])
+    grads = layer.to_hf(layer.grads)
+    gpre = f"layer{i}.grad."
+    want = {k[len(gpre) :] for k in f.files if k.startswith(gpre)} - {"x"}
+    if set(grads) != want:  # every parameter but V3.2's indexer (no_grad)
+        raise ValueError(
+            f"gradients {sorted(grads)} do not match the fixture's "
+            f"{sorted(want)}"
+        )
+    for name, g in grads.items():
+        errors[f"grad {name}"] = err(g, f[f"layer{i}.grad.{name}"])
+    cache, outs, start = layer.new_cache(), [], 0
+    for c in meta["chunks"]:
+        outs.append(layer.forward(x[:, start : start + c], kv_cache=cache))
+        start += c
+    y = np.concatenate(outs, axis=1)
+    errors["decode"] = err(y, f[f"layer{i}.decode.out"])
+    return errors

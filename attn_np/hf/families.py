@@ -1,0 +1,543 @@
+"""What each Hugging Face family's attention layer is (chapter 10).
+
+The plain decoder is Llama's layer: q/k/v/o projections, RoPE from the
+config, a window where the layer type says so (:func:`plain_decoder`).
+Every other q/k/v/o family is a difference from it, one small function
+in :data:`FAMILIES`, the way ``transformers``' ``modular_*.py`` files
+define a model as a diff of another (Qwen2: ``biases = q, k, v``; Qwen3:
+``qk_norm = "head"``; ...). Falcon, the latent families (DeepSeek) and
+Qwen3-Next's ``linear_attention`` layers are layers of their own.
+
+:func:`layer_settings` returns ``(cls, args, kwargs, layout)`` without
+building anything; :func:`layer_rope` turns a layer's RoPE parameters
+(read by :func:`attn_np.hf.config.rope_parameters`, the one reader of
+both spellings) into the layer's arguments.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..linear import GatedDeltaNet
+from ..long_context import read_rope_scaling
+from ..refinements import ALiBi, SoftCap, alibi_slopes
+from .config import (
+    FULL,
+    MODEL_TYPE_ALIASES,
+    SLIDING,
+    count,
+    language_model,
+    load_config,
+    rope_parameters,
+    windows,
+)
+from .layers import HFAttention, HFLatentAttention, HFSparseLatentAttention
+
+# Keys that describe the rest of the model (embeddings, MLP, MoE, training,
+# generation, bookkeeping): read by nobody here, refused by nobody.
+_ELSEWHERE = {
+    "_name_or_path",
+    "architectures",
+    "attention_dropout",
+    "bos_token_id",
+    "chunk_size_feed_forward",
+    "dtype",
+    "eos_token_id",
+    "final_logit_softcapping",
+    "hidden_act",
+    "hidden_activation",
+    "hidden_dropout",
+    "id2label",
+    "initializer_range",
+    "intermediate_size",
+    "intermediate_size_mlp",
+    "is_encoder_decoder",
+    "label2id",
+    "max_position_embeddings",
+    "mlp_bias",
+    "model_type",
+    "num_hidden_layers",
+    "output_attentions",
+    "output_hidden_states",
+    "pad_token_id",
+    "pretraining_tp",
+    "problem_type",
+    "return_dict",
+    "tie_word_embeddings",
+    "torch_dtype",
+    "transformers_version",
+    "use_cache",
+    "vocab_size",
+    # mixture of experts and MLP shapes
+    "decoder_sparse_step",
+    "interleave_moe_layer_step",
+    "mlp_only_layers",
+    "moe_intermediate_size",
+    "moe_layers",
+    "norm_topk_prob",
+    "num_experts",
+    "num_experts_per_tok",
+    "num_local_experts",
+    "output_router_logits",
+    "router_aux_loss_coef",
+    "router_jitter_noise",
+    "shared_expert_intermediate_size",
+    "swiglu_alpha",
+    "swiglu_limit",
+    "ffn_hidden_size",
+    "activation",
+    "layer_norm_epsilon",
+    "num_ln_in_parallel_attn",
+    "parallel_attn",
+    # Qwen2/Qwen3: the window rule is spelled out in layer_types
+    "use_sliding_window",
+    "max_window_layers",
+    "_sliding_window_pattern",
+    "sliding_window_pattern",
+    "use_bidirectional_attention",
+    "no_rope_layer_interval",
+    # DeepSeek's MoE and multi-token prediction
+    "n_shared_experts",
+    "n_routed_experts",
+    "routed_scaling_factor",
+    "n_group",
+    "topk_group",
+    "topk_method",
+    "first_k_dense_replace",
+    "num_nextn_predict_layers",
+    "ep_size",
+    "scoring_func",
+    "aux_loss_alpha",
+    "seq_aux",
+    "moe_layer_freq",
+    "mlp_layer_types",  # DeepSeek-V3.2: dense or MoE per layer
+    # keys of released config.json files that do not shape attention
+    "apply_residual_connection_post_layernorm",
+    "cache_implementation",
+    "experts_per_token",
+    "initial_context_length",
+    "quantization_config",
+    "max_sequence_length",
+}
+
+_ATTENTION = {
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "rms_norm_eps",
+    "attention_bias",
+    "layer_types",
+    "sliding_window",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "partial_rotary_factor",
+    "query_pre_attn_scalar",
+    "attn_logit_softcapping",
+    # Falcon
+    "alibi",
+    "bias",
+    "multi_query",
+    "new_decoder_architecture",
+    "num_kv_heads",
+    # Llama 4
+    "attention_chunk_size",
+    "no_rope_layers",
+    "use_qk_norm",
+    "attn_temperature_tuning",
+    "floor_scale",
+    "attn_scale",
+    "text_config",
+    # MLA (DeepSeek-V2/V3)
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "qk_head_dim",
+    "v_head_dim",
+    "rope_interleave",
+    # DeepSeek-V3.2's lightning indexer (chapter 13)
+    "index_n_heads",
+    "index_head_dim",
+    "index_topk",
+    # Qwen3-Next's linear-attention layers (chapter 12's GatedDeltaNet)
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "rope_local_base_freq",  # Gemma 3 before transformers 5
+    "use_mrope",  # Qwen2.5: refused when true
+}
+
+
+def layer_settings(config, layer_idx=0):
+    """What :func:`~attn_np.attention_from_hf` builds, without building
+    it: ``(cls, args, kwargs, layout)``, the layer class, its positional
+    and keyword arguments, and how HF's state dict maps onto its
+    ``params``. Reads and checks the config as
+    :func:`~attn_np.attention_from_hf` does; costs nothing for a large
+    model (no weights are drawn)."""
+    data, _, _ = load_config(config)
+    cfg = language_model(data)
+    model_type = cfg.get("model_type")
+    model_type = MODEL_TYPE_ALIASES.get(model_type, model_type)
+    if model_type not in FAMILIES and model_type not in _OWN_LAYERS:
+        raise ValueError(
+            f"config model_type={model_type!r} is not one attention_from_hf "
+            f"builds; it builds {', '.join(NAMES)}"
+        )
+    if cfg.get("use_mrope"):
+        raise ValueError(
+            "config key use_mrope=True (multimodal RoPE sections) is not "
+            "implemented by attention_from_hf"
+        )
+    unknown = sorted(set(cfg) - _ELSEWHERE - _ATTENTION)
+    if unknown:
+        raise ValueError(
+            f"config keys {unknown} are not understood by "
+            f"attention_from_hf ({model_type}); refusing to guess what they "
+            "change"
+        )
+    if model_type in _OWN_LAYERS:
+        return _OWN_LAYERS[model_type](cfg, model_type, layer_idx)
+    return _decoder(cfg, model_type, layer_idx)
+
+
+# ------------------------------------------------------------------ RoPE
+_PLAIN_ROPE_KEYS = {"rope_theta", "rope_type", "partial_rotary_factor"}
+
+
+def layer_rope(cfg, layer_type=None, *, default_theta=10000.0):
+    """``(base, partial_rotary_factor, linear_factor, rope_scaling)`` of
+    a layer of type ``layer_type`` (None: a full layer), from either
+    spelling (:func:`~attn_np.hf.config.rope_parameters`): ``rope_type``
+    ``default`` and ``linear`` as a base and a factor; chapter 11's
+    ``llama3`` and ``yarn`` as a scaling dict checked by
+    :func:`~attn_np.long_context.read_rope_scaling` (a YaRN without
+    ``factor`` takes ``max_position_embeddings /
+    original_max_position_embeddings``). Another type, or a key its type
+    does not use, is refused by name."""
+    kind = layer_type or FULL
+    per = rope_parameters(cfg, [kind]) or {}
+    params = dict(per.get(kind) or {"rope_type": "default"})
+    rope_type = params.get("rope_type", "default")
+    base = float(params.get("rope_theta", default_theta))
+    partial = float(params.get("partial_rotary_factor", 1.0))
+    if rope_type in ("llama3", "yarn"):
+        scaling = read_rope_scaling(
+            params,
+            max_position_embeddings=cfg.get("max_position_embeddings"),
+        )
+        return base, partial, 1.0, scaling
+    if rope_type not in ("default", "linear"):
+        raise ValueError(
+            f"rope_type {rope_type!r} is not implemented by "
+            "attention_from_hf; it builds 'default', 'linear', "
+            "'llama3' and 'yarn'"
+        )
+    extra = set(params) - _PLAIN_ROPE_KEYS
+    if rope_type == "linear":
+        extra -= {"factor"}
+        factor = params.get("factor")
+        if isinstance(factor, bool) or not (
+            isinstance(factor, (int, float)) and factor > 0
+        ):
+            raise ValueError("rope_type linear needs a positive factor")
+    if extra:
+        raise ValueError(
+            f"rope keys {sorted(extra)} are not understood for rope_type "
+            f"{rope_type!r}"
+        )
+    factor = float(params["factor"]) if rope_type == "linear" else 1.0
+    return base, partial, factor, None
+
+
+# --------------------------------------------- the plain decoder and diffs
+def _layer_type(cfg, layer_idx):
+    """``layer_types[layer_idx]`` (None when the config has no list)."""
+    types = cfg.get("layer_types")
+    n = cfg.get("num_hidden_layers")
+    if isinstance(layer_idx, bool) or not isinstance(layer_idx, int):
+        raise TypeError(f"layer_idx must be an int, got {layer_idx!r}")
+    if n is not None and not 0 <= layer_idx < n:
+        raise ValueError(
+            f"layer_idx must be in [0, {n}) (num_hidden_layers), got "
+            f"{layer_idx}"
+        )
+    if types is None:
+        return None
+    if layer_idx >= len(types):
+        raise ValueError(
+            f"layer_types has {len(types)} entries, no layer {layer_idx}"
+        )
+    return types[layer_idx]
+
+
+def _heads(cfg):
+    d_model = count(cfg, "hidden_size")
+    n_heads = count(cfg, "num_attention_heads")
+    n_kv = count(cfg, "num_key_value_heads", required=False) or n_heads
+    head_dim = cfg.get("head_dim")  # absent or null: d_model // n_heads
+    head_dim = (
+        d_model // n_heads if head_dim is None else count(cfg, "head_dim")
+    )
+    return d_model, n_heads, n_kv, head_dim
+
+
+def _window(cfg, layer_idx, layer_type):
+    """``(window, layer_type)``: ``sliding_window`` on a sliding layer;
+    an older config without ``layer_types`` follows chapter 8's
+    calculator's rules (:func:`~attn_np.hf.config.windows`)."""
+    if cfg.get("layer_types") is None and cfg.get("sliding_window"):
+        window, types = windows(cfg, count(cfg, "num_hidden_layers"), None)
+        if types is None:
+            return window, layer_type
+        layer_type = types[layer_idx]
+        return (window if layer_type == SLIDING else None), layer_type
+    if layer_type == SLIDING:
+        return cfg.get("sliding_window"), layer_type
+    return None, layer_type
+
+
+def plain_decoder(cfg, layer_idx, layer_type):
+    """Llama's attention layer: ``(args, kwargs)`` of
+    :class:`~attn_np.hf.layers.HFAttention`, the start of every q/k/v/o
+    family."""
+    d_model, n_heads, n_kv, head_dim = _heads(cfg)
+    window, layer_type = _window(cfg, layer_idx, layer_type)
+    base, partial, factor, scaling = layer_rope(cfg, layer_type)
+    bias = bool(cfg.get("attention_bias", False))
+    kw = dict(
+        biases=("q", "k", "v", "o") if bias else (),
+        window=window,
+        rope_base=base,
+        rotary_dim=int(head_dim * partial) if partial != 1.0 else None,
+        rope_factor=factor,
+        rope_scaling=scaling,
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+    )
+    return (d_model, n_heads, n_kv, head_dim), kw
+
+
+def _qwen2(cfg, i, layer_type, kw, layout):
+    kw["biases"] = ("q", "k", "v")
+
+
+def _qwen3(cfg, i, layer_type, kw, layout):
+    kw["qk_norm"] = "head"
+
+
+def _olmo2(cfg, i, layer_type, kw, layout):
+    kw["qk_norm"] = "proj"
+
+
+def _gemma2(cfg, i, layer_type, kw, layout):
+    scalar = cfg.get("query_pre_attn_scalar")
+    if scalar is not None:
+        kw["scale"] = float(scalar) ** -0.5
+    cap = cfg.get("attn_logit_softcapping")
+    if cap is not None:
+        kw["score_mods"] = (SoftCap(cap),)
+
+
+def _gemma3(cfg, i, layer_type, kw, layout):
+    """Gemma 2's, with QK-norm of gain ``1 + w``; an older file's full
+    layers default to base 1e6 (``Gemma3TextConfig``'s)."""
+    _gemma2(cfg, i, layer_type, kw, layout)
+    kw.update(qk_norm="head", qk_norm_offset=1.0)
+    if cfg.get("rope_parameters") is not None:
+        if "rope_local_base_freq" in cfg:
+            raise ValueError(
+                "config is contradictory: rope_local_base_freq and "
+                "rope_parameters both set the sliding layers' RoPE"
+            )
+    elif cfg.get("rope_theta") is None and layer_type != SLIDING:
+        kw["rope_base"] = 1e6
+
+
+def _gpt_oss(cfg, i, layer_type, kw, layout):
+    kw["sinks"] = True
+
+
+def _qwen3_next(cfg, i, layer_type, kw, layout):
+    """Qwen3's QK-norm with gain ``1 + w``, and an elementwise output
+    gate whose rows HF keeps inside ``q_proj``."""
+    kw.update(qk_norm="head", qk_norm_offset=1.0, gate="elementwise")
+    layout["gate_rows"] = True
+
+
+def _llama4(cfg, i, layer_type, kw, layout):
+    """NoPE layers (``no_rope_layers[i] == 0``) with the query
+    temperature; RoPE layers interleaved, parameter-free QK-norm after
+    the rotation, chunked where the layer type says."""
+    rope_flags = cfg.get("no_rope_layers")
+    use_rope = bool(rope_flags[i]) if rope_flags else True
+    kw.update(use_rope=use_rope, rope_layout="interleaved")
+    if cfg.get("use_qk_norm") and use_rope:
+        kw.update(
+            qk_norm="head", qk_norm_learned=False, qk_norm_after_rope=True
+        )
+    if layer_type == "chunked_attention":
+        kw["chunk"] = count(cfg, "attention_chunk_size")
+    if cfg.get("attn_temperature_tuning") and not use_rope:
+        kw["query_temperature"] = (
+            float(cfg["floor_scale"]),
+            float(cfg["attn_scale"]),
+        )
+
+
+def _same(cfg, i, layer_type, kw, layout):
+    """The plain decoder as it is."""
+
+
+#: model_type -> its difference from the plain decoder
+FAMILIES = {
+    "llama": _same,
+    "mistral": _same,
+    "qwen2": _qwen2,
+    "qwen3": _qwen3,
+    "gemma2": _gemma2,
+    "gemma3_text": _gemma3,
+    "olmo2": _olmo2,
+    "gpt_oss": _gpt_oss,
+    "qwen3_next": _qwen3_next,
+    "llama4_text": _llama4,
+}
+
+
+def _decoder(cfg, model_type, layer_idx):
+    """Every family with q_proj/k_proj/v_proj/o_proj."""
+    layer_type = _layer_type(cfg, layer_idx)
+    if layer_type == "linear_attention" and model_type == "qwen3_next":
+        return _linear(cfg)
+    if layer_type not in (None, FULL, SLIDING, "chunked_attention"):
+        raise ValueError(
+            f"layer {layer_idx} has layer type {layer_type!r}, which "
+            "attention_from_hf does not build"
+        )
+    args, kw = plain_decoder(cfg, layer_idx, layer_type)
+    layout = {"kind": "proj", "gate_rows": False}
+    FAMILIES[model_type](cfg, layer_idx, layer_type, kw, layout)
+    return HFAttention, args, kw, layout
+
+
+# ------------------------------------------------ layers of their own
+def _falcon(cfg, model_type=None, layer_idx=0):
+    """Falcon: MQA, grouped (``new_decoder_architecture``) or per head,
+    RoPE or ALiBi."""
+    d_model = count(cfg, "hidden_size")
+    n_heads = count(cfg, "num_attention_heads")
+    head_dim = d_model // n_heads
+    if cfg.get("new_decoder_architecture"):
+        n_kv, fused = count(cfg, "num_kv_heads"), "grouped"
+    elif cfg.get("multi_query", True):
+        n_kv, fused = 1, "mqa"
+    else:
+        n_kv, fused = n_heads, "per_head"
+    base, partial, factor, scaling = layer_rope(cfg)
+    bias = bool(cfg.get("bias", False))
+    kw = dict(
+        biases=("q", "k", "v", "o") if bias else (),
+        rope_base=base,
+        rope_factor=factor,
+        rope_scaling=scaling,
+    )
+    if cfg.get("alibi"):
+        # HF's Falcon adds m_h * j before the 1/sqrt(d) scale
+        slopes = alibi_slopes(n_heads) / math.sqrt(head_dim)
+        kw.update(use_rope=False, score_mods=(ALiBi(slopes),))
+    args = (d_model, n_heads, n_kv, head_dim)
+    return HFAttention, args, kw, {"kind": "falcon", "fused": fused}
+
+
+def _linear(cfg):
+    """Qwen3-Next's Gated DeltaNet layer (chapter 12)."""
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(
+            "config key hidden_act must be 'silu' for a linear_attention "
+            f"layer (its convolution and output gate), got {act!r}"
+        )
+    args = (
+        count(cfg, "hidden_size"),
+        count(cfg, "linear_num_value_heads"),
+        count(cfg, "linear_num_key_heads"),
+    )
+    kw = dict(
+        d_k=count(cfg, "linear_key_head_dim"),
+        d_v=count(cfg, "linear_value_head_dim"),
+        conv_size=count(cfg, "linear_conv_kernel_dim"),
+        eps=float(cfg.get("rms_norm_eps", 1e-6)),
+    )
+    return GatedDeltaNet, args, kw, {"kind": "linear", "config": cfg}
+
+
+def _mla(cfg, model_type, layer_idx):
+    layer_type = _layer_type(cfg, layer_idx)
+    if layer_type not in (None, FULL, "indexed_attention"):
+        raise ValueError(
+            f"layer {layer_idx} has layer type {layer_type!r}, which "
+            "attention_from_hf does not build for MLA"
+        )
+    return _latent(cfg, model_type)
+
+
+def _latent(cfg, model_type):
+    """DeepSeek-V2/V3 multi-head latent attention; V3.2's with the
+    lightning indexer (chapter 13)."""
+    d_model = count(cfg, "hidden_size")
+    n_heads = count(cfg, "num_attention_heads")
+    q_lora = cfg.get("q_lora_rank")
+    if cfg.get("attention_bias"):
+        raise ValueError(
+            "config key attention_bias=True for MLA is not implemented"
+        )
+    base, partial, factor, scaling = layer_rope(cfg)
+    if partial != 1.0 or factor != 1.0:
+        raise ValueError(
+            "MLA with partial_rotary_factor or linear RoPE scaling is not "
+            "implemented"
+        )
+    interleave = cfg.get("rope_interleave", True)
+    args = (
+        d_model,
+        n_heads,
+        count(cfg, "qk_nope_head_dim"),
+        count(cfg, "kv_lora_rank"),
+        count(cfg, "qk_rope_head_dim"),
+    )
+    kw = dict(
+        d_latent_q=None if q_lora is None else count(cfg, "q_lora_rank"),
+        d_head_v=count(cfg, "v_head_dim"),
+        rope_base=base,
+        rope_layout="interleaved" if interleave else "half",
+        latent_norm=True,
+        rope_scaling=scaling,
+    )
+    if model_type == "deepseek_v32":
+        if q_lora is None:
+            raise ValueError(
+                "config needs q_lora_rank for deepseek_v32 (its indexer "
+                "reads the query latent)"
+            )
+        kw.update(
+            index_n_heads=count(cfg, "index_n_heads"),
+            index_head_dim=count(cfg, "index_head_dim"),
+            index_topk=count(cfg, "index_topk"),
+            index_rope_layout="half",  # HF: "NON-interleaved"
+        )
+        layout = {"kind": "mla", "indexer": True}
+        return HFSparseLatentAttention, args, kw, layout
+    return HFLatentAttention, args, kw, {"kind": "mla"}
+
+
+_OWN_LAYERS = {
+    "falcon": _falcon,
+    "deepseek_v2": _mla,
+    "deepseek_v3": _mla,
+    "deepseek_v32": _mla,
+}
+#: every model_type attention_from_hf builds
+NAMES = (*FAMILIES, *_OWN_LAYERS)

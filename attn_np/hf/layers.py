@@ -1,0 +1,102 @@
+"""The Hugging Face decoder layers :func:`~attn_np.attention_from_hf`
+builds: the book's layers with what HF's layers add to them.
+
+* :class:`HFAttention`: chapter 10's :class:`~attn_np.refinements.
+  RefinedAttention`, whose ``new_cache()`` holds only the chunk of a
+  chunked layer (Llama 4, chapter 11's :class:`~attn_np.ChunkedKVCache`);
+* :class:`HFLatentAttention`, :class:`HFSparseLatentAttention`: chapter
+  7's MLA and chapter 13's DSA, causal, with ``rope_scaling`` (chapter
+  11) in the rotation and the softmax scale.
+
+A Qwen3-Next ``linear_attention`` layer is chapter 12's
+:class:`~attn_np.GatedDeltaNet` itself: it takes the same ``kv_cache=``
+and ``new_cache()`` as every layer.
+"""
+
+from __future__ import annotations
+
+from ..latent import MultiHeadLatentAttention
+from ..long_context import (
+    ChunkedKVCache,
+    ScaledRotary,
+    read_rope_scaling,
+    softmax_scale,
+)
+from ..refinements import RefinedAttention
+from ..sparse import SparseLatentAttention
+
+
+class HFAttention(RefinedAttention):
+    """Chapter 10's layer as a Hugging Face decoder layer: a chunked
+    layer (Llama 4's ``chunked_attention``) decodes with chapter 11's
+    :class:`~attn_np.ChunkedKVCache`, which holds at most the chunk."""
+
+    def new_cache(self):
+        if self.chunk is None:
+            return super().new_cache()
+        return ChunkedKVCache(self.chunk)
+
+
+class _HFLatentRope:
+    """What an HF latent layer (MLA, DSA) takes of chapter 11:
+    ``rope_scaling`` goes through chapter 7's two settings. ``rotary``
+    turns ``q_R`` and ``k_R`` with the scaled frequencies
+    (:class:`~attn_np.long_context.ScaledRotary`), and ``scale`` is
+    :func:`~attn_np.long_context.softmax_scale` (YaRN's
+    ``mscale(s, mscale_all_dim)^2`` over ``1/sqrt(d_head + d_rope)``, as
+    DeepSeek's and HF's ``softmax_scale``)."""
+
+    def __init__(self, *args, rope_scaling=None, **kw):
+        super().__init__(*args, **kw)
+        self.rope_scaling = (
+            None if rope_scaling is None else read_rope_scaling(rope_scaling)
+        )
+        self.scale = softmax_scale(
+            self.d_head + self.d_rope, self.rope_scaling
+        )
+
+    @property
+    def rotary(self):
+        if self.rope_scaling is None:
+            return super().rotary
+        return ScaledRotary(
+            self.rope_base, self.rope_layout, rope_scaling=self.rope_scaling
+        )
+
+
+class HFLatentAttention(_HFLatentRope, MultiHeadLatentAttention):
+    """Chapter 7's MLA as a Hugging Face decoder layer: causal, and
+    continuing from its cache (the absorbed path) like HF's.
+    ``rope_scaling`` (chapter 11) as :class:`_HFLatentRope` says."""
+
+    def forward(self, x, causal=True, kv_cache=None):
+        if not causal:
+            raise ValueError("an HF decoder layer is causal")
+        return super().forward(x, causal=True, kv_cache=kv_cache)
+
+
+class HFSparseLatentAttention(_HFLatentRope, SparseLatentAttention):
+    """Chapter 13's DSA (MLA with the lightning indexer) as Hugging
+    Face's DeepSeek-V3.2 layer: causal, continuing from its
+    :class:`~attn_np.IndexedLatentCache`. ``rope_scaling`` enters as in
+    :class:`HFLatentAttention`, and the indexer turns its first
+    ``d_rope`` features with the same frequencies (HF hands both the
+    model's one ``cos``/``sin``), in the rotate-half layout. Its top-k
+    has no gradient: ``backward`` is chapter 7's, for the main
+    attention's parameters (HF runs the indexer under ``no_grad``)."""
+
+    def __init__(self, *args, rope_scaling=None, **kw):
+        super().__init__(*args, rope_scaling=rope_scaling, **kw)
+        if self.rope_scaling is not None:
+            ix = self.indexer
+            ix.rotary = ScaledRotary(
+                ix.rope_base,
+                ix.rope_layout,
+                ix.d_rope,
+                rope_scaling=self.rope_scaling,
+            )
+
+    def forward(self, x, causal=True, kv_cache=None):
+        if not causal:
+            raise ValueError("an HF decoder layer is causal")
+        return super().forward(x, kv_cache=kv_cache)

@@ -1,0 +1,465 @@
+"""Hugging Face's state dicts, mapped onto the book's layers and back.
+
+HF's ``nn.Linear`` weights are ``[out, in]``, the book's ``W`` are ``[in,
+out]``; some families fuse or interleave projections:
+
+* q/k/v/o families (:func:`load_state`, :func:`to_hf`): ``q_proj`` ...
+  ``o_proj`` with their biases and QK-norms, gpt-oss's ``sinks``;
+  Qwen3-Next's ``q_proj`` holds each head's query then its gate;
+* Falcon: ``query_key_value`` fused per group, per head or as MQA;
+* MLA (DeepSeek): ``kv_a_proj_with_mqa``, ``kv_b_proj`` with each head's
+  key and value rows, and V3.2's indexer (:func:`indexer_to_hf`);
+* Qwen3-Next's Gated DeltaNet (:func:`gated_deltanet_from_hf`,
+  :func:`gated_deltanet_grads_to_hf`): ``in_proj_qkvz`` grouped by key
+  head, ``in_proj_ba``, one ``conv1d`` over ``[q | k | v]``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from ..linear import GatedDeltaNet
+from .config import count, language_model
+
+
+def _hf_names(layout, layer):
+    """HF name -> how it is made from the layer's keys."""
+    p = layer.params
+    if layout["kind"] == "mla":
+        names = {
+            "kv_a_proj_with_mqa.weight": None,
+            "kv_a_layernorm.weight": "g_kv",
+            "kv_b_proj.weight": None,
+            "o_proj.weight": "W_o",
+        }
+        if "W_q" in p:
+            names["q_proj.weight"] = None
+        else:
+            names.update(
+                {
+                    "q_a_proj.weight": "W_dq",
+                    "q_a_layernorm.weight": "g_q",
+                    "q_b_proj.weight": None,
+                }
+            )
+        return names
+    if layout["kind"] == "falcon":
+        names = {"query_key_value.weight": None, "dense.weight": "W_o"}
+        if "b_q" in p:
+            names.update({"query_key_value.bias": None, "dense.bias": "b_o"})
+        return names
+    names = {}
+    for n in ("q", "k", "v", "o"):
+        names[f"{n}_proj.weight"] = f"W_{n}"
+        if f"b_{n}" in p:
+            names[f"{n}_proj.bias"] = f"b_{n}"
+    for n in ("q", "k"):
+        if f"{n}_norm" in p:
+            names[f"{n}_norm.weight"] = f"{n}_norm"
+    if "sinks" in p:
+        names["sinks"] = "sinks"
+    return names
+
+
+# DeepSeek-V3.2's indexer: HF name -> LightningIndexer's params key
+_INDEXER = {
+    "indexer.wq_b.weight": "W_qi",
+    "indexer.wk.weight": "W_ki",
+    "indexer.k_norm.weight": "g_k",
+    "indexer.k_norm.bias": "b_k",
+    "indexer.weights_proj.weight": "W_w",
+}
+
+
+def _store(p, key, a, entry):
+    """``p[key] = a`` (``a`` in the layer's layout), or raise naming the
+    state_dict ``entry`` with both shapes in HF's layout."""
+    if a.shape != p[key].shape:
+        hf_shape = a.T.shape if a.ndim == 2 else a.shape
+        want = p[key].T.shape if a.ndim == 2 else p[key].shape
+        raise ValueError(
+            f"state_dict entry {entry} has shape {hf_shape}, the config "
+            f"says {want}"
+        )
+    p[key] = np.ascontiguousarray(a)
+
+
+def _load_indexer(layer, got):
+    p = layer.indexer.params
+    for hf, key in _INDEXER.items():
+        a = got[hf]
+        _store(p, key, a.T if a.ndim == 2 else a, hf)
+
+
+def indexer_to_hf(layer):
+    """A V3.2 layer's indexer weights under HF's names and layout."""
+    p = layer.indexer.params
+    return {
+        hf: p[key].T if p[key].ndim == 2 else p[key]
+        for hf, key in _INDEXER.items()
+    }
+
+
+def _falcon_split(layer, fused, w):
+    """Falcon's fused rows ``[(...) * d, ...]`` -> q, k, v rows."""
+    H, n_kv, G, d = layer.n_heads, layer.n_kv, layer.G, layer.d
+    rest = w.shape[1:]
+    if fused == "grouped":
+        t = w.reshape(n_kv, G + 2, d, *rest)
+        q, k, v = t[:, :G], t[:, G], t[:, G + 1]
+    elif fused == "mqa":
+        t = w.reshape(H + 2, d, *rest)
+        q, k, v = t[:H], t[H], t[H + 1]
+    else:
+        t = w.reshape(H, 3, d, *rest)
+        q, k, v = t[:, 0], t[:, 1], t[:, 2]
+    return [a.reshape(-1, *rest) for a in (q, k, v)]
+
+
+def _falcon_fuse(layer, fused, q, k, v):
+    H, n_kv, G, d = layer.n_heads, layer.n_kv, layer.G, layer.d
+    rest = q.shape[1:]
+    if fused == "grouped":
+        t = np.concatenate(
+            [
+                q.reshape(n_kv, G, d, *rest),
+                k.reshape(n_kv, 1, d, *rest),
+                v.reshape(n_kv, 1, d, *rest),
+            ],
+            axis=1,
+        )
+    elif fused == "mqa":
+        t = np.concatenate([q, k, v], axis=0)
+    else:
+        t = np.stack([a.reshape(H, d, *rest) for a in (q, k, v)], axis=1)
+    return t.reshape(-1, *rest)
+
+
+def _gate_split(layer, w):
+    """Qwen3-Next's q_proj rows: per head [query d, gate d]."""
+    rest = w.shape[1:]
+    t = w.reshape(layer.n_heads, 2, layer.d, *rest)
+    return t[:, 0].reshape(-1, *rest), t[:, 1].reshape(-1, *rest)
+
+
+def load_state(layer, layout, state_dict, dtype):
+    """Fill ``layer.params`` from HF's ``state_dict`` (``layout`` from
+    :func:`~attn_np.hf.families.layer_settings`); every name checked."""
+    if not isinstance(state_dict, dict):
+        raise TypeError(
+            "state_dict must be a dict of arrays, got "
+            f"{type(state_dict).__name__}"
+        )
+    names = _hf_names(layout, layer)
+    if layout.get("gate_rows"):
+        names.pop("q_proj.weight")
+        names["q_proj.weight"] = None
+    if layout.get("indexer"):
+        names.update(dict.fromkeys(_INDEXER))
+    extra = sorted(set(state_dict) - set(names))
+    missing = sorted(set(names) - set(state_dict))
+    if extra or missing:
+        raise ValueError(
+            f"state_dict does not fit this layer: unexpected {extra}, "
+            f"missing {missing} (names without the "
+            "'model.layers.{i}.self_attn.' prefix)"
+        )
+    p = layer.params
+    got = {k: np.asarray(v, dtype=dtype) for k, v in state_dict.items()}
+    for k, a in got.items():
+        bad = a.size - int(np.isfinite(a).sum())
+        if bad:
+            raise ValueError(
+                f"state_dict entry {k} has {bad} NaN or inf value(s) in "
+                f"its {a.size}"
+            )
+    new = {}
+    for hf, key in names.items():
+        a = got[hf]
+        if key is None:
+            continue
+        new[key] = a.T if a.ndim == 2 else a
+    if layout["kind"] == "falcon":
+        for part in ("weight", "bias"):
+            hf = f"query_key_value.{part}"
+            if hf in got:
+                q, k, v = _falcon_split(layer, layout["fused"], got[hf])
+                pre = "W" if part == "weight" else "b"
+                for n, a in zip("qkv", (q, k, v)):
+                    new[f"{pre}_{n}"] = a.T if a.ndim == 2 else a
+    if layout["kind"] == "mla":
+        new.update(_mla_split(layer, got))
+    if layout.get("indexer"):
+        _load_indexer(layer, got)
+    if layout.get("gate_rows"):
+        q, g = _gate_split(layer, got["q_proj.weight"])
+        new["W_q"], new["W_g"] = q.T, g.T
+    for key, a in new.items():
+        _store(p, key, a, f"for {key}")
+
+
+def to_hf(layout, layer, d):
+    """A dict in the layer's keys -> HF's names and layout."""
+    names = _hf_names(layout, layer)
+    out = {}
+    for hf, key in names.items():
+        if key is None:
+            continue
+        a = d[key]
+        out[hf] = a.T if a.ndim == 2 else a
+    if layout["kind"] == "falcon":
+        out["query_key_value.weight"] = _falcon_fuse(
+            layer, layout["fused"], d["W_q"].T, d["W_k"].T, d["W_v"].T
+        )
+        if "b_q" in d:
+            out["query_key_value.bias"] = _falcon_fuse(
+                layer, layout["fused"], d["b_q"], d["b_k"], d["b_v"]
+            )
+    if layout["kind"] == "mla":
+        out.update(_mla_fuse(layer, d))
+    if layout.get("gate_rows"):
+        H, dd = layer.n_heads, layer.d
+        q = d["W_q"].T.reshape(H, 1, dd, -1)
+        g = d["W_g"].T.reshape(H, 1, dd, -1)
+        out["q_proj.weight"] = np.concatenate([q, g], axis=1).reshape(
+            2 * H * dd, -1
+        )
+    return out
+
+
+def _head_split(w, n_heads, sizes):
+    """Rows ``[n_heads * sum(sizes), in]`` -> one ``[n_heads * size, in]``
+    block per size (each head's rows are the parts in order)."""
+    t = w.reshape(n_heads, sum(sizes), -1)
+    edges = np.cumsum([0, *sizes])
+    return [
+        t[:, a:b].reshape(n_heads * (b - a), -1)
+        for a, b in zip(edges[:-1], edges[1:])
+    ]
+
+
+def _head_fuse(parts, n_heads):
+    t = [a.reshape(n_heads, -1, a.shape[-1]) for a in parts]
+    return np.concatenate(t, axis=1).reshape(-1, parts[0].shape[-1])
+
+
+def _mla_split(layer, got):
+    """HF's MLA weights -> chapter 7's (``W [in, out]``)."""
+    h, d_c = layer.n_heads, layer.d_latent_kv
+    dims = [layer.d_head, layer.d_rope]
+    q_name = "q_proj.weight" if "q_proj.weight" in got else "q_b_proj.weight"
+    q_c, q_r = _head_split(got[q_name], h, dims)
+    kv_a = got["kv_a_proj_with_mqa.weight"]  # [d_c + d_R, d_model]
+    k_c, v = _head_split(
+        got["kv_b_proj.weight"], h, [dims[0], layer.d_head_v]
+    )
+    new = {"W_qr": q_r.T, "W_dkv": kv_a[:d_c].T, "W_kr": kv_a[d_c:].T}
+    new.update({"W_uk": k_c.T, "W_uv": v.T})
+    new["W_q" if q_name == "q_proj.weight" else "W_uq"] = q_c.T
+    return new
+
+
+def _mla_fuse(layer, d):
+    h = layer.n_heads
+    q = d["W_q"] if "W_q" in d else d["W_uq"]
+    out = {
+        "kv_a_proj_with_mqa.weight": np.concatenate(
+            [d["W_dkv"].T, d["W_kr"].T], axis=0
+        ),
+        "kv_b_proj.weight": _head_fuse([d["W_uk"].T, d["W_uv"].T], h),
+    }
+    q_name = "q_proj.weight" if "W_q" in d else "q_b_proj.weight"
+    out[q_name] = _head_fuse([q.T, d["W_qr"].T], h)
+    return out
+
+
+def load_linear(layer, layout, state_dict, dtype):
+    """:func:`gated_deltanet_from_hf` reads the weights; this layer takes
+    them."""
+    if not isinstance(state_dict, dict):
+        raise TypeError(
+            "state_dict must be a dict of arrays, got "
+            f"{type(state_dict).__name__}"
+        )
+    extra = sorted(set(state_dict) - set(HF_LINEAR_KEYS))
+    if extra:
+        raise ValueError(
+            f"state_dict does not fit this layer: unexpected {extra} "
+            "(names without the 'model.layers.{i}.linear_attn.' prefix)"
+        )
+    src = gated_deltanet_from_hf(layout["config"], state_dict, dtype=dtype)
+    layer.params, layer.grads = src.params, src.grads
+
+
+def linear_to_hf(layer, d):
+    view = copy.copy(layer)  # the same layer, reading d as its grads
+    view.grads = d
+    return gated_deltanet_grads_to_hf(view)
+
+
+# ------------------------------------------------ Qwen3-Next's linear layer
+HF_LINEAR_KEYS = (
+    "in_proj_qkvz.weight",
+    "in_proj_ba.weight",
+    "conv1d.weight",
+    "A_log",
+    "dt_bias",
+    "norm.weight",
+    "out_proj.weight",
+)
+_LINEAR_CONFIG = (
+    "hidden_size",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
+
+
+def _linear_dims(config) -> dict:
+    """The Gated DeltaNet's sizes from a Qwen3-Next ``config.json`` dict
+    (its ``text_config`` when there is one)."""
+    if not isinstance(config, dict):
+        raise TypeError(
+            "config must be a dict (a config.json), got "
+            f"{type(config).__name__}"
+        )
+    cfg = language_model(config)
+    missing = [k for k in _LINEAR_CONFIG if k not in cfg]
+    if missing:
+        raise ValueError(
+            f"config has no {', '.join(missing)}: not a Qwen3-Next-style "
+            "config with linear_attention layers"
+        )
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(
+            f"hidden_act must be 'silu' (the convolution's and the output "
+            f"gate's activation), got {act!r}"
+        )
+    d, n_k, n_v, d_k, d_v, K = (count(cfg, k) for k in _LINEAR_CONFIG)
+    return dict(d=d, n_k=n_k, n_v=n_v, d_k=d_k, d_v=d_v, K=K, cfg=cfg)
+
+
+def _linear_state(state_dict, s) -> dict:
+    """HF's arrays, each checked against the shape the config gives."""
+    gone = [k for k in HF_LINEAR_KEYS if k not in state_dict]
+    if gone:
+        raise ValueError(
+            f"state_dict lacks {', '.join(gone)} (keys are expected without "
+            "the 'model.layers.{i}.linear_attn.' prefix)"
+        )
+    d, n_k, n_v, d_k, d_v, K = (s[k] for k in "d n_k n_v d_k d_v K".split())
+    expect = {
+        "in_proj_qkvz.weight": (2 * n_k * d_k + 2 * n_v * d_v, d),
+        "in_proj_ba.weight": (2 * n_v, d),
+        "conv1d.weight": (2 * n_k * d_k + n_v * d_v, 1, K),
+        "A_log": (n_v,),
+        "dt_bias": (n_v,),
+        "norm.weight": (d_v,),
+        "out_proj.weight": (d, n_v * d_v),
+    }
+    sd = {k: np.asarray(state_dict[k]) for k in HF_LINEAR_KEYS}
+    for name, shape in expect.items():
+        if sd[name].shape != shape:
+            raise ValueError(
+                f"state_dict[{name!r}] must have shape {shape} for this "
+                f"config, got {sd[name].shape}"
+            )
+    return sd
+
+
+def _linear_params(sd, s) -> dict:
+    """HF's layout -> the layer's ``params`` (``W [in, out]``)."""
+    d, n_k, n_v, d_k, d_v = (s[k] for k in "d n_k n_v d_k d_v".split())
+    G = n_v // n_k
+    # [out, d] -> [d, n_k, q | k | v | z]
+    qkvz = sd["in_proj_qkvz.weight"].T.reshape(d, n_k, -1)
+    q, k, v, z = np.split(
+        qkvz, np.cumsum([d_k, d_k, G * d_v]), axis=-1
+    )  # [d, n_k, d_k], ..., [d, n_k, G*d_v]
+    ba = sd["in_proj_ba.weight"].T.reshape(d, n_k, 2 * G)
+    conv = sd["conv1d.weight"][:, 0, :].T  # [K, ch]
+    return {
+        "W_q": q.reshape(d, n_k * d_k),
+        "W_k": k.reshape(d, n_k * d_k),
+        "W_v": v.reshape(d, n_v * d_v),
+        "W_z": z.reshape(d, n_v * d_v),
+        "W_b": ba[..., :G].reshape(d, n_v),
+        "W_a": ba[..., G:].reshape(d, n_v),
+        "conv_q": conv[:, : n_k * d_k],
+        "conv_k": conv[:, n_k * d_k : 2 * n_k * d_k],
+        "conv_v": conv[:, 2 * n_k * d_k :],
+        "A_log": sd["A_log"],
+        "dt_bias": sd["dt_bias"],
+        "norm": sd["norm.weight"],
+        "W_o": sd["out_proj.weight"].T,
+    }
+
+
+def gated_deltanet_from_hf(config, state_dict, *, dtype=None, **kwargs):
+    """A :class:`~attn_np.GatedDeltaNet` holding the weights of one of
+    Qwen3-Next's ``linear_attention`` layers.
+
+    ``config`` is the model's ``config.json`` as a dict (a ``text_config``
+    inside it is used when present); ``state_dict`` maps the layer's
+    parameter names, without the ``model.layers.{i}.linear_attn.`` prefix,
+    to arrays in HF's layout. ``in_proj_qkvz.weight [out, d_model]`` is
+    grouped by key head: for each of the ``n_k`` key heads, its ``q``
+    (``d_k`` rows), ``k`` (``d_k``), ``v`` (``G d_v``) and ``z`` (``G
+    d_v``); ``in_proj_ba.weight`` likewise ``b`` (``G``) then ``a``
+    (``G``). ``conv1d.weight [ch, 1, K]`` runs over the channels ``[q | k
+    | v]``. Other keyword arguments go to the layer (``mode``,
+    ``chunk_size``).
+    """
+    s = _linear_dims(config)
+    sd = _linear_state(state_dict, s)
+    dtype = sd["in_proj_qkvz.weight"].dtype if dtype is None else dtype
+    layer = GatedDeltaNet(
+        s["d"],
+        s["n_v"],
+        s["n_k"],
+        d_k=s["d_k"],
+        d_v=s["d_v"],
+        conv_size=s["K"],
+        eps=float(s["cfg"].get("rms_norm_eps", 1e-6)),
+        dtype=dtype,
+        **kwargs,
+    )
+    for name, val in _linear_params(sd, s).items():
+        layer.params[name] = np.ascontiguousarray(val, dtype=layer.dtype)
+    layer.grads = {n: np.zeros_like(p) for n, p in layer.params.items()}
+    return layer
+
+
+def gated_deltanet_grads_to_hf(layer) -> dict:
+    """The layer's ``grads`` in HF's names and layout (the inverse of
+    :func:`gated_deltanet_from_hf`), to compare with HF's gradients."""
+    gr = layer.grads
+    d, n_k, G = layer.d_model, layer.n_k_heads, layer.group_size
+    qkvz = np.concatenate(
+        [
+            gr["W_q"].reshape(d, n_k, -1),
+            gr["W_k"].reshape(d, n_k, -1),
+            gr["W_v"].reshape(d, n_k, -1),
+            gr["W_z"].reshape(d, n_k, -1),
+        ],
+        axis=-1,
+    ).reshape(d, -1)
+    ba = np.concatenate(
+        [gr["W_b"].reshape(d, n_k, G), gr["W_a"].reshape(d, n_k, G)],
+        axis=-1,
+    ).reshape(d, -1)
+    conv = np.concatenate([gr["conv_q"], gr["conv_k"], gr["conv_v"]], axis=1)
+    return {
+        "in_proj_qkvz.weight": qkvz.T,
+        "in_proj_ba.weight": ba.T,
+        "conv1d.weight": conv.T[:, None, :],
+        "A_log": gr["A_log"],
+        "dt_bias": gr["dt_bias"],
+        "norm.weight": gr["norm"],
+        "out_proj.weight": gr["W_o"].T,
+    }

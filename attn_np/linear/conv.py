@@ -1,0 +1,73 @@
+"""The short causal convolution and its SiLU (chapter 12), each with its
+backward: a depthwise filter of ``K`` taps over each channel's last ``K``
+inputs, as Qwen3-Next and FLA run on ``q``, ``k`` and ``v``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .gates import sigmoid
+
+
+def silu(x):
+    """``x * sigmoid(x)``."""
+    y = sigmoid(x)
+    y *= x
+    return y
+
+
+def silu_backward(dy, x):
+    """``d silu / dx = s (1 + x (1 - s))``, ``s = sigmoid(x)``."""
+    s = sigmoid(x)
+    d = np.subtract(1.0, s, dtype=s.dtype)  # 1 - s
+    d *= x
+    d += 1.0
+    d *= s
+    d *= dy
+    return d
+
+
+def causal_conv_forward(x, w, prev=None):
+    """Depthwise causal convolution then SiLU, Qwen3-Next's short
+    convolution.
+
+    ``x [B, L, ch]``, ``w [K, ch]``, ``prev [B, K-1, ch]`` the inputs
+    before the chunk (zeros: the sequence starts here). With ``xp =
+    [prev, x]``, ``y_t = silu(sum_j w_j * xp_{t+j})``: ``w[K-1]`` weighs
+    the current token. ``K`` shifted multiply-adds over whole arrays, no
+    loop over tokens. Returns ``(y [B, L, ch], (xp, w, pre))``; the last
+    ``K - 1`` rows of ``xp`` are the next chunk's ``prev``.
+    """
+    K = w.shape[0]
+    B, L, ch = x.shape
+    dtype = np.result_type(x, w)
+    xp = np.empty((B, K - 1 + L, ch), dtype=dtype)  # [prev, x]
+    xp[:, : K - 1] = 0.0 if prev is None else prev
+    xp[:, K - 1 :] = x
+    pre = np.multiply(xp[:, K - 1 :], w[K - 1])  # the current token
+    tmp = np.empty_like(pre)
+    for j in range(K - 1):  # the K - 1 earlier ones
+        np.multiply(xp[:, j : j + L], w[j], out=tmp)  # [B, L, ch] * [ch]
+        pre += tmp
+    return silu(pre), (xp, w, pre)
+
+
+def causal_conv_backward(dy, cache):
+    """``(dx, dw)`` of :func:`causal_conv_forward` (``prev`` is a constant:
+    a cached input). Input ``i`` feeds outputs ``i + m``, ``m = 0 .. K-1``,
+    through ``w[K-1-m]``: ``dx_i = sum_m w[K-1-m] dpre_(i+m)``."""
+    xp, w, pre = cache
+    K, L = w.shape[0], pre.shape[1]
+    dpre = silu_backward(dy, pre)  # [B, L, ch]
+    dx = np.multiply(dpre, w[K - 1])
+    tmp = np.empty_like(dpre)
+    dw = np.empty_like(w)
+    for j in range(K):
+        np.multiply(dpre, xp[:, j : j + L], out=tmp)
+        dw[j] = tmp.sum(axis=(0, 1))
+        m = K - 1 - j
+        if 0 < m < L:
+            # [B, L-m, ch] += [ch] * [B, L-m, ch]
+            np.multiply(dpre[:, m:], w[j], out=tmp[:, : L - m])
+            dx[:, : L - m] += tmp[:, : L - m]
+    return dx, dw

@@ -1,0 +1,44 @@
+"""The small per-token parts of a Gated DeltaNet layer (chapter 12), each
+with its backward: the sigmoid of ``beta``, the softplus of the decay,
+and the L2 norm of ``q`` and ``k``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def sigmoid(x):
+    # tanh form: one transcendental, no overflow for large |x|; in place
+    # on one new array, in x's dtype
+    s = np.multiply(x, 0.5)
+    np.tanh(s, out=s)
+    s *= 0.5
+    s += 0.5
+    return s
+
+
+def softplus(x):
+    """``log(1 + e^x)``, computed without overflow."""
+    return np.logaddexp(0.0, x)
+
+
+def l2norm_forward(x, eps=1e-6):
+    """``x / sqrt(sum(x^2) + eps)`` over the last axis (the ``l2norm`` of
+    FLA and Hugging Face, ``eps`` inside the root)."""
+    # [..., d] . [..., d] -> [..., 1]
+    r = np.einsum("...d,...d->...", x, x)[..., None]
+    r += eps
+    np.sqrt(r, out=r)
+    np.divide(1.0, r, out=r)
+    y = x * r
+    return y, (y, r)
+
+
+def l2norm_backward(dy, cache):
+    """``dx = r (dy - y (y . dy))``."""
+    y, r = cache
+    yd = np.einsum("...d,...d->...", y, dy)[..., None]  # [..., 1]
+    dx = y * yd
+    np.subtract(dy, dx, out=dx)
+    dx *= r
+    return dx
