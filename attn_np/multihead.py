@@ -50,7 +50,7 @@ from .grouped import (
 )
 from .heads import flat, merge_groups, merge_heads, split_groups, split_heads
 from .kv_cache import KVCache
-from .rope import Rotary, check_rope_settings
+from .rope import Rotary, check_rope_settings, check_rotary
 
 # the chapter-2 names of the key/value head split (kept for old imports)
 split_kv, merge_kv = split_heads, merge_heads
@@ -549,14 +549,7 @@ class MultiQueryAttention(GroupedQueryAttention):
 def check_parts(rotary, mask_rule, score_mods, scale):
     """A layer's parts, checked: ``(rotary, mask_rule, score_mods,
     scale)``."""
-    if rotary is not None and not (
-        callable(getattr(rotary, "forward", None))
-        and callable(getattr(rotary, "backward", None))
-    ):
-        raise TypeError(
-            "rotary must be a position part with forward(t, positions) "
-            f"and backward(dy, saved) (a Rotary), got {rotary!r}"
-        )
+    check_rotary(rotary)
     if mask_rule is not None and not callable(mask_rule):
         raise TypeError(
             "mask_rule must be a callable (q_positions, k_positions) -> "

@@ -272,6 +272,21 @@ def check_rope_settings(base, layout, rotary_dim, d_k):
     return base, layout, r
 
 
+def check_rotary(rotary):
+    """``rotary`` if it is a position part (None, or an object with
+    :class:`Rotary`'s ``forward(t, positions)`` and ``backward(dy,
+    saved)``), or raise a ``TypeError`` naming it."""
+    if rotary is not None and not (
+        callable(getattr(rotary, "forward", None))
+        and callable(getattr(rotary, "backward", None))
+    ):
+        raise TypeError(
+            "rotary must be a position part with forward(t, positions) "
+            f"and backward(dy, saved) (a Rotary), got {rotary!r}"
+        )
+    return rotary
+
+
 @dataclass(frozen=True)
 class Rotary:
     """A layer's RoPE settings, ready to turn its heads: ``forward(x,

@@ -245,3 +245,35 @@ def test_plain_layer_takes_the_parts():
         ref.forward(x), gqa.forward(x, causal=True), rtol=0, atol=EXACT
     )
     assert MultiHeadAttention(8, 2).options["mask_rule"] is None
+
+
+def test_latent_attention_takes_the_position_part():
+    """MLA's decoupled RoPE takes the same position part as chapter 2's
+    layer: a YaRN scaling given as a part changes its output, and the
+    plain part gives the plain layer."""
+    from attn_np import MultiHeadLatentAttention
+    from attn_np.rope import Rotary
+    from attn_np.rope_scaling import ScaledRotary
+
+    x = _x((1, 6, 16))
+    plain = MultiHeadLatentAttention(16, 4, 4, 8, 4, seed=1)
+    same = MultiHeadLatentAttention(
+        16, 4, 4, 8, 4, seed=1, rotary=Rotary(10000.0)
+    )
+    scaling = {"rope_type": "linear", "factor": 4.0}
+    scaled = MultiHeadLatentAttention(
+        16,
+        4,
+        4,
+        8,
+        4,
+        seed=1,
+        rotary=ScaledRotary(1e4, rope_scaling=scaling),
+    )
+    y = plain.forward(x, causal=True)
+    np.testing.assert_array_equal(same.forward(x, causal=True), y)
+    assert np.abs(scaled.forward(x, causal=True) - y).max() > 1e-6
+    errs = check_layer_gradients(scaled, x, causal=True)
+    assert max(errs.values()) < 1e-7, errs
+    with pytest.raises(TypeError, match="rotary"):
+        MultiHeadLatentAttention(16, 4, 4, 8, 4, rotary=scaling)
