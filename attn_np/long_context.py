@@ -277,16 +277,14 @@ class LongContextAttention(GroupedQueryAttention):
                 "rope_base must be a number (use use_rope=False for a "
                 "NoPE layer), got None"
             )
-        if options.get("flash"):
-            raise ValueError(
-                "flash=True is not supported by LongContextAttention: the "
-                "tiled kernels take no chunked mask; use flash=False"
-            )
-        if options.pop("rotary", None) is not None:
-            raise ValueError(
-                "LongContextAttention makes its position part from "
-                "rope_scaling, use_rope and qk_norm: pass no rotary"
-            )
+        for name, why in (
+            ("flash", "the tiled kernels take no chunked mask"),
+            ("rotary", "the layer makes its own from its settings"),
+        ):
+            if options.pop(name, None):
+                raise ValueError(
+                    f"{name} is not taken by LongContextAttention: {why}"
+                )
         self.rope_scaling = (
             None if rope_scaling is None else read_rope_scaling(rope_scaling)
         )

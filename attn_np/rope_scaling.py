@@ -149,6 +149,13 @@ def read_rope_scaling(rope_scaling, *, max_position_embeddings=None):
             raise ValueError(
                 f"rope_scaling of rope_type {kind!r} needs the key {key!r}"
             )
+    return _checked_values(kind, s)
+
+
+def _checked_values(kind, s):
+    """The values of a ``rope_scaling`` dict ``s`` of type ``kind`` (its
+    keys checked): numbers positive, ``truncate`` a flag, YaRN's
+    defaults filled in."""
     out = {"rope_type": kind}
     for key, value in s.items():
         if key == "truncate":
