@@ -313,11 +313,10 @@ class LongContextAttention(GroupedQueryAttention):
             raise ValueError(
                 "pass attention_chunk_size or a mask_rule, not both"
             )
-        self._mods = tuple(options.pop("score_mods", ()))
+        mods = tuple(options.pop("score_mods", ()))
+        temp = ()
         if self.temperature_tuning:  # Llama 4's, first: it scales s
             temp = (QueryTemperature(self.floor_scale, self.attn_scale),)
-        else:
-            temp = ()
         super().__init__(
             d_model,
             n_heads,
@@ -328,7 +327,7 @@ class LongContextAttention(GroupedQueryAttention):
             dtype,
             rope_base=rope_base,
             mask_rule=rule if C is None else ChunkedMask(C),
-            score_mods=(*temp, *self._mods),
+            score_mods=(*temp, *mods),
             **options,
         )
 
@@ -345,7 +344,10 @@ class LongContextAttention(GroupedQueryAttention):
             "attn_scale": self.attn_scale,
             "attention_chunk_size": self.attention_chunk_size,
         }
-        made = {"rotary": None, "score_mods": self._mods}
+        mods = self.score_mods
+        if self.temperature_tuning:  # the layer's own, first
+            mods = mods[1:]
+        made = {"rotary": None, "score_mods": mods}
         if self.attention_chunk_size is not None:
             made["mask_rule"] = None
         return {**super().options, **made, **mine}

@@ -510,7 +510,7 @@ class MultiHeadAttention(GroupedQueryAttention):
     """Multi-head attention (Vaswani et al. 2017): every query head has its
     own key/value head. ``options`` are :class:`GroupedQueryAttention`'s
     keywords (``rope_base``, ``rope_layout``, ``rope_dim``, ``window``,
-    ``sinks``, ``flash`` and the parts)."""
+    ``sinks``, ``flash``)."""
 
     def __init__(
         self,

@@ -357,7 +357,7 @@ class RefinedAttention(GroupedQueryAttention):
         vars(self).update(kw)  # the settings the steps and parts read
         self.n_kv, self.d = n_kv_heads, head_dim
         temp = query_temperature
-        self._mods = tuple(score_mods)  # the caller's, for options
+        self._temp = None if temp is None else QueryTemperature(*temp)
         self._watch = MaxLogit()
         super().__init__(
             d_model,
@@ -374,7 +374,7 @@ class RefinedAttention(GroupedQueryAttention):
             sinks=sinks,
             mask_rule=None if chunk is None else ChunkedMask(chunk),
             score_mods=(
-                *(() if temp is None else (QueryTemperature(*temp),)),
+                *(() if temp is None else (self._temp,)),
                 *score_mods,
                 self._watch,
             ),
@@ -429,6 +429,13 @@ class RefinedAttention(GroupedQueryAttention):
             "query_temperature": self.query_temperature,
             "dtype": self.dtype,
         }
+
+    @property
+    def _mods(self) -> tuple:
+        """The score mods the caller gave (not the temperature part or
+        the watch the layer adds)."""
+        made = (self._temp, self._watch)
+        return tuple(m for m in self.score_mods if m not in made)
 
     @property
     def kv_params(self) -> tuple:
