@@ -210,6 +210,10 @@ class MultiHeadLatentAttention:
     def n_params(self) -> int:
         return sum(p.size for p in self.params.values())
 
+    def new_cache(self):
+        """An empty :class:`LatentKVCache` for this layer."""
+        return LatentKVCache()
+
     @property
     def rotary(self):
         """The position part of the decoupled ``q_R`` and ``k_R``: the one

@@ -45,7 +45,7 @@ from ._checks import (
     check_positive_number,
     check_upstream,
 )
-from .kv_cache import KVCache
+from .kv_cache import ChunkedKVCache
 from .masks import ChunkedMask, chunked_mask
 from .multihead import GroupedQueryAttention
 from .norms import qk_norm_backward as _qk_norm_backward
@@ -164,60 +164,6 @@ def rope_layers(n_layers, *, nope_layer_interval=None, no_rope_layers=None):
         return flags.astype(bool)
     k = check_positive_int(nope_layer_interval, "nope_layer_interval")
     return (np.arange(n_layers) + 1) % k != 0
-
-
-# ------------------------------------------------------------------ cache
-class ChunkedKVCache(KVCache):
-    """A cache for a chunked layer: it holds only the current chunk.
-
-    Before a chunk of new positions is appended, every position of an
-    earlier chunk than the first new one is forgotten: ``floor(n/C) * C``
-    on stay (``n = len(cache)``). Decoding one token at a time it holds at
-    most ``C`` positions. ``len``, ``nbytes``, ``truncate`` and
-    ``check_chunk`` follow the :class:`~attn_np.KVCache` protocol (its
-    ``_evict`` and ``_lowest`` hooks are the chunked rule);
-    :meth:`attention_mask` is the chunked rule on the held positions.
-    """
-
-    def __init__(self, chunk: int, initial_capacity: int = 16, **kw):
-        self.chunk = check_positive_int(chunk, "chunk")
-        super().__init__(min(initial_capacity, self.chunk), **kw)
-
-    def __repr__(self) -> str:
-        return f"ChunkedKVCache(chunk={self.chunk}, {self._describe()})"
-
-    def step(self, q, k, v, rotary=None):
-        """:meth:`KVCache.step`, and the absolute positions of the chunk's
-        queries and of the keys held (they no longer start at 0)."""
-        positions = len(self) + np.arange(k.shape[2])  # the chunk's: [L]
-        q, k, v, where = super().step(q, k, v, rotary)
-        where.update(q_positions=positions, k_positions=self.positions)
-        return q, k, v, where
-
-    def _evict(self) -> None:
-        """Keep the positions of the current chunk, ``floor(n/C) * C``
-        on, moved to the front of the buffer."""
-        keep = self._seen - (self._seen // self.chunk) * self.chunk
-        if keep < self._len:
-            src = slice(self._len - keep, self._len)
-            self._buf[..., :keep] = self._buf[..., src]  # [B, n_kv, d, keep]
-            self._len = keep
-
-    def _lowest(self) -> int:
-        """It can go back to its oldest position held, no further."""
-        return self._seen - self._len
-
-    def attention_mask(self, n_queries: int) -> np.ndarray:
-        """``[n_queries, held]``: the chunked rule for the last
-        ``n_queries`` positions appended."""
-        n_queries = check_positive_int(n_queries, "n_queries")
-        if n_queries > self._len:
-            raise ValueError(
-                f"n_queries must be at most the {self._len} positions "
-                f"held, got {n_queries}"
-            )
-        k_pos = self.positions  # [held]
-        return chunked_mask(k_pos[-n_queries:], k_pos, self.chunk)
 
 
 # ------------------------------------------------------------------ layer
@@ -381,6 +327,12 @@ class LongContextAttention(GroupedQueryAttention):
         new = cls(layer.d_model, layer.n_heads, layer.n_kv_heads, **kw)
         new.params, new.grads = layer.params, layer.grads
         return new
+
+    def new_cache(self):
+        """An empty cache for this layer: a :class:`ChunkedKVCache` of its
+        chunk for a chunked layer (it holds only the current chunk)."""
+        C = self.attention_chunk_size
+        return super().new_cache() if C is None else ChunkedKVCache(C)
 
     def check_cache(self, kv_cache, x3):
         """The parent's checks, and a chunked layer's cache is a

@@ -445,6 +445,11 @@ class GroupedQueryAttention:
         return dx
 
     # ------------------------------------------------------------------
+    def new_cache(self):
+        """An empty cache for this layer (keys after RoPE, and values):
+        rolling, holding only the window, for a window layer."""
+        return KVCache(window=self.window)
+
     def check_cache(self, kv_cache, x3):
         """Raise unless ``kv_cache`` (None, or a :class:`~attn_np.KVCache`)
         can take ``x3``'s chunk from this layer."""

@@ -53,7 +53,7 @@ from ._checks import (
     check_positive_number,
 )
 from .heads import merge_groups, merge_heads, split_groups, split_heads
-from .kv_cache import KVCache
+from .kv_cache import ChunkedKVCache
 from .masks import ChunkedMask, chunked_mask, position_mask
 from .multihead import GroupedQueryAttention
 from .norms import qk_norm_backward, qk_norm_forward
@@ -497,8 +497,12 @@ class RefinedAttention(GroupedQueryAttention):
 
     def new_cache(self):
         """An empty cache for this layer (keys after RoPE, and values):
-        rolling, holding only the window, for a window layer."""
-        return KVCache(window=self.window)
+        rolling, holding only the window, for a window layer; holding
+        only the current chunk (:class:`~attn_np.kv_cache.ChunkedKVCache`)
+        for a chunked one."""
+        if self.chunk is None:
+            return super().new_cache()
+        return ChunkedKVCache(self.chunk)
 
     # ---------------------------------------------------------- steps
     def forward(self, x, *, causal=True, mask=None, kv_cache=None):

@@ -277,3 +277,26 @@ def test_latent_attention_takes_the_position_part():
     assert max(errs.values()) < 1e-7, errs
     with pytest.raises(TypeError, match="rotary"):
         MultiHeadLatentAttention(16, 4, 4, 8, 4, rotary=scaling)
+
+
+def test_every_layer_makes_its_cache():
+    """Every layer makes its cache with new_cache(): a chunked layer's
+    holds only its chunk, and decoding through it equals the forward."""
+    from attn_np import LatentKVCache, MultiHeadLatentAttention
+    from attn_np.kv_cache import ChunkedKVCache as Chunked
+
+    assert Chunked is ChunkedKVCache  # one class, re-exported
+    gqa = GroupedQueryAttention(8, 2, 1, window=3)
+    assert (type(gqa.new_cache()), gqa.new_cache().window) == (KVCache, 3)
+    long = LongContextAttention(8, 2, 1, attention_chunk_size=3)
+    assert long.new_cache().chunk == 3
+    ref = RefinedAttention(16, 4, 2, seed=2, chunk=3)
+    cache = ref.new_cache()
+    assert cache.chunk == 3
+    x = _x((1, 8, 16), seed=4)
+    np.testing.assert_allclose(
+        _decode(ref, x, cache), ref.forward(x), rtol=0, atol=EXACT
+    )
+    assert len(cache.positions) <= 3
+    mla = MultiHeadLatentAttention(16, 4, 4, 8, 4)
+    assert type(mla.new_cache()) is LatentKVCache
