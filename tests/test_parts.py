@@ -245,6 +245,14 @@ def test_plain_layer_takes_the_parts():
         ref.forward(x), gqa.forward(x, causal=True), rtol=0, atol=EXACT
     )
     assert MultiHeadAttention(8, 2).options["mask_rule"] is None
+    errs = check_layer_gradients(gqa, _x((2, 5, 16)), causal=True)
+    assert max(errs.values()) < 1e-7, errs
+    with pytest.raises(ValueError, match="mask_rule"):
+        gqa.forward(x)  # a mask rule is causal
+    with pytest.raises(TypeError, match="mask_rule"):
+        GroupedQueryAttention(16, 4, 2, mask_rule=3)
+    with pytest.raises(TypeError, match="score_mods"):
+        GroupedQueryAttention(16, 4, 2, score_mods=(3,))
 
 
 def test_latent_attention_takes_the_position_part():
