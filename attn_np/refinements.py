@@ -1,5 +1,5 @@
 """What real attention layers add (chapter 10), each as a forward/backward
-pair, and a layer that composes them.
+pair or a part, and the recipe that assembles chapter 3's layer from them.
 
 ==================  =================================  =============
 detail              models                             here
@@ -16,15 +16,21 @@ output gate         Qwen3-Next (elementwise);          ``gate_*``
 ALiBi               Falcon-RW, BLOOM, MPT              ``ALiBi``
 rope base per       Gemma 3 (local 1e4, global 1e6)    ``rope_base=``
 layer type
+query temperature   Llama 4's NoPE layers              ``QueryTemperature``
 ==================  =================================  =============
+
+The QK-norm pair lives in :mod:`attn_np.norms` (chapter 11's
+parameter-free form is the same function) and the chunked rule in
+:mod:`attn_np.masks`; both are importable from here.
 
 The score modifications are *score mods*: objects with
 ``forward(s, ctx) -> (s2, saved)`` and ``backward(ds2, saved) -> ds``,
 applied by the grouped core (:func:`~attn_np.grouped_attention_forward`)
 to the scaled scores ``s = q k^T * scale`` before the mask and the
 softmax. ``ctx`` is the core's :class:`~attn_np.grouped.ScoreContext`:
-``q_positions [L_q]``, ``k_positions [L_k]``, ``n_kv_heads`` and
-``group_size`` (query head ``h = kv * G + g``).
+``q_positions [L_q]``, ``k_positions [L_k]``, ``n_kv_heads``,
+``group_size`` (query head ``h = kv * G + g``) and ``allowed``, the mask
+the softmax will apply.
 
 Backward formulas (``dy`` the upstream gradient):
 
@@ -36,7 +42,8 @@ Backward formulas (``dy`` the upstream gradient):
 * gate ``y = o sigmoid(g)``: ``do = dy sigmoid(g)``,
   ``dg = dy o sigmoid(g) (1 - sigmoid(g))`` (summed over a head's features
   for the headwise gate);
-* ALiBi ``s + m_h (j - i)``: ``ds = dy`` (the slopes are fixed).
+* ALiBi ``s + m_h (j - i)``: ``ds = dy`` (the slopes are fixed);
+* query temperature ``tau(i) s``: ``ds = dy tau(i)``.
 """
 
 from __future__ import annotations
