@@ -113,6 +113,8 @@ class GroupedQueryAttention:
         mask_rule=None,
         score_mods=(),
         scale=None,
+        projection=None,
+        out_projection=None,
     ):
         d_model, n_heads, n_kv_heads, d_k, d_v = check_head_dims(
             d_model, n_heads, n_kv_heads, d_k, d_v
@@ -147,6 +149,10 @@ class GroupedQueryAttention:
         }
         if sinks:  # a logit per query head, 0: the sink starts as one key
             self.params["sinks"] = np.zeros(n_heads, dtype=dtype)
+        self.projection, self.out_projection = projection, out_projection
+        rng = np.random.default_rng([seed, 10])
+        for part in check_step_parts(projection, out_projection):
+            part.add_params(self, rng)  # biases, norm gains, a gate
         self.grads = {
             name: np.zeros_like(p) for name, p in self.params.items()
         }
@@ -157,7 +163,8 @@ class GroupedQueryAttention:
         extra = "" if self.window is None else f", window={self.window}"
         extra += ", sinks=True" if "sinks" in self.params else ""
         extra += ", flash=True" if self.flash else ""
-        for name in ("rotary", "mask_rule", "scale"):  # parts given
+        parts = ("rotary", "mask_rule", "scale", "projection")
+        for name in (*parts, "out_projection"):  # the parts given
             part = self.options[name]
             extra += "" if part is None else f", {name}={part!r}"
         extra += (
@@ -200,13 +207,18 @@ class GroupedQueryAttention:
             "mask_rule": self.mask_rule,
             "score_mods": self.score_mods,
             "scale": self.scale,
+            "projection": self.projection,
+            "out_projection": self.out_projection,
         }
 
     @property
     def kv_params(self) -> tuple:
         """The parameters with a key/value head axis (their last), which
         :func:`~attn_np.mha_to_gqa` pools."""
-        return ("W_k", "W_v")
+        kv = ("W_k", "W_v")
+        return (
+            kv if self.projection is None else kv + self.projection.kv_params
+        )
 
     @property
     def rotary(self):
@@ -292,7 +304,11 @@ class GroupedQueryAttention:
 
     def project(self, x3):
         """Step 1: ``x [B, L, d_model]`` -> ``q [B, n_kv, G, L, d_k]``, ``k
-        [B, n_kv, L, d_k]``, ``v [B, n_kv, L, d_v]``."""
+        [B, n_kv, L, d_k]``, ``v [B, n_kv, L, d_v]``. A projection part
+        (chapter 10's biases and QK-norm) makes them instead."""
+        if self.projection is not None:
+            q, k, v, self._projected = self.projection.forward(self, x3)
+            return q, k, v
         W, n_kv, G = self.params, self.n_kv_heads, self.group_size
         # the B*L positions as the rows of one matrix: one BLAS call each
         xf = flat(x3)  # [B*L, d_model]
@@ -359,7 +375,10 @@ class GroupedQueryAttention:
     def output(self, o, x3):
         """Step 4: ``o [B, n_kv, G, L, d_v]`` -> heads concatenated, times
         ``W_o``: ``(y [B, L, d_model], saved)``. (``x3``, the layer's
-        input, is for a step that reads it, such as an output gate.)"""
+        input, is for a step that reads it: an output part such as
+        chapter 10's gate.)"""
+        if self.out_projection is not None:
+            return self.out_projection.forward(self, o, x3)
         o = merge_groups(o)  # [B, L, h*d_v]
         B, L, _ = o.shape
         # [B*L, h*d_v] @ [h*d_v, d_model] -> [B, L, d_model]
@@ -405,6 +424,8 @@ class GroupedQueryAttention:
     def output_backward(self, dy3, o):
         """The twin of :meth:`output`: fills ``dW_o``; returns ``(do [B,
         n_kv, G, L, d_v], dx)``, ``dx`` None (the step reads no ``x``)."""
+        if self.out_projection is not None:
+            return self.out_projection.backward(self, dy3, o)
         # [h*d_v, B*L] @ [B*L, d_model] -> [h*d_v, d_model]
         self.grads["W_o"] = flat(o).T @ flat(dy3)
         # [B, L, d_model] @ [d_model, h*d_v] -> [B, L, h*d_v] -> heads
@@ -426,6 +447,8 @@ class GroupedQueryAttention:
         """The twin of :meth:`project`: ``dW_q``, ``dW_k``, ``dW_v`` and
         ``dx [B, L, d_model]`` (three paths into x), from the gradients
         ``g`` of q, k and v (taken out of ``g`` as they are used)."""
+        if self.projection is not None:
+            return self.projection.backward(self, x3, g, self._projected)
         W = self.params
         # [B, n_kv, G, L, d_k] -> [B, L, h*d_k]; k, v: [B, n_kv, L, d] ->
         # [B, L, n_kv*d]
@@ -576,6 +599,23 @@ def check_parts(rotary, mask_rule, score_mods, scale):
     if scale is not None:
         scale = check_positive_number(scale, "scale")
     return rotary, mask_rule, score_mods, scale
+
+
+def check_step_parts(*parts):
+    """The parts given for the project and output steps (None: the
+    plain step), each with ``add_params``, ``forward`` and ``backward``,
+    or a ``TypeError`` naming it."""
+    names = ("projection", "out_projection")
+    for name, part in zip(names, parts):
+        if part is not None and not all(
+            callable(getattr(part, m, None))
+            for m in ("add_params", "forward", "backward")
+        ):
+            raise TypeError(
+                f"{name} must be a step part with add_params(layer, rng), "
+                f"forward and backward, got {part!r}"
+            )
+    return [p for p in parts if p is not None]
 
 
 def key_positions(where, L_q, L_k):

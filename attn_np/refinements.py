@@ -291,26 +291,164 @@ class MaxLogit:
         return ds2
 
 
+# ------------------------------------------------------ the step parts
+@dataclass(frozen=True)
+class Projection:
+    """The project step as a part: ``x W + b`` for q, k and v (a bias
+    ``b_q``, ``b_k``, ``b_v`` for each name in ``biases``), then QK-norm
+    before RoPE (``qk_norm``: ``"head"`` per head, ``"proj"`` over the
+    whole projection, gain ``offset + w``; ``w`` the parameters
+    ``q_norm`` and ``k_norm`` when ``learned``, else none). The protocol
+    of a step part: ``add_params(layer, rng)``, ``forward(layer, x3) ->
+    (q, k, v, saved)``, ``backward(layer, x3, g, saved) -> dx`` (it fills
+    ``layer.grads``)."""
+
+    biases: tuple = ()
+    qk_norm: str | None = None
+    offset: float = 0.0
+    learned: bool = True
+    eps: float = 1e-6
+
+    def add_params(self, layer, rng):
+        p, dtype = layer.params, layer.dtype
+        n_kv, d_k = layer.n_kv_heads, layer.d_k
+        sizes = {"q": layer.n_heads * d_k, "k": n_kv * d_k}
+        sizes["v"] = n_kv * layer.d_v
+        for name in self.biases:
+            p[f"b_{name}"] = np.zeros(sizes[name], dtype)
+        if self.qk_norm and self.learned:
+            whole = self.qk_norm == "proj"
+            init = 0.0 if self.offset else 1.0
+            p["q_norm"] = np.full(sizes["q"] if whole else d_k, init, dtype)
+            p["k_norm"] = np.full(sizes["k"] if whole else d_k, init, dtype)
+
+    @property
+    def kv_params(self) -> tuple:
+        """Its parameters with a key/value head axis."""
+        names = tuple(f"b_{n}" for n in self.biases if n in "kv")
+        if self.qk_norm == "proj" and self.learned:  # a gain per feature
+            names += ("k_norm",)
+        return names
+
+    def forward(self, layer, x3):
+        """``x [B, L, d_model]`` -> ``q [B, n_kv, G, L, d_k]``, ``k, v
+        [B, n_kv, L, d]`` and what the backward needs."""
+        P, (B, L) = layer.params, x3.shape[:2]
+        n_kv, saved, t = layer.n_kv_heads, {}, {}
+        for n in ("q", "k", "v"):  # [B, L, d_model] -> [B, L, heads * d]
+            t[n], saved[n] = linear_forward(x3, P[f"W_{n}"], P.get(f"b_{n}"))
+        for n, heads in (("q", layer.n_heads), ("k", n_kv)):
+            if self.qk_norm:  # [B, L, heads, d] or [B, L, heads * d]
+                shape = (B, L, heads, -1) if self.qk_norm == "head" else None
+                y, saved[f"{n}n"] = qk_norm_forward(
+                    t[n] if shape is None else t[n].reshape(shape),
+                    P.get(f"{n}_norm"),
+                    eps=self.eps,
+                    offset=self.offset,
+                )
+                t[n] = y.reshape(B, L, -1)
+        q = split_groups(t["q"], n_kv, layer.group_size, layer.d_k)
+        k = split_heads(t["k"], n_kv, layer.d_k)
+        return q, k, split_heads(t["v"], n_kv, layer.d_v), saved
+
+    def backward(self, layer, x3, g, saved):
+        """``dx``; fills ``dW``, ``db`` and the norms' gains."""
+        grads = layer.grads
+        d = {
+            "q": merge_groups(g.pop("q")),  # [B, L, h * d_k]
+            "k": merge_heads(g.pop("k")),  # [B, L, n_kv * d_k]
+            "v": merge_heads(g.pop("v")),
+        }
+        for n in ("q", "k"):
+            if f"{n}n" in saved:
+                c = saved[f"{n}n"]
+                dt, dw = qk_norm_backward(d[n].reshape(c[0].shape), c)
+                d[n] = dt.reshape(d[n].shape)
+                if dw is not None:
+                    grads[f"{n}_norm"] = dw
+        dx = 0.0
+        for n in ("q", "k", "v"):
+            dxi, grads[f"W_{n}"], db = linear_backward(d[n], saved[n])
+            if db is not None:
+                grads[f"b_{n}"] = db
+            dx = dx + dxi
+        return dx
+
+
+@dataclass(frozen=True)
+class GatedOutput:
+    """The output step as a part: the heads' output times ``sigmoid(x
+    W_g)`` (``gate``: ``"elementwise"``, ``W_g [d_model, h d_v]``, or
+    ``"headwise"``, ``[d_model, h]``; None: no gate), then ``W_o`` and,
+    with ``bias``, ``b_o``. ``forward(layer, o, x3) -> (y, saved)``,
+    ``backward(layer, dy3, saved) -> (do, dx)``."""
+
+    gate: str | None = None
+    bias: bool = False
+
+    def add_params(self, layer, rng):
+        p, d_model = layer.params, layer.d_model
+        if self.bias:
+            p["b_o"] = np.zeros(d_model, layer.dtype)
+        if self.gate:
+            h = layer.n_heads
+            n_g = h * layer.d_v if self.gate == "elementwise" else h
+            w = rng.standard_normal((d_model, n_g)) / math.sqrt(d_model)
+            p["W_g"] = w.astype(layer.dtype)
+
+    def forward(self, layer, o, x3):
+        P, (B, L), h = layer.params, x3.shape[:2], layer.n_heads
+        gate = None
+        o = merge_groups(o)  # [B, L, h * d_v]
+        if self.gate:  # [B, L, h, d_v] * [B, L, h, d_v or 1]
+            g, lin = linear_forward(x3, P["W_g"])
+            o4, gc = gate_forward(
+                o.reshape(B, L, h, -1), g.reshape(B, L, h, -1)
+            )
+            gate, o = (lin, gc), o4.reshape(B, L, -1)
+        y, out = linear_forward(o, P["W_o"], P.get("b_o"))  # [B, L, d_model]
+        return y, (out, gate)
+
+    def backward(self, layer, dy3, saved):
+        out, gate = saved
+        grads = layer.grads
+        do, grads["W_o"], db = linear_backward(dy3, out)  # [B, L, h*d_v]
+        if db is not None:
+            grads["b_o"] = db
+        dx = None
+        if gate is not None:
+            lin, gc = gate
+            B, L = dy3.shape[:2]
+            do, dg = gate_backward(do.reshape(B, L, layer.n_heads, -1), gc)
+            dx, grads["W_g"], _ = linear_backward(dg.reshape(B, L, -1), lin)
+            do = do.reshape(B, L, -1)
+        G, d_v = layer.group_size, layer.d_v
+        return split_groups(do, layer.n_kv_heads, G, d_v), dx
+
+
 # ------------------------------------------------------------ the layer
 class RefinedAttention(GroupedQueryAttention):
     """Chapter 3's layer with the details of released layers: a recipe
     that assembles the one layer (:class:`~attn_np.GroupedQueryAttention`)
-    from parts, and overrides the two steps whose parameters it adds.
+    from parts, with today's keywords. Its parts:
 
-    * parts: the position part (:class:`~attn_np.rope_scaling.ScaledRotary`:
+    * position (``rotary``): :class:`~attn_np.rope_scaling.ScaledRotary`,
       RoPE with the layer's base, dimension, layout and linear factor or
-      ``rope_scaling`` (chapter 11: llama3, YaRN, ...), or NoPE; Llama 4's
-      post-RoPE norm), the mask rule (``chunk``:
-      :class:`~attn_np.masks.ChunkedMask`), the score mods (Llama 4's
-      :class:`QueryTemperature`, :class:`SoftCap`, :class:`ALiBi`, and a
-      :class:`MaxLogit` watch), the ``scale``, the window and the sinks;
-    * ``project``: ``x W + b`` for q, k and v, then QK-norm (per head or
-      over the whole projection) before RoPE;
-    * ``output``: the output gate, ``W_o`` and ``b_o``.
+      ``rope_scaling`` (chapter 11: llama3, YaRN, ...), or NoPE; then
+      Llama 4's post-RoPE norm;
+    * projection: :class:`Projection`, ``x W + b`` for q, k and v, then
+      QK-norm (per head or over the whole projection) before RoPE;
+    * mask rule (``chunk``): :class:`~attn_np.masks.ChunkedMask`; the
+      window and the sinks are chapter 8's;
+    * score mods: Llama 4's :class:`QueryTemperature`, the caller's
+      (:class:`SoftCap`, :class:`ALiBi`) and a :class:`MaxLogit` watch;
+      the ``scale``;
+    * output: :class:`GatedOutput`, the gate, ``W_o`` and ``b_o``.
 
     Extra ``params`` where enabled: ``b_q``, ``b_k``, ``b_v``, ``b_o``,
     ``q_norm``, ``k_norm``, ``W_g [d_model, H d]`` (elementwise) or
-    ``[d_model, H]`` (headwise). Always causal: a decoder layer.
+    ``[d_model, H]`` (headwise). Always causal: a decoder layer (the only
+    step it overrides is the forward's check of that).
     """
 
     rebuilds_from_options = True
@@ -386,29 +524,23 @@ class RefinedAttention(GroupedQueryAttention):
                 self._watch,
             ),
             scale=head_dim**-0.5 if scale is None else scale,
+            **self._step_parts(),
         )
         self.G = self.group_size
-        self._add_params(np.random.default_rng([seed, 10]), dtype)
 
-    def _add_params(self, rng, dtype):
-        """The biases, norm gains and gate weights the settings ask for."""
-        p, H, d = self.params, self.n_heads, self.d
-        sizes = {"q": H * d, "k": self.n_kv * d, "v": self.n_kv * d}
-        sizes["o"] = self.d_model
-        for name in self.biases:
-            p[f"b_{name}"] = np.zeros(sizes[name], dtype)
-        if self.qk_norm and self.qk_norm_learned:
-            whole = self.qk_norm == "proj"
-            init = 0.0 if self.qk_norm_offset else 1.0
-            p["q_norm"] = np.full(sizes["q"] if whole else d, init, dtype)
-            p["k_norm"] = np.full(sizes["k"] if whole else d, init, dtype)
-        if self.gate:
-            n_g = H * d if self.gate == "elementwise" else H
-            p["W_g"] = (
-                rng.standard_normal((self.d_model, n_g))
-                / math.sqrt(self.d_model)
-            ).astype(dtype)
-        self.grads = {k: np.zeros_like(v) for k, v in p.items()}
+    def _step_parts(self) -> dict:
+        """The parts of the project and output steps, from the settings:
+        biases and QK-norm (before RoPE), then the gate and ``b_o``."""
+        return {
+            "projection": Projection(
+                tuple(b for b in self.biases if b != "o"),
+                None if self.qk_norm_after_rope else self.qk_norm,
+                self.qk_norm_offset,
+                self.qk_norm_learned,
+                self.norm_eps,
+            ),
+            "out_projection": GatedOutput(self.gate, "o" in self.biases),
+        }
 
     @property
     def options(self) -> dict:
@@ -443,13 +575,6 @@ class RefinedAttention(GroupedQueryAttention):
         the watch the layer adds)."""
         made = (self._temp, self._watch)
         return tuple(m for m in self.score_mods if m not in made)
-
-    @property
-    def kv_params(self) -> tuple:
-        names = ("W_k", "W_v", "b_k", "b_v")
-        if self.qk_norm == "proj":  # a gain per key feature
-            names += ("k_norm",)
-        return tuple(n for n in names if n in self.params)
 
     @property
     def rotary_dim(self):
@@ -520,87 +645,6 @@ class RefinedAttention(GroupedQueryAttention):
                 "mask (its masks come from positions)"
             )
         return super().forward(x, causal=True, kv_cache=kv_cache)
-
-    def project(self, x3):
-        P, B, L = self.params, *x3.shape[:2]
-        saved = {}
-        t = {}
-        for n in ("q", "k", "v"):
-            t[n], saved[n] = linear_forward(x3, P[f"W_{n}"], P.get(f"b_{n}"))
-        if self.qk_norm and not self.qk_norm_after_rope:
-            for n, heads in (("q", self.n_heads), ("k", self.n_kv)):
-                shape = (
-                    (B, L, heads, self.d) if self.qk_norm == "head" else None
-                )
-                y, saved[f"{n}n"] = qk_norm_forward(
-                    t[n] if shape is None else t[n].reshape(shape),
-                    P.get(f"{n}_norm"),
-                    eps=self.norm_eps,
-                    offset=self.qk_norm_offset,
-                )
-                t[n] = y.reshape(B, L, -1)
-        self._project_saved = saved
-        q = split_groups(t["q"], self.n_kv, self.G, self.d)
-        return (
-            q,
-            split_heads(t["k"], self.n_kv, self.d),
-            split_heads(t["v"], self.n_kv, self.d),
-        )
-
-    def project_backward(self, x3, g):
-        saved, grads = self._project_saved, self.grads
-        d = {
-            "q": merge_groups(g.pop("q")),
-            "k": merge_heads(g.pop("k")),
-            "v": merge_heads(g.pop("v")),
-        }
-        for n in ("q", "k"):
-            if f"{n}n" in saved:
-                c = saved[f"{n}n"]
-                dt, dw = qk_norm_backward(d[n].reshape(c[0].shape), c)
-                d[n] = dt.reshape(d[n].shape)
-                if dw is not None:
-                    grads[f"{n}_norm"] = dw
-        dx = 0.0
-        for n in ("q", "k", "v"):
-            dxi, grads[f"W_{n}"], db = linear_backward(d[n], saved[n])
-            if db is not None:
-                grads[f"b_{n}"] = db
-            dx = dx + dxi
-        return dx
-
-    def output(self, o, x3):
-        P = self.params
-        B, L = x3.shape[:2]
-        gate = None
-        if self.gate:
-            g, lin = linear_forward(x3, P["W_g"])
-            o4 = merge_groups(o).reshape(B, L, self.n_heads, self.d)
-            o4, gc = gate_forward(o4, g.reshape(B, L, self.n_heads, -1))
-            gate = (lin, gc)
-            o = o4.reshape(B, L, -1)
-        else:
-            o = merge_groups(o)
-        y, out = linear_forward(o, P["W_o"], P.get("b_o"))
-        return y, (out, gate)
-
-    def output_backward(self, dy3, saved):
-        out, gate = saved
-        do, self.grads["W_o"], db = linear_backward(dy3, out)
-        if db is not None:
-            self.grads["b_o"] = db
-        dx = None
-        if gate is not None:
-            lin, gc = gate
-            B, L = dy3.shape[:2]
-            do, dg = gate_backward(
-                do.reshape(B, L, self.n_heads, self.d), gc
-            )
-            dx, self.grads["W_g"], _ = linear_backward(
-                dg.reshape(B, L, -1), lin
-            )
-            do = do.reshape(B, L, -1)
-        return split_groups(do, self.n_kv, self.G, self.d), dx
 
     def __repr__(self):
         extras = [

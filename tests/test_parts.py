@@ -308,3 +308,48 @@ def test_every_layer_makes_its_cache():
     assert len(cache.positions) <= 3
     mla = MultiHeadLatentAttention(16, 4, 4, 8, 4)
     assert type(mla.new_cache()) is LatentKVCache
+
+
+def test_refined_layer_is_a_recipe_of_parts():
+    """Chapter 10's layer overrides no step of chapter 3's: chapter 3's
+    layer given the same parts is the same layer."""
+    from attn_np.refinements import GatedOutput, Projection
+
+    for step in ("project", "project_backward", "position", "attend",
+                 "output", "output_backward", "backward"):  # fmt: skip
+        assert getattr(RefinedAttention, step) is getattr(
+            GroupedQueryAttention, step
+        ), step
+    ref = _refined(REFINED["biases_gate_softcap"], n_kv=2)
+    assert ref.projection == Projection(("k", "q", "v"))
+    assert ref.out_projection == GatedOutput("elementwise", True)
+    gqa = GroupedQueryAttention(
+        16,
+        4,
+        2,
+        d_k=4,
+        d_v=4,
+        rope_base=1e4,
+        sinks=True,
+        score_mods=(SoftCap(2.0),),
+        scale=0.3,
+        projection=Projection(("k", "q", "v")),
+        out_projection=GatedOutput("elementwise", True),
+    )
+    assert gqa.params.keys() == ref.params.keys()
+    for name in gqa.params:
+        gqa.params[name] = ref.params[name].copy()
+    x = _x((2, 6, 16))
+    np.testing.assert_allclose(
+        gqa.forward(x, causal=True), ref.forward(x), rtol=0, atol=EXACT
+    )
+    errs = check_layer_gradients(gqa, x, causal=True)
+    assert max(errs.values()) < 1e-7, errs
+    new = mha_to_gqa(gqa, 1)
+    assert (type(new), new.projection) == (
+        GroupedQueryAttention,
+        gqa.projection,
+    )
+    assert set(gqa.kv_params) == {"W_k", "W_v", "b_k", "b_v"}
+    with pytest.raises(TypeError, match="projection"):
+        GroupedQueryAttention(16, 4, 2, projection=SoftCap(1.0))
