@@ -22,7 +22,9 @@ ch  chapter                              modules
 4   incremental decoding, KV cache       :mod:`.kv_cache`,
                                          :mod:`.costs.decode`, :mod:`.bench`
 5   training MHA, GQA and MQA            :mod:`.training`, :mod:`.norms`
-6   rotary position embeddings           :mod:`.rope`
+6   rotary position embeddings           :mod:`.rope`, :mod:`.rope_scaling`
+                                         (its scalings: a position part
+                                         chapter 11 shows)
 7   multi-head latent attention          :mod:`.latent`,
                                          :mod:`.costs.latent`
 8   sliding windows, rolling caches,     :mod:`.masks`, :mod:`.windows`,
@@ -84,6 +86,13 @@ OLMo 2, gpt-oss, DeepSeek-V2/V3/V3.2, Falcon, Qwen3-Next's attention and
 Gated DeltaNet layers, Llama 4) from its ``config.json`` and state dict,
 checked against ``transformers`` (chapter 10, with the parts of chapters
 11 to 13).
+
+One attention layer, :class:`GroupedQueryAttention`, is assembled from
+parts: a position part (``rotary=``), a mask rule (``mask_rule=``), score
+mods (``score_mods=``) and a ``scale``, each defined in one module.
+Chapter 10's ``RefinedAttention`` and chapter 11's
+``LongContextAttention`` are recipes that assemble it (and override the
+steps whose parameters they add); no module imports a later chapter's.
 
 The options of chapters 10 to 12, one sentence each:
 

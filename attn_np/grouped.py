@@ -75,6 +75,9 @@ class ScoreContext:
     k_positions: np.ndarray  # [L_k] ints
     n_kv_heads: int
     group_size: int
+    # the mask the softmax will apply, broadcasting to [B, n_kv, G, L_q,
+    # L_k] (None: every key): for a mod that watches the scores
+    allowed: np.ndarray | None = None
 
 
 @dataclass
@@ -204,7 +207,7 @@ def _forward(
     mods = []
     if score_mods:  # chapter 10: soft caps, biases, ...
         pos = pos or _positions(None, None, L_q, L_k)
-        ctx = ScoreContext(*pos, n_kv, G)
+        ctx = ScoreContext(*pos, n_kv, G, allowed)
     for mod in score_mods:
         s, saved = mod.forward(s, ctx)
         mods.append((mod, saved))

@@ -34,6 +34,9 @@ at most ``W`` (a buffer grown for a long chunk shrinks back).
 al. 2023) also keeps positions ``0 ... S-1`` forever, in front, and the
 last ``W - S - 1`` others. ``len(cache)`` counts every position seen;
 :attr:`KVCache.positions` says which ones are held.
+
+:class:`ChunkedKVCache` (chapter 11) serves Llama 4's chunked layers: it
+holds only the current chunk of ``C`` positions.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import weakref
 import numpy as np
 
 from ._checks import check_count, check_finite, check_positive_int
-from .masks import position_mask
+from .masks import chunked_mask, position_mask
 
 
 class CacheBuffer:
@@ -464,3 +467,57 @@ class KVCache(CacheBuffer):
         k2[:, :, :S, :d_k] = k[:, :, :S]  # sinks meet q_sink
         k2[:, :, S:, d_k:] = k[:, :, S:]  # the rest meet q_rest
         return q2, k2
+
+
+# -- chapter 11: a chunked layer's cache (Llama 4) ------------------------
+class ChunkedKVCache(KVCache):
+    """A cache for a chunked layer: it holds only the current chunk.
+
+    Before a chunk of new positions is appended, every position of an
+    earlier chunk than the first new one is forgotten: ``floor(n/C) * C``
+    on stay (``n = len(cache)``). Decoding one token at a time it holds at
+    most ``C`` positions. ``len``, ``nbytes``, ``truncate`` and
+    ``check_chunk`` follow the :class:`~attn_np.KVCache` protocol (its
+    ``_evict`` and ``_lowest`` hooks are the chunked rule);
+    :meth:`attention_mask` is the chunked rule on the held positions.
+    """
+
+    def __init__(self, chunk: int, initial_capacity: int = 16, **kw):
+        self.chunk = check_positive_int(chunk, "chunk")
+        super().__init__(min(initial_capacity, self.chunk), **kw)
+
+    def __repr__(self) -> str:
+        return f"ChunkedKVCache(chunk={self.chunk}, {self._describe()})"
+
+    def step(self, q, k, v, rotary=None):
+        """:meth:`KVCache.step`, and the absolute positions of the chunk's
+        queries and of the keys held (they no longer start at 0)."""
+        positions = len(self) + np.arange(k.shape[2])  # the chunk's: [L]
+        q, k, v, where = super().step(q, k, v, rotary)
+        where.update(q_positions=positions, k_positions=self.positions)
+        return q, k, v, where
+
+    def _evict(self) -> None:
+        """Keep the positions of the current chunk, ``floor(n/C) * C``
+        on, moved to the front of the buffer."""
+        keep = self._seen - (self._seen // self.chunk) * self.chunk
+        if keep < self._len:
+            src = slice(self._len - keep, self._len)
+            self._buf[..., :keep] = self._buf[..., src]  # [B, n_kv, d, keep]
+            self._len = keep
+
+    def _lowest(self) -> int:
+        """It can go back to its oldest position held, no further."""
+        return self._seen - self._len
+
+    def attention_mask(self, n_queries: int) -> np.ndarray:
+        """``[n_queries, held]``: the chunked rule for the last
+        ``n_queries`` positions appended."""
+        n_queries = check_positive_int(n_queries, "n_queries")
+        if n_queries > self._len:
+            raise ValueError(
+                f"n_queries must be at most the {self._len} positions "
+                f"held, got {n_queries}"
+            )
+        k_pos = self.positions  # [held]
+        return chunked_mask(k_pos[-n_queries:], k_pos, self.chunk)

@@ -51,7 +51,7 @@ from .grouped import (
 from .heads import flat, merge_heads, split_heads
 from .kv_cache import CacheBuffer
 from .norms import rmsnorm_backward, rmsnorm_forward
-from .rope import Rotary, check_rope_settings
+from .rope import Rotary, check_rope_settings, check_rotary
 
 
 class LatentKVCache(CacheBuffer):
@@ -117,6 +117,9 @@ class MultiHeadLatentAttention:
 
     ``latent_norm=True`` adds the RMSNorm that DeepSeek's released code
     applies to ``c_Q`` and ``c_KV``, with gains ``g_q`` and ``g_kv``.
+    ``rotary`` is a position part that replaces the rotation of
+    ``rope_base`` and ``rope_layout`` (the protocol of
+    :class:`~attn_np.rope.Rotary`, as for the other layers).
     """
 
     def __init__(
@@ -134,6 +137,7 @@ class MultiHeadLatentAttention:
         dtype=np.float64,
         *,
         latent_norm=False,
+        rotary=None,
     ):
         d_model, h, d_head, d_c, d_r, d_cq, d_v = check_latent_dims(
             d_model,
@@ -163,6 +167,7 @@ class MultiHeadLatentAttention:
         self.d_latent_q, self.d_head_v = d_cq, d_v
         self.rope_base, self.rope_layout = rope_base, rope_layout
         self.latent_norm = check_flag(latent_norm, "latent_norm")
+        self._rotary = check_rotary(rotary)  # a position part, or None
         self.dtype = dtype
         self.scale = 1.0 / math.sqrt(d_head + d_r)
         d_q_in = d_model if d_cq is None else d_cq  # what W_uq, W_qr read
@@ -205,10 +210,19 @@ class MultiHeadLatentAttention:
     def n_params(self) -> int:
         return sum(p.size for p in self.params.values())
 
+    def new_cache(self):
+        """An empty :class:`LatentKVCache` for this layer."""
+        return LatentKVCache()
+
     @property
     def rotary(self):
-        """Chapter 6's rotation with this layer's RoPE settings (read each
-        time, as for the other layers)."""
+        """The position part of the decoupled ``q_R`` and ``k_R``: the one
+        given (``rotary=``, such as chapter 11's
+        :class:`~attn_np.rope_scaling.ScaledRotary`), else chapter 6's
+        rotation with this layer's RoPE settings (read each time, as for
+        the other layers)."""
+        if self._rotary is not None:
+            return self._rotary
         return Rotary(self.rope_base, self.rope_layout)
 
     @property
@@ -291,11 +305,6 @@ class MultiHeadLatentAttention:
                 fingerprint(x3),
             )
         return y[0] if unbatched else y
-
-    def new_cache(self):
-        """An empty :class:`LatentKVCache` for ``forward(x,
-        kv_cache=...)``."""
-        return LatentKVCache()
 
     def check_cache(self, kv_cache, x3):
         """Raise unless ``kv_cache`` (None, or a :class:`LatentKVCache`)

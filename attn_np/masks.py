@@ -3,6 +3,10 @@
 Every causal rule in the library is :func:`position_mask`: the chapter-1
 causal mask, chapter 8's sliding window and StreamingLLM's sink tokens,
 the decode step over a cache and the tiles of FlashAttention all ask it.
+Llama 4's chunked attention (chapter 11) is :func:`chunked_mask`, and
+:class:`ChunkedMask` is that rule as a part a layer takes
+(``mask_rule=``): a callable ``(q_positions, k_positions) -> [L_q, L_k]``
+ANDed into the layer's mask.
 Masks are boolean, True where a query may attend a key. A query whose
 row of the mask is all False has nothing to attend: its output row is
 zeros and it passes zero gradients to every input (not NaN); with a sink
@@ -11,11 +15,19 @@ logit (chapter 8) all its weight goes to the sink.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from ._checks import check_count, check_window
+from ._checks import check_count, check_positive_int, check_window
 
-__all__ = ["causal_mask", "check_window", "position_mask"]
+__all__ = [
+    "ChunkedMask",
+    "causal_mask",
+    "check_window",
+    "chunked_mask",
+    "position_mask",
+]
 
 
 def causal_mask(L_q: int, L_k: int, *, window=None) -> np.ndarray:
@@ -68,6 +80,34 @@ def position_mask(q_positions, k_positions, *, window=None, sink_tokens=0):
             sinks = min(sink_tokens, int(j.max()) + 1)
             allowed &= (j > i - (window - sink_tokens)) | (j < sinks)
     return allowed
+
+
+def chunked_mask(q_positions, k_positions, chunk):
+    """``[L_q, L_k]`` bool: query ``i`` sees key ``j`` iff ``j <= i`` and
+    both lie in the same chunk, ``floor(i/C) == floor(j/C)``.
+
+    Llama 4's local attention (``attention_chunk_size``). Not a sliding
+    window: the first query of a chunk sees only itself, the last sees
+    ``C`` keys, and no query sees across a chunk boundary.
+    """
+    chunk = check_positive_int(chunk, "chunk")
+    i = _check_positions(q_positions, "q_positions")[:, None]  # [L_q, 1]
+    j = _check_positions(k_positions, "k_positions")[None, :]  # [1, L_k]
+    return (j <= i) & (i // chunk == j // chunk)  # [L_q, L_k]
+
+
+@dataclass(frozen=True)
+class ChunkedMask:
+    """:func:`chunked_mask` as a mask rule a layer takes (``mask_rule=``):
+    called with the positions of its queries and keys."""
+
+    chunk: int
+
+    def __post_init__(self):
+        check_positive_int(self.chunk, "chunk")
+
+    def __call__(self, q_positions, k_positions):
+        return chunked_mask(q_positions, k_positions, self.chunk)
 
 
 def _check_positions(positions, name):

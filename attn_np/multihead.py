@@ -12,8 +12,14 @@ q, k, v), :meth:`position` (RoPE, chapter 6), :meth:`attend` (the grouped
 core, :mod:`attn_np.grouped`: how a group meets its key/value head, the
 mask, chapter 8's window and sinks, chapter 9's tiles) and :meth:`output`
 (merge the heads, ``W_o``). With a :class:`~attn_np.KVCache` the cache
-takes the chunk (:meth:`~attn_np.KVCache.step`, chapter 4). A variant
-overrides a step in a subclass; it never adds a branch to the forward.
+takes the chunk (:meth:`~attn_np.KVCache.step`, chapter 4).
+
+Later chapters add *parts*, never a branch in this forward: a position
+part (``rotary=``: chapter 6's :class:`~attn_np.rope.Rotary` protocol,
+such as chapter 11's scaled rotation), a mask rule (``mask_rule=``, such
+as :class:`~attn_np.masks.ChunkedMask`), score mods (``score_mods=``,
+chapter 10) and a softmax ``scale``. A variant that needs more (biases,
+QK-norm, an output gate: chapter 10) overrides one step in a subclass.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from ._checks import (
     check_head_dims,
     check_layer_input,
     check_overflow,
+    check_positive_number,
     check_unchanged,
     check_window,
     fingerprint,
@@ -43,7 +50,7 @@ from .grouped import (
 )
 from .heads import flat, merge_groups, merge_heads, split_groups, split_heads
 from .kv_cache import KVCache
-from .rope import Rotary, check_rope_settings
+from .rope import Rotary, check_rope_settings, check_rotary
 
 # the chapter-2 names of the key/value head split (kept for old imports)
 split_kv, merge_kv = split_heads, merge_heads
@@ -61,8 +68,17 @@ class GroupedQueryAttention:
     ``rope_base`` (None: no rotation) turns on rotary position embeddings
     with that base, in ``rope_layout`` (``"half"`` or ``"interleaved"``),
     over the first ``rope_dim`` features of each head (default ``d_k``).
-    ``rope_scaling`` (chapter 11), a Hugging Face ``rope_scaling`` dict,
-    scales its frequencies (:class:`~attn_np.long_context.ScaledRotary`).
+
+    The parts of later chapters: ``rotary``, a position part in the
+    protocol of :class:`~attn_np.rope.Rotary` (``forward(t, positions) ->
+    (t2, saved)``, ``backward(dt2, saved)``), in place of the rotation
+    ``rope_base`` makes (chapter 11's
+    :class:`~attn_np.rope_scaling.ScaledRotary`); ``mask_rule``, a
+    callable ``(q_positions, k_positions) -> [L_q, L_k]`` bool ANDed into
+    the mask (:class:`~attn_np.masks.ChunkedMask`: the layer is then
+    causal); ``score_mods``, objects that change the scaled scores
+    (chapter 10, :mod:`attn_np.refinements`); ``scale``, the softmax scale
+    (default ``1/sqrt(d_k)``).
 
     ``window=W`` makes it a sliding-window layer (always causal);
     ``sinks=True`` adds ``sinks [n_heads]``, one sink logit per query head,
@@ -93,7 +109,12 @@ class GroupedQueryAttention:
         window=None,
         sinks=False,
         flash=False,
-        rope_scaling=None,
+        rotary=None,
+        mask_rule=None,
+        score_mods=(),
+        scale=None,
+        projection=None,
+        out_projection=None,
     ):
         d_model, n_heads, n_kv_heads, d_k, d_v = check_head_dims(
             d_model, n_heads, n_kv_heads, d_k, d_v
@@ -101,10 +122,9 @@ class GroupedQueryAttention:
         self.rope_base, self.rope_layout, self.rope_dim = (
             check_rope_settings(rope_base, rope_layout, rope_dim, d_k)
         )
-        # chapter 11: a Hugging Face rope_scaling dict scales the rotation
-        self.rope_scaling = None
-        if rope_scaling is not None:
-            self._check_rope_scaling(rope_scaling)
+        self._rotary, self.mask_rule, self.score_mods, self.scale = (
+            check_parts(rotary, mask_rule, score_mods, scale)
+        )
         self.d_model, self.n_heads = d_model, n_heads
         self.n_kv_heads, self.d_k, self.d_v = n_kv_heads, d_k, d_v
         self.group_size = n_heads // n_kv_heads
@@ -129,6 +149,10 @@ class GroupedQueryAttention:
         }
         if sinks:  # a logit per query head, 0: the sink starts as one key
             self.params["sinks"] = np.zeros(n_heads, dtype=dtype)
+        self.projection, self.out_projection = projection, out_projection
+        rng = np.random.default_rng([seed, 10])
+        for part in check_step_parts(projection, out_projection):
+            part.add_params(self, rng)  # biases, norm gains, a gate
         self.grads = {
             name: np.zeros_like(p) for name, p in self.params.items()
         }
@@ -139,6 +163,13 @@ class GroupedQueryAttention:
         extra = "" if self.window is None else f", window={self.window}"
         extra += ", sinks=True" if "sinks" in self.params else ""
         extra += ", flash=True" if self.flash else ""
+        parts = ("rotary", "mask_rule", "scale", "projection")
+        for name in (*parts, "out_projection"):  # the parts given
+            part = self.options[name]
+            extra += "" if part is None else f", {name}={part!r}"
+        extra += (
+            f", score_mods={self.score_mods!r}" if self.score_mods else ""
+        )
         rope = (
             ""
             if self.rope_base is None
@@ -152,23 +183,16 @@ class GroupedQueryAttention:
             f"d_v={self.d_v}, dtype={self.dtype}{rope}{extra})"
         )
 
-    def _check_rope_scaling(self, rope_scaling):
-        """Chapter 11: keep ``rope_scaling`` (Hugging Face's dict, read by
-        :func:`~attn_np.long_context.read_rope_scaling`) for the position
-        step."""
-        from .long_context import read_rope_scaling
-
-        if self.rope_base is None:
-            raise ValueError(
-                "rope_scaling needs rope_base (a layer without RoPE has "
-                "nothing to scale)"
-            )
-        self.rope_scaling = read_rope_scaling(rope_scaling)
+    # ``type(layer)(d_model, n_heads, n_kv_heads, **layer.options)``
+    # rebuilds the layer's kind (mha_to_gqa relies on it); a subclass that
+    # keeps it so says so in its own body
+    rebuilds_from_options = True
 
     @property
     def options(self) -> dict:
         """The constructor keywords that rebuild this layer's kind (not
-        its weights): sizes, dtype, RoPE, window, sinks, flash."""
+        its weights): sizes, dtype, RoPE, window, sinks, flash and the
+        parts."""
         return {
             "d_k": self.d_k,
             "d_v": self.d_v,
@@ -179,25 +203,33 @@ class GroupedQueryAttention:
             "window": self.window,
             "sinks": "sinks" in self.params,
             "flash": self.flash,
-            "rope_scaling": self.rope_scaling,
+            "rotary": self._rotary,
+            "mask_rule": self.mask_rule,
+            "score_mods": self.score_mods,
+            "scale": self.scale,
+            "projection": self.projection,
+            "out_projection": self.out_projection,
         }
 
     @property
+    def kv_params(self) -> tuple:
+        """The parameters with a key/value head axis (their last), which
+        :func:`~attn_np.mha_to_gqa` pools."""
+        kv = ("W_k", "W_v")
+        return (
+            kv if self.projection is None else kv + self.projection.kv_params
+        )
+
+    @property
     def rotary(self):
-        """Chapter 6's rotation with this layer's RoPE settings (read each
-        time, so that changing ``rope_base`` or ``rope_layout`` takes
-        effect), or None without RoPE."""
+        """The position part: the one given (``rotary=``), else chapter
+        6's rotation with this layer's RoPE settings (read each time, so
+        that changing ``rope_base`` or ``rope_layout`` takes effect), or
+        None without RoPE."""
+        if self._rotary is not None:
+            return self._rotary
         if self.rope_base is None:
             return None
-        if self.rope_scaling is not None:  # chapter 11
-            from .long_context import ScaledRotary
-
-            return ScaledRotary(
-                self.rope_base,
-                self.rope_layout,
-                self.rope_dim,
-                rope_scaling=self.rope_scaling,
-            )
         return Rotary(self.rope_base, self.rope_layout, self.rope_dim)
 
     @property
@@ -272,7 +304,11 @@ class GroupedQueryAttention:
 
     def project(self, x3):
         """Step 1: ``x [B, L, d_model]`` -> ``q [B, n_kv, G, L, d_k]``, ``k
-        [B, n_kv, L, d_k]``, ``v [B, n_kv, L, d_v]``."""
+        [B, n_kv, L, d_k]``, ``v [B, n_kv, L, d_v]``. A projection part
+        (chapter 10's biases and QK-norm) makes them instead."""
+        if self.projection is not None:
+            q, k, v, self._projected = self.projection.forward(self, x3)
+            return q, k, v
         W, n_kv, G = self.params, self.n_kv_heads, self.group_size
         # the B*L positions as the rows of one matrix: one BLAS call each
         xf = flat(x3)  # [B*L, d_model]
@@ -295,22 +331,41 @@ class GroupedQueryAttention:
         return q, k, (q_rope, k_rope)
 
     def attend(self, q, k, v, *, mask=None, **where):
-        """Step 3: the grouped core with this layer's mask, window, sinks
-        and kernels; ``(o [B, n_kv, G, L_q, d_v], cache)``."""
-        if self.window is not None and not where.get("causal"):
-            raise ValueError(
-                f"a window layer (window={self.window}) is causal: call "
-                "forward(x, causal=True)"
-            )
+        """Step 3: the grouped core with this layer's mask, mask rule,
+        window, sinks, scale, score mods and kernels; ``(o [B, n_kv, G,
+        L_q, d_v], cache)``. ``where`` says which keys each query may
+        attend (``causal``, and a cache's positions and sink tokens)."""
+        if not where.get("causal"):
+            for name, part in (
+                ("window", self.window),
+                ("mask_rule", self.mask_rule),
+            ):
+                if part is not None:
+                    raise ValueError(
+                        f"a {name} layer ({name}={part!r}) is causal: call "
+                        "forward(x, causal=True)"
+                    )
         B, n_kv, G, L_q, _ = q.shape
+        L_k = k.shape[2]
+        allowed = group_mask(mask, B, self.n_heads, n_kv, L_q, L_k)
+        if self.mask_rule is not None:  # e.g. chapter 11's chunks
+            rule = self.mask_rule(*key_positions(where, L_q, L_k))
+            allowed = rule if allowed is None else allowed & rule
+        # a cache that rotates by slot doubles the features and says the
+        # true scale; the layer's own scale wins
+        scale = where.pop("scale", None)
+        # a subclass's step may add mods of its own after the layer's
+        mods = (*self.score_mods, *where.pop("score_mods", ()))
         sinks = self.params.get("sinks")  # [h] -> [n_kv, G, 1, 1]
         return grouped_attention_forward(
             q,
             k,
             v,
-            allowed=group_mask(mask, B, self.n_heads, n_kv, L_q, k.shape[2]),
+            allowed=allowed,
             window=self.window,
+            scale=scale if self.scale is None else self.scale,
             sinks=None if sinks is None else sinks.reshape(n_kv, G, 1, 1),
+            score_mods=mods,
             tiled=self.flash,
             min_stacked_rows=self.min_stacked_rows,
             check_finite=False,  # x was checked once
@@ -320,7 +375,10 @@ class GroupedQueryAttention:
     def output(self, o, x3):
         """Step 4: ``o [B, n_kv, G, L, d_v]`` -> heads concatenated, times
         ``W_o``: ``(y [B, L, d_model], saved)``. (``x3``, the layer's
-        input, is for a step that reads it, such as an output gate.)"""
+        input, is for a step that reads it: an output part such as
+        chapter 10's gate.)"""
+        if self.out_projection is not None:
+            return self.out_projection.forward(self, o, x3)
         o = merge_groups(o)  # [B, L, h*d_v]
         B, L, _ = o.shape
         # [B*L, h*d_v] @ [h*d_v, d_model] -> [B, L, d_model]
@@ -366,6 +424,8 @@ class GroupedQueryAttention:
     def output_backward(self, dy3, o):
         """The twin of :meth:`output`: fills ``dW_o``; returns ``(do [B,
         n_kv, G, L, d_v], dx)``, ``dx`` None (the step reads no ``x``)."""
+        if self.out_projection is not None:
+            return self.out_projection.backward(self, dy3, o)
         # [h*d_v, B*L] @ [B*L, d_model] -> [h*d_v, d_model]
         self.grads["W_o"] = flat(o).T @ flat(dy3)
         # [B, L, d_model] @ [d_model, h*d_v] -> [B, L, h*d_v] -> heads
@@ -387,6 +447,8 @@ class GroupedQueryAttention:
         """The twin of :meth:`project`: ``dW_q``, ``dW_k``, ``dW_v`` and
         ``dx [B, L, d_model]`` (three paths into x), from the gradients
         ``g`` of q, k and v (taken out of ``g`` as they are used)."""
+        if self.projection is not None:
+            return self.projection.backward(self, x3, g, self._projected)
         W = self.params
         # [B, n_kv, G, L, d_k] -> [B, L, h*d_k]; k, v: [B, n_kv, L, d] ->
         # [B, L, n_kv*d]
@@ -407,8 +469,8 @@ class GroupedQueryAttention:
 
     # ------------------------------------------------------------------
     def new_cache(self):
-        """An empty cache for ``forward(x, kv_cache=...)``: a
-        :class:`~attn_np.KVCache` rolling over the layer's window."""
+        """An empty cache for this layer (keys after RoPE, and values):
+        rolling, holding only the window, for a window layer."""
         return KVCache(window=self.window)
 
     def check_cache(self, kv_cache, x3):
@@ -510,6 +572,61 @@ class MultiQueryAttention(GroupedQueryAttention):
         super().__init__(
             d_model, n_heads, 1, d_k, d_v, seed, dtype, **options
         )
+
+
+def check_parts(rotary, mask_rule, score_mods, scale):
+    """A layer's parts, checked: ``(rotary, mask_rule, score_mods,
+    scale)``."""
+    check_rotary(rotary)
+    if mask_rule is not None and not callable(mask_rule):
+        raise TypeError(
+            "mask_rule must be a callable (q_positions, k_positions) -> "
+            f"[L_q, L_k] bool (a ChunkedMask), got {mask_rule!r}"
+        )
+    try:
+        score_mods = tuple(score_mods)
+    except TypeError:
+        raise TypeError(
+            "score_mods must be a sequence of score mods, got "
+            f"{score_mods!r}"
+        ) from None
+    for mod in score_mods:
+        if not callable(getattr(mod, "backward", None)):
+            raise TypeError(
+                "score_mods must have forward(s, ctx) and backward(ds, "
+                f"saved), got {mod!r}"
+            )
+    if scale is not None:
+        scale = check_positive_number(scale, "scale")
+    return rotary, mask_rule, score_mods, scale
+
+
+def check_step_parts(*parts):
+    """The parts given for the project and output steps (None: the
+    plain step), each with ``add_params``, ``forward`` and ``backward``,
+    or a ``TypeError`` naming it."""
+    names = ("projection", "out_projection")
+    for name, part in zip(names, parts):
+        if part is not None and not all(
+            callable(getattr(part, m, None))
+            for m in ("add_params", "forward", "backward")
+        ):
+            raise TypeError(
+                f"{name} must be a step part with add_params(layer, rng), "
+                f"forward and backward, got {part!r}"
+            )
+    return [p for p in parts if p is not None]
+
+
+def key_positions(where, L_q, L_k):
+    """The absolute positions ``([L_q], [L_k])`` of a step's queries and
+    keys: a cache's (``where``), or the last query at the last key."""
+    k_pos = where.get("k_positions")
+    k_pos = np.arange(L_k) if k_pos is None else np.asarray(k_pos)
+    q_pos = where.get("q_positions")
+    if q_pos is None:
+        q_pos = k_pos[-1] + 1 - L_q + np.arange(L_q)
+    return np.asarray(q_pos), k_pos
 
 
 def _name(kv_cache):

@@ -61,3 +61,34 @@ def rmsnorm_backward(dy, cache: RMSNormCache):
     dx = r * (u - x * (r * r) * np.mean(u * x, axis=-1, keepdims=True))
     dg = (dy * x * r).reshape(-1, x.shape[-1]).sum(axis=0)  # [N, d] -> [d]
     return dx, dg
+
+
+def qk_norm_forward(t, w=None, *, eps=1e-6, offset=0.0):
+    """QK-norm (chapters 10 and 11): RMSNorm over the last axis with gain
+    ``offset + w``; ``(y, cache)``.
+
+    ``offset=1`` is Gemma's and Qwen3-Next's form (``w`` starts at 0);
+    ``w=None`` is the parameter-free form (Llama 4's L2Norm, ``y = x r``).
+    Apply it to ``[..., n_heads, d_head]`` for the per-head form (Qwen3,
+    Qwen3-Next, Gemma 3) or to ``[..., n_heads * d_head]`` before the head
+    split (OLMo 2).
+    """
+    t = as_float_array(t, "t", min_ndim=1)
+    # [..., d] -> [..., 1]
+    r = 1.0 / np.sqrt(np.mean(t * t, axis=-1, keepdims=True) + eps)
+    g = 1.0 if w is None else offset + w  # 1 or [d]
+    return t * r * g, (t, r, g, w is not None)
+
+
+def qk_norm_backward(dy, cache):
+    """``(dt, dw)``, ``dw`` None for the parameter-free form. With ``u =
+    dy g``: ``dt = r (u - t r^2 mean(u t))``, ``dw = sum dy t r``."""
+    t, r, g, learned = cache
+    u = dy * g  # [..., d]
+    dt = r * (u - t * (r * r) * np.mean(u * t, axis=-1, keepdims=True))
+    dw = (
+        (dy * t * r).reshape(-1, t.shape[-1]).sum(axis=0)
+        if learned
+        else None
+    )
+    return dt, dw

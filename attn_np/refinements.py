@@ -1,5 +1,5 @@
 """What real attention layers add (chapter 10), each as a forward/backward
-pair, and a layer that composes them.
+pair or a part, and the recipe that assembles chapter 3's layer from them.
 
 ==================  =================================  =============
 detail              models                             here
@@ -16,15 +16,21 @@ output gate         Qwen3-Next (elementwise);          ``gate_*``
 ALiBi               Falcon-RW, BLOOM, MPT              ``ALiBi``
 rope base per       Gemma 3 (local 1e4, global 1e6)    ``rope_base=``
 layer type
+query temperature   Llama 4's NoPE layers              ``QueryTemperature``
 ==================  =================================  =============
+
+The QK-norm pair lives in :mod:`attn_np.norms` (chapter 11's
+parameter-free form is the same function) and the chunked rule in
+:mod:`attn_np.masks`; both are importable from here.
 
 The score modifications are *score mods*: objects with
 ``forward(s, ctx) -> (s2, saved)`` and ``backward(ds2, saved) -> ds``,
 applied by the grouped core (:func:`~attn_np.grouped_attention_forward`)
 to the scaled scores ``s = q k^T * scale`` before the mask and the
 softmax. ``ctx`` is the core's :class:`~attn_np.grouped.ScoreContext`:
-``q_positions [L_q]``, ``k_positions [L_k]``, ``n_kv_heads`` and
-``group_size`` (query head ``h = kv * G + g``).
+``q_positions [L_q]``, ``k_positions [L_k]``, ``n_kv_heads``,
+``group_size`` (query head ``h = kv * G + g``) and ``allowed``, the mask
+the softmax will apply.
 
 Backward formulas (``dy`` the upstream gradient):
 
@@ -36,29 +42,32 @@ Backward formulas (``dy`` the upstream gradient):
 * gate ``y = o sigmoid(g)``: ``do = dy sigmoid(g)``,
   ``dg = dy o sigmoid(g) (1 - sigmoid(g))`` (summed over a head's features
   for the headwise gate);
-* ALiBi ``s + m_h (j - i)``: ``ds = dy`` (the slopes are fixed).
+* ALiBi ``s + m_h (j - i)``: ``ds = dy`` (the slopes are fixed);
+* query temperature ``tau(i) s``: ``ds = dy tau(i)``.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import check_flag, check_positive_int, check_positive_number
-from .grouped import grouped_attention_forward
-from .heads import merge_groups, merge_heads, split_groups, split_heads
-from .kv_cache import KVCache
-from .long_context import scaled_rope_forward
-from .masks import position_mask
-from .multihead import GroupedQueryAttention
-from .rope import (
-    RopeCache,
-    rope_backward,
-    rope_forward,
-    rope_frequencies,
-    rotate_pairs,
+from ._checks import (
+    as_float_array,
+    check_flag,
+    check_positive_int,
+    check_positive_number,
 )
+from .heads import merge_groups, merge_heads, split_groups, split_heads
+from .kv_cache import ChunkedKVCache
+from .masks import ChunkedMask, chunked_mask, position_mask
+from .multihead import GroupedQueryAttention
+from .norms import qk_norm_backward, qk_norm_forward
+from .rope_scaling import ScaledRotary, read_rope_scaling
+
+# chapter 10's name of the chunked rule (one rule: attn_np.masks)
+chunk_mask = chunked_mask
 
 
 # ------------------------------------------------------------ projections
@@ -79,34 +88,6 @@ def linear_backward(dy, cache):
     dW = x2.T @ dy.reshape(-1, dy.shape[-1])  # [d_in, d_out]
     db = dy.reshape(-1, dy.shape[-1]).sum(axis=0) if has_bias else None
     return dx, dW, db
-
-
-# ------------------------------------------------------------ QK-norm
-def qk_norm_forward(t, w=None, *, eps=1e-6, offset=0.0):
-    """RMSNorm over the last axis with gain ``offset + w``.
-
-    ``offset=1`` is Gemma's and Qwen3-Next's form (``w`` starts at 0);
-    ``w=None`` is the parameter-free form (Llama 4's L2Norm, ``y = x r``).
-    Apply it to ``[..., n_heads, d_head]`` for the per-head form (Qwen3,
-    Qwen3-Next, Gemma 3) or to ``[..., n_heads * d_head]`` before the head
-    split (OLMo 2).
-    """
-    r = 1.0 / np.sqrt(np.mean(t * t, axis=-1, keepdims=True) + eps)
-    g = 1.0 if w is None else offset + w  # 1 or [d]
-    return t * r * g, (t, r, g, w is not None)
-
-
-def qk_norm_backward(dy, cache):
-    """``(dt, dw)``; ``dw`` is None for the parameter-free form."""
-    t, r, g, learned = cache
-    u = dy * g
-    dt = r * (u - t * (r * r) * np.mean(u * t, axis=-1, keepdims=True))
-    dw = (
-        (dy * t * r).reshape(-1, t.shape[-1]).sum(axis=0)
-        if learned
-        else None
-    )
-    return dt, dw
 
 
 # ------------------------------------------------------------ score mods
@@ -200,6 +181,79 @@ class ALiBi:
         return f"ALiBi({np.round(self.slopes, 4).tolist()})"
 
 
+# ------------------------------------------------- query temperature
+@dataclass
+class TemperatureCache:
+    scale: np.ndarray  # [L, 1]: the factor on each query row
+
+
+def query_temperature(positions, *, floor_scale=8192.0, attn_scale=0.1):
+    """Llama 4's inference-time temperature for NoPE layers, ``[L]``:
+    ``1 + attn_scale ln(floor((p + 1) / floor_scale) + 1)``. It is 1 for
+    the first ``floor_scale - 1`` positions."""
+    floor_scale = check_positive_number(floor_scale, "floor_scale")
+    attn_scale = float(attn_scale)
+    p = np.asarray(positions)
+    if (
+        p.ndim != 1
+        or p.dtype == np.bool_
+        or not np.issubdtype(p.dtype, np.integer)
+        or (p.size and p.min() < 0)
+    ):
+        raise ValueError(
+            "positions must be a 1-D array of non-negative integer "
+            f"positions, got {p.dtype} of shape {p.shape}"
+            + (f" with minimum {p.min()}" if p.size and p.ndim else "")
+        )
+    p = p.astype(np.float64)
+    return 1.0 + attn_scale * np.log(np.floor((p + 1.0) / floor_scale) + 1.0)
+
+
+def query_temperature_forward(
+    q, positions, *, floor_scale=8192.0, attn_scale=0.1
+):
+    """``q [..., L, d]`` times the temperature of each row's position;
+    ``(q2, cache)``."""
+    q = as_float_array(q, "q", min_ndim=2)
+    t = query_temperature(
+        positions, floor_scale=floor_scale, attn_scale=attn_scale
+    )
+    if t.shape != (q.shape[-2],):
+        raise ValueError(
+            f"positions must have shape ({q.shape[-2]},) to match q "
+            f"{q.shape}, got {np.shape(positions)}"
+        )
+    scale = t[:, None].astype(q.dtype)  # [L, 1]
+    return q * scale, TemperatureCache(scale)  # [..., L, d] * [L, 1]
+
+
+def query_temperature_backward(dq2, cache: TemperatureCache):
+    """``dq = dq2 * t``: a constant per row."""
+    return dq2 * cache.scale
+
+
+@dataclass(frozen=True)
+class QueryTemperature:
+    """Llama 4's query temperature as a score mod: the scores are linear
+    in ``q``, so ``tau(p) q`` is ``tau(p)`` times row ``p`` of ``S``
+    (:func:`query_temperature_forward` on the rows of ``S``)."""
+
+    floor_scale: float = 8192.0
+    attn_scale: float = 0.1
+
+    def forward(self, s, ctx):
+        # [B, n_kv, G, L_q, L_k] * [L_q, 1]
+        return query_temperature_forward(
+            s,
+            ctx.q_positions,
+            floor_scale=self.floor_scale,
+            attn_scale=self.attn_scale,
+        )
+
+    def backward(self, ds2, saved):
+        return query_temperature_backward(ds2, saved)
+
+
 # ------------------------------------------------------------ output gate
 def gate_forward(o, g):
     """``y = o * sigmoid(g)``; ``g`` has o's shape (elementwise, Qwen3-Next)
@@ -221,108 +275,183 @@ def gate_backward(dy, cache):
 # ------------------------------------------------------------ attention
 class MaxLogit:
     """A score mod that changes nothing and keeps the largest ``|s|``
-    over the entries ``allowed`` (``[L_q, L_k]``): what QK-norm bounds."""
+    over the entries ``allowed`` (``[L_q, L_k]``; None: the mask the core
+    applies, ``ctx.allowed``): what QK-norm bounds."""
 
-    def __init__(self, allowed):
+    def __init__(self, allowed=None):
         self.allowed, self.value = allowed, None
 
     def forward(self, s, ctx):
-        self.value = float(np.abs(np.where(self.allowed, s, 0.0)).max())
+        allowed = ctx.allowed if self.allowed is None else self.allowed
+        kept = s if allowed is None else np.where(allowed, s, 0.0)
+        self.value = float(np.abs(kept).max()) if kept.size else 0.0
         return s, None
 
     def backward(self, ds2, saved):
         return ds2
 
 
-def chunk_mask(q_positions, k_positions, chunk):
-    """Llama 4's chunked attention: ``floor(i/C) == floor(j/C)`` and
-    ``j <= i`` (a query sees only its own chunk)."""
-    chunk = check_positive_int(chunk, "chunk")
-    i = np.asarray(q_positions)[:, None]
-    j = np.asarray(k_positions)[None, :]
-    return (j <= i) & (i // chunk == j // chunk)
+# ------------------------------------------------------ the step parts
+@dataclass(frozen=True)
+class Projection:
+    """The project step as a part: ``x W + b`` for q, k and v (a bias
+    ``b_q``, ``b_k``, ``b_v`` for each name in ``biases``), then QK-norm
+    before RoPE (``qk_norm``: ``"head"`` per head, ``"proj"`` over the
+    whole projection, gain ``offset + w``; ``w`` the parameters
+    ``q_norm`` and ``k_norm`` when ``learned``, else none). The protocol
+    of a step part: ``add_params(layer, rng)``, ``forward(layer, x3) ->
+    (q, k, v, saved)``, ``backward(layer, x3, g, saved) -> dx`` (it fills
+    ``layer.grads``)."""
+
+    biases: tuple = ()
+    qk_norm: str | None = None
+    offset: float = 0.0
+    learned: bool = True
+    eps: float = 1e-6
+
+    def add_params(self, layer, rng):
+        p, dtype = layer.params, layer.dtype
+        n_kv, d_k = layer.n_kv_heads, layer.d_k
+        sizes = {"q": layer.n_heads * d_k, "k": n_kv * d_k}
+        sizes["v"] = n_kv * layer.d_v
+        for name in self.biases:
+            p[f"b_{name}"] = np.zeros(sizes[name], dtype)
+        if self.qk_norm and self.learned:
+            whole = self.qk_norm == "proj"
+            init = 0.0 if self.offset else 1.0
+            p["q_norm"] = np.full(sizes["q"] if whole else d_k, init, dtype)
+            p["k_norm"] = np.full(sizes["k"] if whole else d_k, init, dtype)
+
+    @property
+    def kv_params(self) -> tuple:
+        """Its parameters with a key/value head axis."""
+        names = tuple(f"b_{n}" for n in self.biases if n in "kv")
+        if self.qk_norm == "proj" and self.learned:  # a gain per feature
+            names += ("k_norm",)
+        return names
+
+    def forward(self, layer, x3):
+        """``x [B, L, d_model]`` -> ``q [B, n_kv, G, L, d_k]``, ``k, v
+        [B, n_kv, L, d]`` and what the backward needs."""
+        P, (B, L) = layer.params, x3.shape[:2]
+        n_kv, saved, t = layer.n_kv_heads, {}, {}
+        for n in ("q", "k", "v"):  # [B, L, d_model] -> [B, L, heads * d]
+            t[n], saved[n] = linear_forward(x3, P[f"W_{n}"], P.get(f"b_{n}"))
+        for n, heads in (("q", layer.n_heads), ("k", n_kv)):
+            if self.qk_norm:  # [B, L, heads, d] or [B, L, heads * d]
+                shape = (B, L, heads, -1) if self.qk_norm == "head" else None
+                y, saved[f"{n}n"] = qk_norm_forward(
+                    t[n] if shape is None else t[n].reshape(shape),
+                    P.get(f"{n}_norm"),
+                    eps=self.eps,
+                    offset=self.offset,
+                )
+                t[n] = y.reshape(B, L, -1)
+        q = split_groups(t["q"], n_kv, layer.group_size, layer.d_k)
+        k = split_heads(t["k"], n_kv, layer.d_k)
+        return q, k, split_heads(t["v"], n_kv, layer.d_v), saved
+
+    def backward(self, layer, x3, g, saved):
+        """``dx``; fills ``dW``, ``db`` and the norms' gains."""
+        grads = layer.grads
+        d = {
+            "q": merge_groups(g.pop("q")),  # [B, L, h * d_k]
+            "k": merge_heads(g.pop("k")),  # [B, L, n_kv * d_k]
+            "v": merge_heads(g.pop("v")),
+        }
+        for n in ("q", "k"):
+            if f"{n}n" in saved:
+                c = saved[f"{n}n"]
+                dt, dw = qk_norm_backward(d[n].reshape(c[0].shape), c)
+                d[n] = dt.reshape(d[n].shape)
+                if dw is not None:
+                    grads[f"{n}_norm"] = dw
+        dx = 0.0
+        for n in ("q", "k", "v"):
+            dxi, grads[f"W_{n}"], db = linear_backward(d[n], saved[n])
+            if db is not None:
+                grads[f"b_{n}"] = db
+            dx = dx + dxi
+        return dx
+
+
+@dataclass(frozen=True)
+class GatedOutput:
+    """The output step as a part: the heads' output times ``sigmoid(x
+    W_g)`` (``gate``: ``"elementwise"``, ``W_g [d_model, h d_v]``, or
+    ``"headwise"``, ``[d_model, h]``; None: no gate), then ``W_o`` and,
+    with ``bias``, ``b_o``. ``forward(layer, o, x3) -> (y, saved)``,
+    ``backward(layer, dy3, saved) -> (do, dx)``."""
+
+    gate: str | None = None
+    bias: bool = False
+
+    def add_params(self, layer, rng):
+        p, d_model = layer.params, layer.d_model
+        if self.bias:
+            p["b_o"] = np.zeros(d_model, layer.dtype)
+        if self.gate:
+            h = layer.n_heads
+            n_g = h * layer.d_v if self.gate == "elementwise" else h
+            w = rng.standard_normal((d_model, n_g)) / math.sqrt(d_model)
+            p["W_g"] = w.astype(layer.dtype)
+
+    def forward(self, layer, o, x3):
+        P, (B, L), h = layer.params, x3.shape[:2], layer.n_heads
+        gate = None
+        o = merge_groups(o)  # [B, L, h * d_v]
+        if self.gate:  # [B, L, h, d_v] * [B, L, h, d_v or 1]
+            g, lin = linear_forward(x3, P["W_g"])
+            o4, gc = gate_forward(
+                o.reshape(B, L, h, -1), g.reshape(B, L, h, -1)
+            )
+            gate, o = (lin, gc), o4.reshape(B, L, -1)
+        y, out = linear_forward(o, P["W_o"], P.get("b_o"))  # [B, L, d_model]
+        return y, (out, gate)
+
+    def backward(self, layer, dy3, saved):
+        out, gate = saved
+        grads = layer.grads
+        do, grads["W_o"], db = linear_backward(dy3, out)  # [B, L, h*d_v]
+        if db is not None:
+            grads["b_o"] = db
+        dx = None
+        if gate is not None:
+            lin, gc = gate
+            B, L = dy3.shape[:2]
+            do, dg = gate_backward(do.reshape(B, L, layer.n_heads, -1), gc)
+            dx, grads["W_g"], _ = linear_backward(dg.reshape(B, L, -1), lin)
+            do = do.reshape(B, L, -1)
+        G, d_v = layer.group_size, layer.d_v
+        return split_groups(do, layer.n_kv_heads, G, d_v), dx
 
 
 # ------------------------------------------------------------ the layer
-class Position:
-    """The position step of a refined layer, in the protocol of chapter
-    6's :class:`~attn_np.rope.Rotary` (``forward(t, positions) -> (y,
-    saved)``, ``backward(dy, saved)``), so that the layer's ``position``
-    step and a cached decode (:meth:`~attn_np.KVCache.step`) run the same
-    code: RoPE with its base, rotary dimension, layout and linear factor
-    or chapter 11's ``rope_scaling`` (``scaled_rope_forward``), or none (a
-    NoPE layer); then Llama 4's parameter-free QK-norm, then
-    its query temperature (queries are the 5-D ``[B, n_kv, G, L, d]``)."""
-
-    def __init__(self, layer):
-        self.layer = layer
-
-    def forward(self, t, positions):
-        ly, saved = self.layer, {}
-        if ly.use_rope:
-            if ly.rope_scaling is not None:  # chapter 11's frequencies
-                t, saved["rope"] = scaled_rope_forward(
-                    t,
-                    positions,
-                    base=ly.rope_base,
-                    rope_scaling=ly.rope_scaling,
-                    layout=ly.rope_layout,
-                    rotary_dim=ly.rope_dim,
-                )
-            elif ly.rope_factor == 1.0:
-                t, saved["rope"] = rope_forward(
-                    t,
-                    positions,
-                    base=ly.rope_base,
-                    layout=ly.rope_layout,
-                    rotary_dim=ly.rope_dim,
-                )
-            else:  # linear scaling: every angle divided by the factor
-                r = ly.rope_dim
-                theta = (
-                    rope_frequencies(r, base=ly.rope_base) / ly.rope_factor
-                )
-                angles = positions[:, None] * theta[None, :]  # [L, r/2]
-                cos, sin = np.cos(angles), np.sin(angles)
-                saved["rope"] = RopeCache(
-                    cos, sin, ly.rope_layout, r, t.shape
-                )
-                t = rotate_pairs(t, cos, sin, layout=ly.rope_layout)
-        if ly.qk_norm and ly.qk_norm_after_rope:
-            t, saved["norm"] = qk_norm_forward(t, None, eps=ly.norm_eps)
-        temp = ly.temperature(positions)  # [L, 1] or None
-        if temp is not None and t.ndim == 5:  # the queries only
-            t, saved["temp"] = t * temp, temp
-        return t, saved
-
-    def backward(self, dy, saved):
-        if "temp" in saved:
-            dy = dy * saved["temp"]
-        if "norm" in saved:
-            dy, _ = qk_norm_backward(dy, saved["norm"])
-        if "rope" in saved:
-            dy = rope_backward(dy, saved["rope"])
-        return dy
-
-
 class RefinedAttention(GroupedQueryAttention):
-    """Chapter 3's layer with the details of released layers, added by
-    overriding its steps (never by branches in its forward):
+    """Chapter 3's layer with the details of released layers: a recipe
+    that assembles the one layer (:class:`~attn_np.GroupedQueryAttention`)
+    from parts, with today's keywords. Its parts:
 
-    * ``project``: ``x W + b`` for q, k and v, then QK-norm (per head or
-      over the whole projection) before RoPE;
-    * ``rotary``/``position``: :class:`Position` (RoPE with the layer's
-      base, dimension, layout and linear factor or ``rope_scaling``
-      (chapter 11: llama3, YaRN, ...), or NoPE; Llama 4's
-      post-RoPE norm and query temperature);
-    * ``attend``: the grouped core with the layer's scale, score mods
-      (:class:`SoftCap`, :class:`ALiBi`), window or chunk, and sinks;
-    * ``output``: the output gate, ``W_o`` and ``b_o``.
+    * position (``rotary``): :class:`~attn_np.rope_scaling.ScaledRotary`,
+      RoPE with the layer's base, dimension, layout and linear factor or
+      ``rope_scaling`` (chapter 11: llama3, YaRN, ...), or NoPE; then
+      Llama 4's post-RoPE norm;
+    * projection: :class:`Projection`, ``x W + b`` for q, k and v, then
+      QK-norm (per head or over the whole projection) before RoPE;
+    * mask rule (``chunk``): :class:`~attn_np.masks.ChunkedMask`; the
+      window and the sinks are chapter 8's;
+    * score mods: Llama 4's :class:`QueryTemperature`, the caller's
+      (:class:`SoftCap`, :class:`ALiBi`) and a :class:`MaxLogit` watch;
+      the ``scale``;
+    * output: :class:`GatedOutput`, the gate, ``W_o`` and ``b_o``.
 
     Extra ``params`` where enabled: ``b_q``, ``b_k``, ``b_v``, ``b_o``,
     ``q_norm``, ``k_norm``, ``W_g [d_model, H d]`` (elementwise) or
-    ``[d_model, H]`` (headwise). Always causal: a decoder layer.
+    ``[d_model, H]`` (headwise). Always causal: a decoder layer (the only
+    step it overrides is the forward's check of that).
     """
+
+    rebuilds_from_options = True
 
     def __init__(
         self,
@@ -355,50 +484,26 @@ class RefinedAttention(GroupedQueryAttention):
     ):
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         head_dim = d_model // n_heads if head_dim is None else head_dim
-        bad = set(biases) - {"q", "k", "v", "o"}
-        if bad:
-            raise ValueError(f"biases must be among q, k, v, o; got {bad}")
-        if qk_norm not in (None, "head", "proj"):
-            raise ValueError(
-                f"qk_norm must be None, 'head' or 'proj', got {qk_norm!r}"
-            )
-        if gate not in (None, "elementwise", "headwise"):
-            raise ValueError(
-                "gate must be None, 'elementwise' or 'headwise', got "
-                f"{gate!r}"
-            )
-        if n_kv_heads < 1 or n_heads % n_kv_heads:
-            raise ValueError(
-                f"n_heads ({n_heads}) must be a multiple of n_kv_heads "
-                f"({n_kv_heads})"
-            )
-        qk_norm_learned = check_flag(qk_norm_learned, "qk_norm_learned")
-        qk_norm_after_rope = check_flag(
-            qk_norm_after_rope, "qk_norm_after_rope"
+        kw = _check_refined(
+            biases=biases,
+            qk_norm=qk_norm,
+            qk_norm_offset=qk_norm_offset,
+            qk_norm_learned=qk_norm_learned,
+            qk_norm_after_rope=qk_norm_after_rope,
+            norm_eps=norm_eps,
+            gate=gate,
+            chunk=chunk,
+            rope_base=rope_base,
+            rope_factor=rope_factor,
+            rope_scaling=rope_scaling,
+            use_rope=use_rope,
+            query_temperature=query_temperature,
         )
-        use_rope = check_flag(use_rope, "use_rope")
-        if chunk is not None:
-            chunk = check_positive_int(chunk, "chunk")
-        rope_factor = check_positive_number(rope_factor, "rope_factor")
-        norm_eps = check_positive_number(norm_eps, "norm_eps")
-        qk_norm_offset = float(qk_norm_offset)
-        if not math.isfinite(qk_norm_offset):
-            raise ValueError(
-                "qk_norm_offset must be a finite number, got "
-                f"{qk_norm_offset}"
-            )
-        if query_temperature is not None:
-            try:
-                floor_scale, attn_scale = query_temperature
-            except (TypeError, ValueError):
-                raise ValueError(
-                    "query_temperature must be (floor_scale, attn_scale), "
-                    f"got {query_temperature!r}"
-                ) from None
-            query_temperature = (
-                check_positive_number(floor_scale, "floor_scale"),
-                float(attn_scale),
-            )
+        vars(self).update(kw)  # the settings the steps and parts read
+        self.n_kv, self.d = n_kv_heads, head_dim
+        temp = query_temperature
+        self._temp = None if temp is None else QueryTemperature(*temp)
+        self._watch = MaxLogit()
         super().__init__(
             d_model,
             n_heads,
@@ -412,42 +517,64 @@ class RefinedAttention(GroupedQueryAttention):
             rope_dim=rotary_dim,
             window=window,
             sinks=sinks,
-            rope_scaling=rope_scaling,
+            mask_rule=None if chunk is None else ChunkedMask(chunk),
+            score_mods=(
+                *(() if temp is None else (self._temp,)),
+                *score_mods,
+                self._watch,
+            ),
+            scale=head_dim**-0.5 if scale is None else scale,
+            **self._step_parts(),
         )
-        if rope_scaling is not None and rope_factor != 1.0:
-            raise ValueError(
-                "pass rope_factor (linear scaling) or rope_scaling, not "
-                f"both: got {rope_factor} and {rope_scaling!r}"
-            )
-        self.n_kv, self.G, self.d = n_kv_heads, self.group_size, head_dim
-        self.biases = tuple(sorted(biases))
-        self.qk_norm, self.qk_norm_offset = qk_norm, float(qk_norm_offset)
-        self.qk_norm_learned = qk_norm_learned
-        self.qk_norm_after_rope, self.norm_eps = qk_norm_after_rope, norm_eps
-        self.scale = head_dim**-0.5 if scale is None else float(scale)
-        self.score_mods = tuple(score_mods)
-        self.gate, self.chunk = gate, chunk
-        self.rope_factor = float(rope_factor)
-        self.use_rope, self.query_temperature = use_rope, query_temperature
-        self._watch = None
-        rng = np.random.default_rng([seed, 10])
-        Hd, kd = n_heads * head_dim, n_kv_heads * head_dim
-        p = self.params
-        sizes = {"q": Hd, "k": kd, "v": kd, "o": d_model}
-        for name in self.biases:
-            p[f"b_{name}"] = np.zeros(sizes[name], dtype)
-        if qk_norm and qk_norm_learned:
-            nq = head_dim if qk_norm == "head" else Hd
-            nk = head_dim if qk_norm == "head" else kd
-            init = 0.0 if self.qk_norm_offset else 1.0
-            p["q_norm"] = np.full(nq, init, dtype)
-            p["k_norm"] = np.full(nk, init, dtype)
-        if gate:
-            n_g = Hd if gate == "elementwise" else n_heads
-            p["W_g"] = (
-                rng.standard_normal((d_model, n_g)) / math.sqrt(d_model)
-            ).astype(dtype)
-        self.grads = {k: np.zeros_like(v) for k, v in p.items()}
+        self.G = self.group_size
+
+    def _step_parts(self) -> dict:
+        """The parts of the project and output steps, from the settings:
+        biases and QK-norm (before RoPE), then the gate and ``b_o``."""
+        return {
+            "projection": Projection(
+                tuple(b for b in self.biases if b != "o"),
+                None if self.qk_norm_after_rope else self.qk_norm,
+                self.qk_norm_offset,
+                self.qk_norm_learned,
+                self.norm_eps,
+            ),
+            "out_projection": GatedOutput(self.gate, "o" in self.biases),
+        }
+
+    @property
+    def options(self) -> dict:
+        """The keywords that rebuild this layer's kind (not its weights)."""
+        return {
+            "head_dim": self.d,
+            "biases": self.biases,
+            "qk_norm": self.qk_norm,
+            "qk_norm_offset": self.qk_norm_offset,
+            "qk_norm_learned": self.qk_norm_learned,
+            "qk_norm_after_rope": self.qk_norm_after_rope,
+            "norm_eps": self.norm_eps,
+            "scale": self.scale,
+            "score_mods": self._mods,
+            "gate": self.gate,
+            "sinks": "sinks" in self.params,
+            "window": self.window,
+            "chunk": self.chunk,
+            "rope_base": self.rope_base,
+            "rotary_dim": self.rope_dim,
+            "rope_layout": self.rope_layout,
+            "rope_factor": self.rope_factor,
+            "rope_scaling": self.rope_scaling,
+            "use_rope": self.use_rope,
+            "query_temperature": self.query_temperature,
+            "dtype": self.dtype,
+        }
+
+    @property
+    def _mods(self) -> tuple:
+        """The score mods the caller gave (not the temperature part or
+        the watch the layer adds)."""
+        made = (self._temp, self._watch)
+        return tuple(m for m in self.score_mods if m not in made)
 
     @property
     def rotary_dim(self):
@@ -455,36 +582,59 @@ class RefinedAttention(GroupedQueryAttention):
 
     @property
     def rotary(self):
-        """:class:`Position`, or None when the step does nothing."""
-        moves = self.use_rope or self.query_temperature is not None
-        moves = moves or (self.qk_norm and self.qk_norm_after_rope)
-        return Position(self) if moves and self.rope_base else None
+        """The position part (:class:`~attn_np.rope_scaling.ScaledRotary`,
+        made from the settings each time), or None when it does
+        nothing."""
+        after = bool(self.qk_norm and self.qk_norm_after_rope)
+        if not (self.use_rope or after) or not self.rope_base:
+            return None
+        scaling = self.rope_scaling
+        if scaling is None and self.rope_factor != 1.0:  # linear
+            scaling = {"rope_type": "linear", "factor": self.rope_factor}
+        return ScaledRotary(
+            self.rope_base,
+            self.rope_layout,
+            self.rope_dim,
+            rope_scaling=scaling,
+            use_rope=self.use_rope,
+            qk_norm=after,
+            qk_norm_eps=self.norm_eps,
+        )
 
     def temperature(self, positions):
         """Llama 4's NoPE query scale ``1 + a log(1 + floor((i + 1) /
-        f))``, ``[L, 1]``, or None."""
+        f))``, ``[L, 1]`` (:func:`query_temperature`), or None."""
         if self.query_temperature is None:
             return None
         floor_scale, attn_scale = self.query_temperature
-        i = np.asarray(positions, dtype=np.float64)
-        scale = np.log1p(np.floor((i + 1.0) / floor_scale)) * attn_scale
-        return (scale + 1.0)[:, None]
+        t = query_temperature(
+            np.asarray(positions),
+            floor_scale=floor_scale,
+            attn_scale=attn_scale,
+        )
+        return t[:, None]
 
     def mask(self, q_pos, k_pos):
-        """``[L_q, L_k]`` from positions: the chunk rule or chapter 8's."""
-        if self.chunk is not None:
-            return chunk_mask(q_pos, k_pos, self.chunk)
-        return position_mask(q_pos, k_pos, window=self.window)
+        """``[L_q, L_k]`` from positions: chapter 8's rule and the mask
+        rule (the chunks)."""
+        allowed = position_mask(q_pos, k_pos, window=self.window)
+        if self.mask_rule is not None:
+            allowed &= self.mask_rule(q_pos, k_pos)
+        return allowed
 
     @property
     def max_logit(self):
         """The largest ``|score|`` (after score mods) of the last forward."""
-        return None if self._watch is None else self._watch.value
+        return self._watch.value
 
     def new_cache(self):
         """An empty cache for this layer (keys after RoPE, and values):
-        rolling, holding only the window, for a window layer."""
-        return KVCache(window=self.window)
+        rolling, holding only the window, for a window layer; holding
+        only the current chunk (:class:`~attn_np.kv_cache.ChunkedKVCache`)
+        for a chunked one."""
+        if self.chunk is None:
+            return super().new_cache()
+        return ChunkedKVCache(self.chunk)
 
     # ---------------------------------------------------------- steps
     def forward(self, x, *, causal=True, mask=None, kv_cache=None):
@@ -496,109 +646,6 @@ class RefinedAttention(GroupedQueryAttention):
             )
         return super().forward(x, causal=True, kv_cache=kv_cache)
 
-    def project(self, x3):
-        P, B, L = self.params, *x3.shape[:2]
-        saved = {}
-        t = {}
-        for n in ("q", "k", "v"):
-            t[n], saved[n] = linear_forward(x3, P[f"W_{n}"], P.get(f"b_{n}"))
-        if self.qk_norm and not self.qk_norm_after_rope:
-            for n, heads in (("q", self.n_heads), ("k", self.n_kv)):
-                shape = (
-                    (B, L, heads, self.d) if self.qk_norm == "head" else None
-                )
-                y, saved[f"{n}n"] = qk_norm_forward(
-                    t[n] if shape is None else t[n].reshape(shape),
-                    P.get(f"{n}_norm"),
-                    eps=self.norm_eps,
-                    offset=self.qk_norm_offset,
-                )
-                t[n] = y.reshape(B, L, -1)
-        self._project_saved = saved
-        q = split_groups(t["q"], self.n_kv, self.G, self.d)
-        return (
-            q,
-            split_heads(t["k"], self.n_kv, self.d),
-            split_heads(t["v"], self.n_kv, self.d),
-        )
-
-    def project_backward(self, x3, g):
-        saved, grads = self._project_saved, self.grads
-        d = {
-            "q": merge_groups(g.pop("q")),
-            "k": merge_heads(g.pop("k")),
-            "v": merge_heads(g.pop("v")),
-        }
-        for n in ("q", "k"):
-            if f"{n}n" in saved:
-                c = saved[f"{n}n"]
-                dt, dw = qk_norm_backward(d[n].reshape(c[0].shape), c)
-                d[n] = dt.reshape(d[n].shape)
-                if dw is not None:
-                    grads[f"{n}_norm"] = dw
-        dx = 0.0
-        for n in ("q", "k", "v"):
-            dxi, grads[f"W_{n}"], db = linear_backward(d[n], saved[n])
-            if db is not None:
-                grads[f"b_{n}"] = db
-            dx = dx + dxi
-        return dx
-
-    def attend(self, q, k, v, *, mask=None, **where):
-        L_q, L_k = q.shape[3], k.shape[2]
-        q_pos = where.get("q_positions", np.arange(L_k - L_q, L_k))
-        k_pos = where.get("k_positions", np.arange(L_k))
-        allowed = self.mask(q_pos, k_pos)  # [L_q, L_k]
-        self._watch = MaxLogit(allowed)
-        sinks = self.params.get("sinks")
-        return grouped_attention_forward(
-            q,
-            np.ascontiguousarray(k),
-            np.ascontiguousarray(v),
-            allowed=allowed,
-            q_positions=q_pos,
-            k_positions=k_pos,
-            scale=self.scale,
-            sinks=None
-            if sinks is None
-            else sinks.reshape(self.n_kv, self.G, 1, 1),
-            score_mods=(*self.score_mods, self._watch),
-            check_finite=False,
-        )
-
-    def output(self, o, x3):
-        P = self.params
-        B, L = x3.shape[:2]
-        gate = None
-        if self.gate:
-            g, lin = linear_forward(x3, P["W_g"])
-            o4 = merge_groups(o).reshape(B, L, self.n_heads, self.d)
-            o4, gc = gate_forward(o4, g.reshape(B, L, self.n_heads, -1))
-            gate = (lin, gc)
-            o = o4.reshape(B, L, -1)
-        else:
-            o = merge_groups(o)
-        y, out = linear_forward(o, P["W_o"], P.get("b_o"))
-        return y, (out, gate)
-
-    def output_backward(self, dy3, saved):
-        out, gate = saved
-        do, self.grads["W_o"], db = linear_backward(dy3, out)
-        if db is not None:
-            self.grads["b_o"] = db
-        dx = None
-        if gate is not None:
-            lin, gc = gate
-            B, L = dy3.shape[:2]
-            do, dg = gate_backward(
-                do.reshape(B, L, self.n_heads, self.d), gc
-            )
-            dx, self.grads["W_g"], _ = linear_backward(
-                dg.reshape(B, L, -1), lin
-            )
-            do = do.reshape(B, L, -1)
-        return split_groups(do, self.n_kv, self.G, self.d), dx
-
     def __repr__(self):
         extras = [
             f"{k}={v!r}"
@@ -608,7 +655,7 @@ class RefinedAttention(GroupedQueryAttention):
                 ("gate", self.gate),
                 ("window", self.window),
                 ("chunk", self.chunk),
-                ("score_mods", self.score_mods),
+                ("score_mods", self._mods),
             )
             if v
         ]
@@ -618,3 +665,65 @@ class RefinedAttention(GroupedQueryAttention):
             + "".join(", " + e for e in extras)
             + ")"
         )
+
+
+def _check_refined(**kw):
+    """:class:`RefinedAttention`'s settings, checked (each error names
+    its keyword); returns them as the layer keeps them."""
+    bad = set(kw["biases"]) - {"q", "k", "v", "o"}
+    if bad:
+        raise ValueError(f"biases must be among q, k, v, o; got {bad}")
+    kw["biases"] = tuple(sorted(kw["biases"]))
+    if kw["qk_norm"] not in (None, "head", "proj"):
+        raise ValueError(
+            f"qk_norm must be None, 'head' or 'proj', got {kw['qk_norm']!r}"
+        )
+    if kw["gate"] not in (None, "elementwise", "headwise"):
+        raise ValueError(
+            "gate must be None, 'elementwise' or 'headwise', got "
+            f"{kw['gate']!r}"
+        )
+    for flag in ("qk_norm_learned", "qk_norm_after_rope", "use_rope"):
+        kw[flag] = check_flag(kw[flag], flag)
+    if kw["chunk"] is not None:
+        kw["chunk"] = check_positive_int(kw["chunk"], "chunk")
+    for name in ("rope_factor", "norm_eps"):
+        kw[name] = float(check_positive_number(kw[name], name))
+    kw["qk_norm_offset"] = offset = float(kw["qk_norm_offset"])
+    if not math.isfinite(offset):
+        raise ValueError(
+            f"qk_norm_offset must be a finite number, got {offset}"
+        )
+    temp = kw["query_temperature"]
+    if temp is not None:
+        try:
+            floor_scale, attn_scale = temp
+        except (TypeError, ValueError):
+            raise ValueError(
+                "query_temperature must be (floor_scale, attn_scale), "
+                f"got {temp!r}"
+            ) from None
+        kw["query_temperature"] = (
+            check_positive_number(floor_scale, "floor_scale"),
+            float(attn_scale),
+        )
+    return _check_refined_rope(kw)
+
+
+def _check_refined_rope(kw):
+    scaling = kw.pop("rope_scaling")
+    if scaling is not None:
+        if kw["rope_factor"] != 1.0:
+            raise ValueError(
+                "pass rope_factor (linear scaling) or rope_scaling, not "
+                f"both: got {kw['rope_factor']} and {scaling!r}"
+            )
+        if kw["rope_base"] is None:
+            raise ValueError(
+                "rope_scaling needs rope_base (a layer without RoPE has "
+                "nothing to scale)"
+            )
+        scaling = read_rope_scaling(scaling)
+    kw["rope_scaling"] = scaling
+    del kw["rope_base"]  # the layer's own (chapter 6)
+    return kw

@@ -55,25 +55,14 @@ class RopeCache:
     shape: tuple[int, ...]  # the shape of x (and of y)
 
 
-def rope_frequencies(
-    rotary_dim, *, base=10000.0, rope_scaling=None, seq_len=None
-) -> np.ndarray:
+def rope_frequencies(rotary_dim, *, base=10000.0) -> np.ndarray:
     """``theta_i = base^(-2i/r)`` for ``i = 0 ... r/2 - 1``: ``[r/2]``.
 
     Pair ``i`` turns by ``theta_i`` radians per position, so its
     wavelength is ``2 pi / theta_i`` positions: ``2 pi`` for the fastest
-    pair, almost ``2 pi base`` for the slowest. A ``rope_scaling`` dict
-    (Hugging Face's spelling) returns the scaled frequencies of chapter
-    11 (:func:`~attn_np.long_context.scaled_frequencies`, whose attention
-    factor is not returned here).
+    pair, almost ``2 pi base`` for the slowest. Chapter 11 scales them
+    (:func:`~attn_np.rope_scaling.scaled_frequencies`).
     """
-    if rope_scaling is not None:  # chapter 11
-        from .long_context import scaled_frequencies
-
-        theta, _ = scaled_frequencies(
-            rotary_dim, base=base, rope_scaling=rope_scaling, seq_len=seq_len
-        )
-        return theta
     r = _check_rotary_dim(rotary_dim, None, "")
     base = check_positive_number(base, "base")
     i = np.arange(r // 2)  # [r/2]
@@ -281,6 +270,21 @@ def check_rope_settings(base, layout, rotary_dim, d_k):
     except ValueError as e:
         raise ValueError(f"rope_dim: {e}") from None
     return base, layout, r
+
+
+def check_rotary(rotary):
+    """``rotary`` if it is a position part (None, or an object with
+    :class:`Rotary`'s ``forward(t, positions)`` and ``backward(dy,
+    saved)``), or raise a ``TypeError`` naming it."""
+    if rotary is not None and not (
+        callable(getattr(rotary, "forward", None))
+        and callable(getattr(rotary, "backward", None))
+    ):
+        raise TypeError(
+            "rotary must be a position part with forward(t, positions) "
+            f"and backward(dy, saved) (a Rotary), got {rotary!r}"
+        )
+    return rotary
 
 
 @dataclass(frozen=True)

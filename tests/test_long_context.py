@@ -270,14 +270,18 @@ def test_linear_ntk_dynamic_default():
         assert m == 1.0
 
 
-def test_rope_frequencies_hook_keeps_its_signature():
+def test_chapter_6s_frequencies_know_no_scaling():
+    """The scalings are chapter 11's position part (issue 38): chapter
+    6's rope_frequencies is the plain rule and takes no rope_scaling."""
     np.testing.assert_array_equal(
         rope_frequencies(8, base=100.0), plain_theta(8, 100.0)
     )
-    got = rope_frequencies(
+    got, _ = scaled_frequencies(
         128, base=500000.0, rope_scaling=LLAMA31_8B["rope_scaling"]
     )
     np.testing.assert_array_equal(got, freqs(LLAMA31_8B)[0])
+    with pytest.raises(TypeError, match="rope_scaling"):
+        rope_frequencies(8, rope_scaling=LLAMA31_8B["rope_scaling"])
 
 
 # ----------------------------------------------------------- spelling
@@ -830,14 +834,16 @@ def test_passkey_task():
         Passkey(1)
 
 
-# ------------------------------------- chapter 3's layer takes the scaling
+# ------------------------- chapter 3's layer takes the scaling as a part
 def test_grouped_query_attention_takes_rope_scaling():
     from attn_np import MultiHeadAttention, mha_to_gqa
+    from attn_np.rope_scaling import ScaledRotary
 
     s = SCALINGS[3]  # YaRN, attention factor 1.21
     x = np.random.default_rng(14).standard_normal((2, 9, 16))
+    part = ScaledRotary(100.0, rope_scaling=s)
     plain = GroupedQueryAttention(
-        16, 4, 2, seed=1, rope_base=100.0, rope_scaling=s
+        16, 4, 2, seed=1, rope_base=100.0, rotary=part
     )
     ours = LongContextAttention(
         16, 4, 2, seed=1, rope_base=100.0, rope_scaling=s
@@ -852,17 +858,15 @@ def test_grouped_query_attention_takes_rope_scaling():
     assert not np.allclose(
         unscaled.forward(x, causal=True), plain.forward(x, causal=True)
     )
-    assert plain.options["rope_scaling"] == read_rope_scaling(s)
+    assert plain.options["rotary"].rope_scaling == read_rope_scaling(s)
     errs = check_layer_gradients(plain, x, causal=True)
     assert all(np.isfinite(e) and e < TOLERANCE for e in errs.values())
-    mha = MultiHeadAttention(16, 4, seed=2, rope_base=100.0, rope_scaling=s)
-    assert mha_to_gqa(mha, 2).rope_scaling == mha.rope_scaling
-    with pytest.raises(ValueError, match="rope_base"):
-        GroupedQueryAttention(16, 4, 2, rope_scaling=s)
+    mha = MultiHeadAttention(16, 4, seed=2, rope_base=100.0, rotary=part)
+    assert mha_to_gqa(mha, 2).rotary == mha.rotary == part
     with pytest.raises(ValueError, match="rope_type"):
-        GroupedQueryAttention(
-            16, 4, 2, rope_base=100.0, rope_scaling={"factor": 2.0}
-        )
+        ScaledRotary(100.0, rope_scaling={"factor": 2.0})
+    with pytest.raises(TypeError, match="rotary"):
+        GroupedQueryAttention(16, 4, 2, rotary=s)
 
 
 @pytest.mark.parametrize(
