@@ -108,9 +108,11 @@ def load_gguf(
     def vector(name):
         return ckpt.array(name, (d,)).astype(dtype)
 
-    model.embed.params["W"] = ckpt.array(
-        "token_embd.weight", (c.vocab_size, d)
-    ).astype(dtype)
+    # E [vocab, d] stored column by column (a transposed view of [d,
+    # vocab]): the head's h @ E^T then reads E^T's rows one after the other,
+    # the product BLAS streams fastest; a lookup E[ids] reads d numbers.
+    E = ckpt.array("token_embd.weight", (c.vocab_size, d))
+    model.embed.params["W"] = np.ascontiguousarray(E.T, dtype=dtype).T
     for i, blk in enumerate(model.blocks):
         p = f"blk.{i}."
         blk.norm1.params["g"] = vector(p + "attn_norm.weight")
