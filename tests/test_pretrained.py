@@ -199,13 +199,24 @@ def test_backward_fills_every_grad(model64, fx):
 
 # ---------------------------------------------------------------- the model
 @needs_weights
-def test_float32_model_memory_and_tied_head(ckpt):
+def test_float32_model_memory_and_tied_head(ckpt, model64):
     m = load_gguf(ckpt)
     assert m.dtype == np.float32
     assert m.n_params == 134_515_008
     assert m.nbytes <= 0.6 * 2**30
     assert m.head_weight is m.embed.params["W"]
     assert "head.W" not in m.params
+    # float32 -> float64 is exact: the float64 load, parameter by parameter
+    m64 = m.astype(np.float64)
+    assert m64.dtype == np.float64 and m64.tokenizer is m.tokenizer
+    for key in (
+        "embed.W",
+        "block3.attn.W_q",
+        "block29.ffn.W_down",
+        "norm_f.g",
+    ):
+        np.testing.assert_array_equal(m64.params[key], model64.params[key])
+    del m64
     ids = np.array([m.tokenizer.encode("The capital of France is")])
     out = m.generate(ids, 3)
     assert (

@@ -89,6 +89,7 @@ def hf_contenders(path, prompt_len, new_tokens, seed=0):
     except ImportError:
         return None
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     model = transformers.LlamaForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     ).eval()

@@ -182,6 +182,30 @@ class CausalLM(Composite):
         """``[vocab, d_model]``: the embedding (tied) or the head's own."""
         return (self.embed if self.head is None else self.head).params["W"]
 
+    def astype(self, dtype) -> CausalLM:
+        """A copy of the model with its parameters in ``dtype`` (float32
+        to float64 is exact: the same model, for gradient checks)."""
+        m = CausalLM(self.config, dtype=dtype, rope_layout=self.rope_layout)
+        if self.head is not None:  # an untied head: a slot for it
+            m.head = Embedding(1, self.d_model, dtype=dtype)
+        for p, (layer, name) in zip(self.params.values(), m._param_slots()):
+            layer.params[name] = p.astype(dtype, order="K")
+        for layer in m.children().values():
+            layer.grads = {
+                k: np.zeros_like(v) for k, v in layer.params.items()
+            }
+        m.tokenizer = self.tokenizer
+        m.source = getattr(self, "source", None)
+        return m
+
+    def _param_slots(self):
+        """``(layer, name)`` of every parameter, in ``params`` order."""
+        return [
+            (layer, name)
+            for layer in self.children().values()
+            for name in layer.params
+        ]
+
     # ----------------------------------------------------------- forward
     def check_ids(self, ids, name="ids") -> np.ndarray:
         """``ids`` as an integer ``[B, L]`` array of the vocabulary."""
