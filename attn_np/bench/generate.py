@@ -80,6 +80,29 @@ def setup(model, prompt_len, seed=0):
     return prefill, step, cache
 
 
+def products_only(model, seed=0):
+    """The weight products of one decode step alone, as the layers make
+    them (``x @ W`` for every matrix of every block, and the tied head):
+    the step without its norms, RoPE, cache, checks and Python, to time
+    beside it."""
+    rng = np.random.default_rng(seed)
+    d, f = model.d_model, model.config.d_ff
+    x = rng.standard_normal((1, d)).astype(model.dtype)  # [1, d]
+    h = rng.standard_normal((1, f)).astype(model.dtype)  # [1, d_ff]
+    o = rng.standard_normal((1, model.config.n_heads * model.config.d_k))
+    o = o.astype(model.dtype)
+    E = model.head_weight  # [V, d], stored column by column
+
+    def run():
+        for blk in model.blocks:
+            a, p = blk.attn.params, blk.ffn.params
+            x @ a["W_q"], x @ a["W_k"], x @ a["W_v"], o @ a["W_o"]
+            x @ p["W_gate"], x @ p["W_up"], h @ p["W_down"]
+        return x @ E.T  # [1, d] @ [d, V]
+
+    return run
+
+
 def hf_contenders(path, prompt_len, new_tokens, seed=0):
     """``transformers``' prefill and ``generate`` on the GGUF at ``path``
     (float32, CPU), or None where torch or transformers do not import."""
@@ -158,7 +181,11 @@ def main(argv) -> int:
     def ours_generate():
         model.generate(ids, n)
 
-    fns = {"decode step": step, "decode step (A/A)": step}
+    fns = {
+        "decode step": step,
+        "decode step (A/A)": step,
+        "products only": products_only(model),
+    }
     fns.update({name: fn for name, (fn, _) in probes.items()})
     fns.update({"prefill": prefill, "matmul probe": mm})
     hf = None if args.skip_hf else hf_contenders(smollm2_path(), P, n)
@@ -214,6 +241,12 @@ def main(argv) -> int:
     print(
         f"  roofline / step time: "
         f"{spread_text(ratio_spread(roof, t['decode step']))}"
+    )
+
+    print(
+        "  its weight products alone (no norms, RoPE, cache, checks): "
+        f"{np.median(t['products only']) * 1e3:.1f} ms; roofline / "
+        f"products {spread_text(ratio_spread(roof, t['products only']))}"
     )
 
     def spread(a, b):  # round by round: t[a] / t[b]
