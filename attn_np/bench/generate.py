@@ -33,6 +33,8 @@ threads, 72 ms with one). ``--threads`` sets the count.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 
 import numpy as np
 
@@ -113,9 +115,10 @@ def hf_contenders(path, prompt_len, new_tokens, seed=0):
         return None
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    model = transformers.LlamaForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    with contextlib.redirect_stderr(io.StringIO()):  # its progress bars
+        model = transformers.LlamaForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        ).eval()
     rng = np.random.default_rng(seed)
     ids = torch.tensor(rng.integers(0, 49152, size=(1, prompt_len)))
     mask = torch.ones_like(ids)
