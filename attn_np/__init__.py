@@ -50,6 +50,8 @@ ch  chapter                              modules
 13  sparse attention on the latent       :mod:`.sparse`,
     cache (DSA's lightning indexer,      :mod:`.costs.sparse`
     top-k, block selection)
+14  a real model: SmolLM2-135M from a    :mod:`.pretrained`, :mod:`.ffn`
+    GGUF file through the book's layers
 A1  the KV cache of any model config     :mod:`.costs.hf_config`
                                          (through :mod:`.hf.config`),
                                          :mod:`.memory`,

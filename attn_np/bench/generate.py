@@ -1,0 +1,281 @@
+"""``python -m attn_np.bench generate``: a real model's prefill and decode
+against what this machine allows (chapter 14).
+
+SmolLM2-135M-Instruct (:func:`~attn_np.pretrained.load_gguf`, float32)
+reads a prompt of ``--prompt`` tokens in one chunk (prefill) and then
+decodes one token at a time over its cache (decode). Every contender is
+timed in alternating rounds with the machine's own reference rates:
+
+* prefill: its FLOPs (the weight products, the attention's scores and
+  weighted values, the tied head) over its time, as a fraction of the
+  rate of a ``[1024, 1024] @ [1024, 1024]`` float32 product timed in the
+  same rounds;
+* decode: the step's roofline, the bytes it must read (every weight once,
+  the tied embedding once as the head, and the cached keys and values) at
+  the streaming-read rate of the same round (the fastest of
+  :func:`~attn_np.instruments.measure.read_probes`), over the step's time.
+
+Each ratio is taken round by round and printed as its median and
+quartiles, beside the run's noise floor: the same step timed twice in the
+same round (A/A). Where ``torch`` and ``transformers`` import (the fixture
+environment, never the book's), ``transformers``' ``LlamaForCausalLM`` on
+the same GGUF file, float32 on the CPU, runs its prefill and its
+``generate`` in the same rounds, and the ratios of the times are printed
+the same way.
+
+The BLAS thread count matters more than anything else here. A decode step
+is some two hundred matrix-vector products; with two OpenBLAS threads on
+a machine whose other core is busy, each product waits for the second
+thread (measured here, beside other work: a step of 1.4 s with two
+threads, 72 ms with one). ``--threads`` sets the count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+
+import numpy as np
+
+from attn_np.instruments.blas import get_blas_threads
+from attn_np.instruments.measure import (
+    alternating_times,
+    capped_rounds,
+    matmul_probe,
+    ratio_spread,
+    read_probes,
+)
+from attn_np.instruments.paired import spread_text
+from attn_np.instruments.plotting import format_bytes
+
+
+def prefill_flops(config, L) -> float:
+    """FLOPs of a prefill of ``L`` tokens: ``2 L`` per weight of the
+    blocks and of the head, and the causal attention's ``q k^T`` and ``p
+    v`` (``2 L (L + 1) / 2 d_k`` each per query head and layer)."""
+    c = config
+    d, h, n_kv, d_k, f = c.d_model, c.n_heads, c.n_kv_heads, c.d_k, c.d_ff
+    per_layer = d * (h + 2 * n_kv) * d_k + h * d_k * d + 3 * d * f
+    weights = c.n_layers * per_layer + c.vocab_size * d
+    attention = c.n_layers * h * 2 * (2 * d_k * L * (L + 1) / 2)
+    return 2.0 * L * weights + attention
+
+
+def setup(model, prompt_len, seed=0):
+    """``(prefill, step, cache)``: a prefill of ``prompt_len`` random
+    tokens into a fresh cache, and a one-token decode step at that context
+    (undone after each call, so every call sees the same cache)."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, model.vocab_size, size=(1, prompt_len))
+    cache = model.new_cache(prompt_len + 1)
+    model.forward(ids, kv_cache=cache)
+    nxt = ids[:, -1:]
+
+    def prefill():
+        model.forward(ids, kv_cache=model.new_cache(prompt_len))
+
+    def step():
+        model.forward(nxt, kv_cache=cache)
+        cache.truncate(prompt_len)
+
+    return prefill, step, cache
+
+
+def products_only(model, seed=0):
+    """The weight products of one decode step alone, as the layers make
+    them (``x @ W`` for every matrix of every block, and the tied head):
+    the step without its norms, RoPE, cache, checks and Python, to time
+    beside it."""
+    rng = np.random.default_rng(seed)
+    d, f = model.d_model, model.config.d_ff
+    x = rng.standard_normal((1, d)).astype(model.dtype)  # [1, d]
+    h = rng.standard_normal((1, f)).astype(model.dtype)  # [1, d_ff]
+    o = rng.standard_normal((1, model.config.n_heads * model.config.d_k))
+    o = o.astype(model.dtype)
+    E = model.head_weight  # [V, d], stored column by column
+
+    def run():
+        for blk in model.blocks:
+            a, p = blk.attn.params, blk.ffn.params
+            x @ a["W_q"], x @ a["W_k"], x @ a["W_v"], o @ a["W_o"]
+            x @ p["W_gate"], x @ p["W_up"], h @ p["W_down"]
+        return x @ E.T  # [1, d] @ [d, V]
+
+    return run
+
+
+def hf_contenders(path, prompt_len, new_tokens, seed=0):
+    """``transformers``' prefill and ``generate`` on the GGUF at ``path``
+    (float32, CPU), or None where torch or transformers do not import."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return None
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    with contextlib.redirect_stderr(io.StringIO()):  # its progress bars
+        model = transformers.LlamaForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        ).eval()
+    rng = np.random.default_rng(seed)
+    ids = torch.tensor(rng.integers(0, 49152, size=(1, prompt_len)))
+    mask = torch.ones_like(ids)
+
+    def prefill():
+        with torch.no_grad():
+            model(ids, use_cache=True)
+
+    def generate():
+        with torch.no_grad():
+            model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+
+    return {
+        "versions": f"transformers {transformers.__version__}, torch "
+        f"{torch.__version__}, {torch.get_num_threads()} threads",
+        "prefill": prefill,
+        "generate": generate,
+    }
+
+
+def main(argv) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m attn_np.bench generate",
+        description=__doc__.split("\n")[0],
+    )
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="BLAS threads (default: as set, OPENBLAS_NUM_THREADS)",
+    )
+    parser.add_argument("--skip-hf", action="store_true")
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        from attn_np.instruments.blas import set_blas_threads
+
+        set_blas_threads(args.threads)
+
+    from attn_np.pretrained import load_gguf, smollm2_path
+
+    model = load_gguf(dtype=np.float32)
+    c = model.config
+    P, n = args.prompt, args.new_tokens
+    prefill, step, cache = setup(model, P)
+    weight_bytes = model.nbytes
+    cache_bytes = cache.nbytes
+    step_bytes = weight_bytes + cache_bytes
+    flops = prefill_flops(c, P)
+    probes = read_probes()  # 512 MiB, as the weights: far beyond caches
+    mm, mm_flops = matmul_probe()
+    ids = np.random.default_rng(1).integers(0, c.vocab_size, (1, P))
+
+    def ours_generate():
+        model.generate(ids, n)
+
+    fns = {
+        "decode step": step,
+        "decode step (A/A)": step,
+        "products only": products_only(model),
+    }
+    fns.update({name: fn for name, (fn, _) in probes.items()})
+    fns.update({"prefill": prefill, "matmul probe": mm})
+    hf = None if args.skip_hf else hf_contenders(smollm2_path(), P, n)
+    if hf is not None:
+        fns.update(
+            {
+                "generate (ours)": ours_generate,
+                "generate (transformers)": hf["generate"],
+                "prefill (transformers)": hf["prefill"],
+            }
+        )
+    t = alternating_times(fns, rounds=args.rounds)
+    rounds = capped_rounds(args.rounds)
+    # per round: the fastest probe's rate (bytes/s) and the matmul rate
+    stream = np.max(
+        [nbytes / t[name] for name, (_, nbytes) in probes.items()], axis=0
+    )
+    matmul = mm_flops / t["matmul probe"]
+    roof = step_bytes / stream  # s: the step's bytes at the streaming rate
+    threads = get_blas_threads()
+
+    print(
+        f"SmolLM2-135M-Instruct, float32, {model.n_params:,} parameters "
+        f"({format_bytes(weight_bytes)}, the tied embedding once); "
+        f"{threads} BLAS thread(s); {rounds} alternating rounds"
+    )
+    print(
+        f"streaming read (fastest probe, median): "
+        f"{np.median(stream) / 1e9:.1f} GB/s; matmul: "
+        f"{np.median(matmul) / 1e9:.1f} GFLOP/s"
+    )
+    print(
+        f"\nprefill of {P} tokens: {flops / 1e9:.1f} GFLOP in "
+        f"{np.median(t['prefill']) * 1e3:.0f} ms (median), "
+        f"{P / np.median(t['prefill']):.0f} tokens/s"
+    )
+    r = ratio_spread(flops / t["prefill"], matmul)
+    print(
+        f"  its FLOP rate / the matmul probe's: {spread_text(r)} "
+        "(median [quartiles] over the rounds)"
+    )
+    print(
+        f"\ndecode step at {P} cached positions: reads "
+        f"{format_bytes(step_bytes)} (weights {format_bytes(weight_bytes)}"
+        f", cache {format_bytes(cache_bytes)}); "
+        f"{np.median(t['decode step']) * 1e3:.1f} ms (median), "
+        f"{1 / np.median(t['decode step']):.1f} tokens/s"
+    )
+    print(
+        f"  roofline (those bytes at the streaming rate): "
+        f"{np.median(roof) * 1e3:.1f} ms"
+    )
+    print(
+        f"  roofline / step time: "
+        f"{spread_text(ratio_spread(roof, t['decode step']))}"
+    )
+
+    print(
+        "  its weight products alone (no norms, RoPE, cache, checks): "
+        f"{np.median(t['products only']) * 1e3:.1f} ms; roofline / "
+        f"products {spread_text(ratio_spread(roof, t['products only']))}"
+    )
+
+    def spread(a, b):  # round by round: t[a] / t[b]
+        return spread_text(ratio_spread(t[a], t[b]))
+
+    floor = spread("decode step (A/A)", "decode step")
+    print(f"  noise floor (the step / itself, A/A): {floor}")
+    if hf is not None:
+        ours, theirs = (
+            np.median(t[f"generate ({k})"]) * 1e3
+            for k in ("ours", "transformers")
+        )
+        print(f"\ntransformers on the same GGUF, float32: {hf['versions']}")
+        print(
+            f"  generate {n} tokens after {P}: transformers / ours "
+            f"{spread('generate (transformers)', 'generate (ours)')} "
+            f"(ours {ours:.0f} ms, transformers {theirs:.0f} ms, "
+            "prefill included)"
+        )
+        print(
+            f"  prefill of {P} tokens: transformers / ours "
+            f"{spread('prefill (transformers)', 'prefill')}"
+        )
+    elif not args.skip_hf:
+        print(
+            "\n(torch and transformers do not import here: transformers' "
+            "generate is timed only in the fixture environment)"
+        )
+    return 0

