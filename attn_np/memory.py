@@ -156,10 +156,10 @@ def report(cfg, seq_len, batch=1, bytes_per_element=2, budget=None):
         hf4 = cfg.n_heads * (cfg.head_dim + cfg.d_rope + v)
         ratio = hf4 / cfg.kv_numbers_per_layer
         lines += [
-            "             (transformers 5 caches this; transformers 4.x "
-            "caches every",
-            f"             head's keys and values, {hf4:,} numbers, "
-            f"{ratio:.1f}x as many)",
+            "             (every head's keys and values instead, as "
+            "transformers",
+            "             cached DeepSeek-V2/V3 before 5.15.0: "
+            f"{hf4:,} numbers, {ratio:.1f}x)",
         ]
     lines += _rope_line(cfg)
     lines.append(
