@@ -456,8 +456,9 @@ def main(argv=()) -> int:
             )
         worst = max(m["peak"] / m["q bytes"] for m in mem.values())
         print(
-            f"goal: peak <= 8 x q: {'met' if worst <= 8 else 'NOT met'}"
-            f" (worst {worst:.2f})"
+            f"largest peak / q: {worst:.2f} (a peak / q that stays flat as "
+            "L grows is\nmemory linear in L; the dense weights grow with "
+            "L^2)"
         )
 
     if args.L:
@@ -488,8 +489,9 @@ def main(argv=()) -> int:
                     f"{_fmt(r['kernels / products']):>17}"
                 )
         print(
-            f"goal: at least 0.6 at every L: "
-            f"{'met' if worst >= 0.6 else 'NOT met'} (worst {worst:.2f})"
+            f"lowest fraction of the matmul rate at any L: {worst:.2f} "
+            "(the rest of\nthe time goes to the softmax, masks and copies "
+            "around the products)"
         )
 
     if not args.skip_load:
@@ -509,14 +511,7 @@ def main(argv=()) -> int:
             f"flash / dense: {_fmt(r['flash / dense'])} as it is, "
             f"{_fmt(r['flash / dense loaded'])} under the load"
         )
-        ok = (
-            r["flash growth"][0] <= r["dense growth"][0]
-            and r["flash / dense loaded"][0] < 1.0
-        )
-        print(
-            "goal: flash grows no more than dense, flash / dense < 1 "
-            f"under load: {'met' if ok else 'NOT met'}"
-        )
+        print("a growth within its A/A spread is within this run's noise")
 
     if args.why_load:
         res = why_load()
