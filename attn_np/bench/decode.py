@@ -70,6 +70,8 @@ from attn_np.latent import LatentKVCache, MultiHeadLatentAttention
 from attn_np.multihead import GroupedQueryAttention
 from attn_np.softmax import masked_softmax
 
+from ._help import description as _description
+
 # the parts of a step timed alone
 PARTS = ("weights", "attention", "softmax")
 # an A/A floor whose quartiles stray further than this from 1 is wide
@@ -882,18 +884,30 @@ LEGEND = (
 def main(argv) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attn_np.bench decode",
-        description=__doc__.split("\n")[0],
+        description=_description(__doc__),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--d-model", type=int, default=2048)
-    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument(
+        "--d-model", type=int, default=2048, help="the layer's width"
+    )
+    parser.add_argument(
+        "--heads", type=int, default=16, help="query heads (MHA, GQA, MQA)"
+    )
     parser.add_argument(
         "--context",
         type=int,
         default=8192,
         help="cached positions (default 8192)",
     )
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument(
+        "--batch", type=int, default=1, help="sequences decoded together"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=40,
+        help="timing rounds, the contenders alternating",
+    )
     parser.add_argument(
         "--formulations",
         action="store_true",

@@ -65,6 +65,7 @@ from ..instruments.measure import (
     ratio_spread,
 )
 from ..multihead import MultiHeadAttention
+from ._help import description as _description
 
 SWEEP_BLOCKS = (64, 128, 256, 512, 1024)
 
@@ -399,7 +400,8 @@ def why_load(*, calls=2000):
 def main(argv=()) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attn_np.bench flash",
-        description=__doc__.splitlines()[0],
+        description=_description(__doc__),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
         "--L",
@@ -408,14 +410,27 @@ def main(argv=()) -> int:
         default=[2048, 4096, 8192],
         help="lengths for the rates",
     )
-    parser.add_argument("--memory-L", type=int, nargs="*", default=[16384])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--memory-L",
+        type=int,
+        nargs="*",
+        default=[16384],
+        help="lengths whose traced peak of forward + backward is measured",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="timing rounds, the contenders alternating",
+    )
     parser.add_argument(
         "--sweep",
         action="store_true",
         help="also sweep the block sizes (slow)",
     )
-    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument(
+        "--skip-memory", action="store_true", help="no memory tracing"
+    )
     parser.add_argument(
         "--ceiling",
         action="store_true",

@@ -56,6 +56,7 @@ from ..linear_attention import (
     gated_delta_recurrent_backward,
     gated_delta_recurrent_forward,
 )
+from ._help import description as _description
 
 SHAPE = dict(d_model=128, n_v_heads=2, n_k_heads=1, d_k=128, d_v=128)
 
@@ -378,15 +379,36 @@ def _quartiles(x):
 def main(argv=()) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attn_np.bench linear",
-        description=__doc__.splitlines()[0],
+        description=_description(__doc__),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
-        "--T", type=int, nargs="+", default=[1024, 2048, 4096]
+        "--T",
+        type=int,
+        nargs="+",
+        default=[1024, 2048, 4096],
+        help="sequence lengths timed, loop against chunks",
     )
-    parser.add_argument("--memory-T", type=int, nargs="*", default=None)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--chunk-size", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--memory-T",
+        type=int,
+        nargs="*",
+        default=None,
+        help="lengths whose traced peak is measured (default: the "
+        "smallest and largest --T)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="timing rounds, the contenders alternating",
+    )
+    parser.add_argument(
+        "--chunk-size", type=int, default=32, help="the chunked form's C"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="BLAS threads while timing"
+    )
     parser.add_argument(
         "--return-freed",
         action="store_true",

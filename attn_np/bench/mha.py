@@ -28,6 +28,7 @@ from ..attention import causal_mask
 from ..costs import layer as costs
 from ..instruments.measure import best_times
 from ..multihead import MultiHeadAttention
+from ._help import description as _description
 
 
 # ---------------------------------------------------------------------------
@@ -189,14 +190,22 @@ def run(
 def main(argv=()) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attn_np.bench mha",
-        description=__doc__.splitlines()[0],
+        description=_description(__doc__),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--B", type=int, default=1)
-    parser.add_argument("--L", type=int, default=2048)
-    parser.add_argument("--d-model", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--B", type=int, default=1, help="batch size")
     parser.add_argument(
-        "--dtype", choices=("float32", "float64"), default="float32"
+        "--L", type=int, default=2048, help="sequence length"
+    )
+    parser.add_argument(
+        "--d-model", type=int, default=512, help="the layer's width"
+    )
+    parser.add_argument("--heads", type=int, default=8, help="query heads")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "float64"),
+        default="float32",
+        help="the arrays' dtype",
     )
     parser.add_argument(
         "--repeat",
