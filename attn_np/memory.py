@@ -129,7 +129,8 @@ def _rope_line(cfg) -> list[str]:
 
 
 def _latent_lines(cfg) -> list[str]:
-    """What an MLA model caches, against what transformers 4.x cached."""
+    """What an MLA model caches, against a cache of every head's keys and
+    values (what transformers kept for DeepSeek-V2/V3 before 5.15.0)."""
     v = cfg.d_head_v or cfg.head_dim
     hf4 = cfg.n_heads * (cfg.head_dim + cfg.d_rope + v)
     ratio = hf4 / cfg.kv_numbers_per_layer
@@ -137,10 +138,10 @@ def _latent_lines(cfg) -> list[str]:
         f"             caching a latent of {cfg.d_latent_kv} and "
         + ("an unrotated" if _nope(cfg) else "a rotary")
         + f" key of {cfg.d_rope}",
-        "             (transformers 5 caches this; transformers 4.x "
-        "caches every",
-        f"             head's keys and values, {hf4:,} numbers, "
-        f"{ratio:.1f}x as many)",
+        "             (every head's keys and values instead, as "
+        "transformers",
+        "             cached DeepSeek-V2/V3 before 5.15.0: "
+        f"{hf4:,} numbers, {ratio:.1f}x)",
     ]
 
 

@@ -20,6 +20,16 @@ import json
 from pathlib import Path
 
 IMAGE_KEYS = {"image/png", "image/jpeg"}
+SANITIZE = Path(__file__).with_name("nbval_sanitize.cfg")
+
+
+def pytest_configure(config):
+    """Rounding-level numbers (below 1e-7, in scientific notation) are
+    compared as such, not digit by digit (nbval_sanitize.cfg says why), in
+    every nbval run of these notebooks unless another file is given."""
+    option = config.option
+    if getattr(option, "nbval_sanitize_with", "absent") is None:
+        option.nbval_sanitize_with = str(SANITIZE)
 
 
 def recorded_seconds(path) -> float:

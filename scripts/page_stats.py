@@ -117,6 +117,23 @@ async (timeoutMs) => {
                  excess: e.scrollWidth - e.clientWidth, text: line.trim().slice(0, 90)});
     }
   }
+  // Printed outputs whose lines wrap: more lines on the screen than in the text (a printed table
+  // only lines up on one line each). Counted by the distinct tops of the text's line boxes.
+  const wrapped = [];
+  const lineRange = document.createRange();
+  for (const pre of article.querySelectorAll("div.cell_output div.output:not(.text_html) pre")) {
+    if (pre.closest("details:not([open])") || pre.getBoundingClientRect().height === 0) continue;
+    const text = pre.textContent.replace(/\n+$/, "");
+    if (!text) continue;
+    lineRange.selectNodeContents(pre);
+    const tops = new Set([...lineRange.getClientRects()].filter(r => r.width > 0 && r.height > 0)
+      .map(r => Math.round(r.top)));
+    const lines = text.split("\n").filter(l => l.length > 0).length;
+    if (tops.size > lines) {
+      const line = ([...text.split("\n")].sort((a, b) => b.length - a.length)[0] || "");
+      wrapped.push({lines, shown: tops.size, text: line.trim().slice(0, 90)});
+    }
+  }
   // The page wider than the window, and the elements that stick out past its right edge.
   const pageWidth = Math.max(document.documentElement.scrollWidth, document.body.scrollWidth);
   const sticking = [];
@@ -172,7 +189,7 @@ async (timeoutMs) => {
     url: location.href, viewport: vw,
     height: document.documentElement.scrollHeight,
     displays: document.querySelectorAll('mjx-container[display="true"]').length,
-    cut, shrunk, images, side, pageWidth, sticking, broken,
+    cut, shrunk, images, side, pageWidth, sticking, broken, wrapped,
     codeShare: articleHeight ? (inputs + source) / articleHeight : 0,
     inputShare: articleHeight ? inputs / articleHeight : 0,
   };

@@ -175,10 +175,44 @@ def test_every_benchmark_is_registered_with_its_own_options():
     from attn_np.bench.__main__ import BENCHMARKS
 
     modules = {m.name for m in pkgutil.iter_modules(pkg.__path__)}
-    assert modules - {"__main__"} == set(BENCHMARKS)
+    assert modules - {"__main__", "_help"} == set(BENCHMARKS)
     for name, bench in BENCHMARKS.items():
         result = run("-m", "attn_np.bench", name, "--help")
         assert result.returncode == 0, result.stderr
         usage = result.stdout.split("options:")[-1]
         listed = set(re.findall(r"(?<![\w-])(--[a-zA-Z][\w-]*)", usage))
         assert listed == bench.options - {"-h"}, name
+
+
+def test_bench_help_describes_every_benchmark_and_option():
+    """--help lists each benchmark with what it measures, and each
+    benchmark's --help gives every option a line of help, without the
+    run's banner."""
+    from attn_np.bench.__main__ import BENCHMARKS
+
+    result = run("-m", "attn_np.bench", "--help")
+    assert result.returncode == 0, result.stderr
+    for name in BENCHMARKS:
+        line = next(
+            (
+                l
+                for l in result.stdout.splitlines()
+                if l.startswith(f"  {name}:")
+            ),
+            "",
+        )
+        assert len(line) > len(name) + 12, (name, line)
+    assert max(len(l) for l in result.stdout.splitlines()) <= 77
+    for name in BENCHMARKS:
+        out = run("-m", "attn_np.bench", name, "--help").stdout
+        assert not out.startswith("=="), name
+        lines = out.split("options:")[-1].splitlines()
+        for i, line in enumerate(lines):
+            if not line.startswith("  --"):
+                continue
+            # the help follows the option, or sits indented on the next line
+            words = line.split()
+            metavar = len(words) > 1 and words[1].isupper()
+            helped = len(words) > (2 if metavar else 1)
+            nxt = lines[i + 1] if i + 1 < len(lines) else ""
+            assert helped or nxt.startswith(" " * 8), (name, line)

@@ -52,13 +52,14 @@ def test_expect_moves_the_reference_and_words_name_the_outcomes():
     )
 
 
-def test_a_noisy_floor_refuses_to_conclude():
+def test_a_wide_floor_is_reported_with_its_width():
     twin = np.multiply(BASE, [1, 1.5, 0.6, 1.4, 0.7, 1, 1.3])
     p = _paired(BASE, twin, fast=np.multiply(BASE, 0.5))
     assert max(1 - p.floor[1], p.floor[2] - 1) > NOISY
     assert p.noisy
-    assert "too noisy" in p.verdict("fast")
-    assert "TOO NOISY" in p.floor_line()
+    assert p.verdict("fast").endswith(f"(a wide floor, {p.spread:.0%})")
+    assert f"differences under {p.spread:.0%}" in p.floor_line()
+    assert "noisy" not in (p.verdict("fast") + p.floor_line()).lower()
 
 
 def test_ratio_over_another_contender():

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import importlib
 import sys
+import textwrap
 import time
 from dataclasses import dataclass, field
+
+from ._help import description
 
 #: The largest size any option takes (sizes beyond it only exhaust memory).
 MAX_SIZE = 2**31 - 1
@@ -158,18 +161,57 @@ def run(name: str, argv: list[str]) -> int:
     return status
 
 
+def _help(module) -> int:
+    """A benchmark's own ``--help`` (argparse's), without the banner."""
+    try:
+        module.main(["--help"])
+    except SystemExit as done:
+        return int(done.code or 0)
+    return 0
+
+
 def _error(message) -> int:
     print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
     return 2
 
 
+def describe(name: str) -> str:
+    """The first paragraph of benchmark ``name``'s module docstring, on
+    one line."""
+    return description(
+        importlib.import_module(BENCHMARKS[name].module).__doc__
+    )
+
+
+def usage(names) -> str:
+    """What ``--help`` prints: the usage line, then each benchmark with
+    what it measures, wrapped at 77 columns."""
+    lines = [
+        "usage: python -m attn_np.bench "
+        f"{{{','.join(names + ['all'])}}} [args]",
+        "",
+        "Each benchmark prints ratios measured in the same run, with their",
+        "spread and the run's own noise floor. The benchmarks:",
+        "",
+    ]
+    for n in names:
+        lines += textwrap.wrap(
+            f"{n}: {describe(n)}",
+            77,
+            initial_indent="  ",
+            subsequent_indent="    ",
+        )
+    lines += [
+        "",
+        "python -m attn_np.bench NAME --help lists NAME's options.",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     names = available()
     if not argv or argv[0] in ("-h", "--help"):
-        print(
-            "usage: python -m attn_np.bench "
-            f"{{{','.join(names + ['all'])}}} [args]"
-        )
+        print(usage(names))
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name != "all" and name not in names:
@@ -178,6 +220,9 @@ def main(argv: list[str]) -> int:
             f"{', '.join(names + ['all'])}"
         )
     chosen = names if name == "all" else [name]
+    if name != "all" and ("--help" in rest or "-h" in rest):
+        module = importlib.import_module(BENCHMARKS[name].module)
+        return _help(module)
     try:
         for n in chosen:
             check_args(n, rest)

@@ -65,6 +65,7 @@ from ..instruments.measure import (
     ratio_spread,
 )
 from ..multihead import MultiHeadAttention
+from ._help import description as _description
 
 SWEEP_BLOCKS = (64, 128, 256, 512, 1024)
 
@@ -399,7 +400,8 @@ def why_load(*, calls=2000):
 def main(argv=()) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attn_np.bench flash",
-        description=__doc__.splitlines()[0],
+        description=_description(__doc__),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
         "--L",
@@ -408,14 +410,27 @@ def main(argv=()) -> int:
         default=[2048, 4096, 8192],
         help="lengths for the rates",
     )
-    parser.add_argument("--memory-L", type=int, nargs="*", default=[16384])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--memory-L",
+        type=int,
+        nargs="*",
+        default=[16384],
+        help="lengths whose traced peak of forward + backward is measured",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="timing rounds, the contenders alternating",
+    )
     parser.add_argument(
         "--sweep",
         action="store_true",
         help="also sweep the block sizes (slow)",
     )
-    parser.add_argument("--skip-memory", action="store_true")
+    parser.add_argument(
+        "--skip-memory", action="store_true", help="no memory tracing"
+    )
     parser.add_argument(
         "--ceiling",
         action="store_true",
@@ -456,8 +471,9 @@ def main(argv=()) -> int:
             )
         worst = max(m["peak"] / m["q bytes"] for m in mem.values())
         print(
-            f"goal: peak <= 8 x q: {'met' if worst <= 8 else 'NOT met'}"
-            f" (worst {worst:.2f})"
+            f"largest peak / q: {worst:.2f} (a peak / q that stays flat as "
+            "L grows is\nmemory linear in L; the dense weights grow with "
+            "L^2)"
         )
 
     if args.L:
@@ -488,8 +504,9 @@ def main(argv=()) -> int:
                     f"{_fmt(r['kernels / products']):>17}"
                 )
         print(
-            f"goal: at least 0.6 at every L: "
-            f"{'met' if worst >= 0.6 else 'NOT met'} (worst {worst:.2f})"
+            f"lowest fraction of the matmul rate at any L: {worst:.2f} "
+            "(the rest of\nthe time goes to the softmax, masks and copies "
+            "around the products)"
         )
 
     if not args.skip_load:
@@ -509,14 +526,7 @@ def main(argv=()) -> int:
             f"flash / dense: {_fmt(r['flash / dense'])} as it is, "
             f"{_fmt(r['flash / dense loaded'])} under the load"
         )
-        ok = (
-            r["flash growth"][0] <= r["dense growth"][0]
-            and r["flash / dense loaded"][0] < 1.0
-        )
-        print(
-            "goal: flash grows no more than dense, flash / dense < 1 "
-            f"under load: {'met' if ok else 'NOT met'}"
-        )
+        print("a growth within its A/A spread is within this run's noise")
 
     if args.why_load:
         res = why_load()

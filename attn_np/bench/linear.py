@@ -57,6 +57,7 @@ from ..linear import (
     gated_delta_recurrent_forward,
 )
 from ..linear import layers as la
+from ._help import description as _description
 
 SHAPE = dict(d_model=128, n_v_heads=2, n_k_heads=1, d_k=128, d_v=128)
 
@@ -277,10 +278,9 @@ def _alternating_both(fns, rounds):
 
 
 def print_speed(sp):
-    """The table of :func:`speed`'s ratios, and the goal's verdict at the
-    largest ``T``: met or not (median >= 10), and whether the ratio is
-    beyond the run's noise (its first quartile above the A/A floor's
-    third)."""
+    """The table of :func:`speed`'s ratios, and at the largest ``T``
+    whether each ratio is beyond the run's noise (its first quartile above
+    the A/A floor's third)."""
     print(
         f"{'T':>5} {'loop s':>7} {'chunk s':>7} {'layer ratio':>17} "
         f"{'kernel ratio':>17} {'noise (A/A)':>16}"
@@ -312,15 +312,13 @@ def print_speed(sp):
         )
     T_max = max(sp)
     for what, key in (
-        ("goal, layer loop / chunked", "loop / chunked"),
+        ("layer loop / chunked", "loop / chunked"),
         ("kernel loop / chunked", "kernels"),
     ):
         m, lo, _ = sp[T_max][key]
         noise = "beyond" if lo > sp[T_max]["A/A"][2] else "within"
         print(
-            f"{what} >= 10x at T={T_max}: "
-            f"{'met' if m >= 10 else 'NOT met'}\n  ({m:.1f}; q1 {lo:.1f}, "
-            f"{noise} the noise)"
+            f"{what} at T={T_max}: {m:.1f}x (q1 {lo:.1f}, {noise} the noise)"
         )
 
 
@@ -360,26 +358,15 @@ def print_breakdown(T, r, rounds, chunk_size, keep_freed=True):
         f"step;\nwith the kernels {k:.1f}x apart, that predicts a layer "
         f"ratio of {(k * c['kernel'] + rest) / tot['chunked']:.1f}"
     )
-    # 10x: k * kernel + rest >= 10 (kernel + rest)
-    need = 10 * tot["chunked"] - rest
-    print(
-        f"(10x would need the kernels {need / c['kernel']:.1f}x apart, or "
-        "the rest smaller)"
-    )
     # Amdahl: even a chunked kernel that took no time leaves the shared
     # rest (each form times it; the smaller is the less noisy estimate)
     shared = min(rest, tot["loop"] - parts["loop"]["kernel"])
     bound = tot["loop"] / shared
     print(
         f"Amdahl bound: with an instant chunked kernel, loop step / rest "
-        f"= {bound:.1f}x;\n"
-        + (
-            "the layer goal is out of reach at this T: the shared work "
-            "alone\nis more than a tenth of the loop's step"
-            if bound < 10
-            else f"10x needs the chunked kernel under "
-            f"{(tot['loop'] / 10 - shared) * 1e3:.0f} ms"
-        )
+        f"= {bound:.1f}x:\nno chunked kernel can take the layer's ratio "
+        "past it at this T, since\nboth forms do the work outside the "
+        "kernel"
     )
 
 
@@ -391,15 +378,36 @@ def _quartiles(x):
 def main(argv=()) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attn_np.bench linear",
-        description=__doc__.splitlines()[0],
+        description=_description(__doc__),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument(
-        "--T", type=int, nargs="+", default=[1024, 2048, 4096]
+        "--T",
+        type=int,
+        nargs="+",
+        default=[1024, 2048, 4096],
+        help="sequence lengths timed, loop against chunks",
     )
-    parser.add_argument("--memory-T", type=int, nargs="*", default=None)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--chunk-size", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--memory-T",
+        type=int,
+        nargs="*",
+        default=None,
+        help="lengths whose traced peak is measured (default: the "
+        "smallest and largest --T)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="timing rounds, the contenders alternating",
+    )
+    parser.add_argument(
+        "--chunk-size", type=int, default=32, help="the chunked form's C"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="BLAS threads while timing"
+    )
     parser.add_argument(
         "--return-freed",
         action="store_true",
@@ -461,10 +469,9 @@ def main(argv=()) -> int:
                 lo_T, hi_T = Ts[0], Ts[-1]
                 g = mem[hi_T]["chunked"] / mem[lo_T]["chunked"]
                 gl = mem[hi_T]["loop"] / mem[lo_T]["loop"]
-                lim = 4.5 * hi_T / lo_T / 4
                 print(
                     f"chunked peak({hi_T}) / peak({lo_T}) = {g:.2f} (loop: "
-                    f"{gl:.2f}); goal <= {lim:.1f}: "
-                    f"{'met' if g <= lim else 'NOT met'}"
+                    f"{gl:.2f})\nfor {hi_T / lo_T:.0f}x the tokens: a "
+                    "ratio near that factor is memory linear in T"
                 )
     return 0

@@ -23,6 +23,8 @@ from attn_np.instruments.plotting import format_bytes
 from attn_np.kv_cache import KVCache
 from attn_np.multihead import GroupedQueryAttention
 
+from ._help import description as _description
+
 
 def window_decode_setup(
     d_model, n_heads, n_kv_heads, context, *, window=None, seed=0
@@ -137,13 +139,25 @@ def verdict(ratio, floor) -> str:
 def main(argv) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attn_np.bench window",
-        description=__doc__.split("\n")[0],
+        description=_description(__doc__),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--d-model", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--kv-heads", type=int, default=2)
-    parser.add_argument("--window", type=int, default=1024)
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument(
+        "--d-model", type=int, default=512, help="the layer's width"
+    )
+    parser.add_argument("--heads", type=int, default=8, help="query heads")
+    parser.add_argument(
+        "--kv-heads", type=int, default=2, help="key/value heads"
+    )
+    parser.add_argument(
+        "--window", type=int, default=1024, help="the sliding window W"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=10,
+        help="timing rounds, the contenders alternating",
+    )
     args = parser.parse_args(argv)
     contexts = (1024, 2048, 4096, 8192, 16384, 32768)
     held, times = round_times_by_kind(

@@ -125,3 +125,71 @@ def plot_selection_maps(causal, maps):
         ax.set_ylabel("query position")
     fig.tight_layout()
     return fig
+
+
+def plot_dsa_pipeline():
+    """DeepSeek Sparse Attention for one decode step, as boxes and arrows:
+    the indexer's three projections score every cached position, the top-k
+    picks the rows, and chapter 7's absorbed MLA step reads only those."""
+    fig, ax = plt.subplots(figsize=(COLUMN_INCHES, 3.9))
+    fig.subplots_adjust(left=0, right=1, top=0.9, bottom=0)
+    box = dict(fc="#eef3fb", ec="#2b5797")
+    cache = dict(fc="#fff4e0", ec="#a06000")
+
+    def node(x, y, w, text, style=box):
+        ax.add_patch(plt.Rectangle((x - w / 2, y - 0.32), w, 0.64, **style))
+        ax.text(x, y, text, ha="center", va="center", fontsize=10)
+
+    def arrow(a, b):
+        ax.annotate(
+            "", b, a, arrowprops=dict(arrowstyle="->", color="#444", lw=1)
+        )
+
+    # the indexer (top row) and the attention (bottom row)
+    node(0.75, 2.6, 1.3, "token $t$:\n$h_t$, $c_Q(t)$")
+    node(2.65, 3.35, 1.6, "queries $q^I_{t,j}$\n$H^I$ heads")
+    node(2.65, 2.6, 1.6, "weights $w_{t,j}$")
+    node(2.65, 1.85, 1.6, "key $k^I_t$\n(LN, RoPE)")
+    node(4.6, 1.85, 1.5, "indexer keys\n$k^I_{1..t}$", cache)
+    node(
+        4.6,
+        2.95,
+        1.5,
+        "$I_{t,s} = \\sum_j w_{t,j}$\nReLU$(q^I \\cdot k^I_s)$",
+    )
+    node(6.15, 2.95, 0.85, "top-$k$\n$S_t$")
+    node(6.15, 0.7, 0.95, "output\n$o_t$")
+    node(4.6, 0.7, 1.5, "latent rows\n$c_{KV}, k_R$", cache)
+    node(2.65, 0.7, 1.6, "MLA query\n(absorbed)")
+    for y in (3.35, 2.6, 1.85):
+        arrow((1.42, 2.6), (1.83, y))
+    arrow((0.75, 2.28), (1.83, 0.8))  # the token's MLA query
+    arrow((3.47, 1.85), (3.83, 1.85))  # appended to the cache
+    arrow((3.47, 3.35), (3.83, 3.1))
+    arrow((3.47, 2.6), (3.83, 2.8))
+    arrow((4.6, 2.18), (4.6, 2.62))  # every cached key is scored
+    arrow((5.37, 2.95), (5.71, 2.95))
+    arrow((6.15, 2.62), (5.38, 0.95))  # only the k selected rows
+    arrow((3.47, 0.7), (3.83, 0.7))
+    arrow((5.37, 0.7), (5.66, 0.7))
+    ax.text(
+        0.1,
+        3.75,
+        "indexer: cheap,\nevery position",
+        fontsize=9.5,
+        color="#2b5797",
+        va="top",
+    )
+    ax.text(
+        0.1,
+        1.05,
+        "attention: costly,\n$k$ positions",
+        fontsize=9.5,
+        color="#2b5797",
+        va="top",
+    )
+    ax.set_xlim(0, COLUMN_INCHES)
+    ax.set_ylim(0.2, 3.85)
+    ax.axis("off")
+    ax.set_title("One decode step of DeepSeek Sparse Attention", fontsize=11)
+    return fig

@@ -1,4 +1,4 @@
-"""Paired timings that say whether a run can conclude anything.
+"""Paired timings, each ratio beside the run's own noise floor.
 
 Every comparison the book times goes through :func:`compare`: the
 contenders run in alternating rounds (:func:`~.measure.alternating_times`),
@@ -6,9 +6,9 @@ the baseline runs a second time under another name (the *A/A* twin, the
 same code timed against itself), and every ratio is taken round by round
 and reported as its median with the quartiles (:func:`~.measure.
 ratio_spread`). The A/A ratio is the run's own noise floor: a ratio whose
-quartiles lie outside the A/A quartiles is beyond the noise; a run whose
-A/A quartiles stray more than :data:`NOISY` from 1 is too noisy to
-conclude anything, and says so.
+quartiles lie outside the A/A quartiles is beyond the noise. Where the A/A
+quartiles stray more than :data:`NOISY` from 1 the floor is wide, and the
+lines say how wide: only differences beyond it are resolved.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .measure import (
     ratio_spread,
 )
 
-# An A/A quartile further than this from 1 (10 %): the run is too noisy.
+# An A/A quartile further than this from 1 (10 %): the floor is wide.
 NOISY = 0.10
 
 
@@ -59,11 +59,16 @@ class Paired:
         return self.ratio(self.twin)
 
     @property
+    def spread(self) -> float:
+        """How far the A/A quartiles stray from 1 (0.05: 5 %)."""
+        _, low, high = self.floor
+        return max(1 - low, high - 1)
+
+    @property
     def noisy(self) -> bool:
         """True when the A/A quartiles stray more than :data:`NOISY`
-        from 1."""
-        _, low, high = self.floor
-        return max(1 - low, high - 1) > NOISY
+        from 1: a wide floor."""
+        return self.spread > NOISY
 
     def verdict(self, name, over=None, *, expect=1.0, words=None) -> str:
         """Is ``t[name] / t[over]`` beyond the noise from ``expect``?
@@ -72,20 +77,21 @@ class Paired:
         ``words`` names the two outcomes (default ``("faster",
         "slower")``, for a ratio below or above ``expect``)."""
         below, above = words or ("faster", "slower")
-        if self.noisy:
-            return "this run is too noisy to conclude (A/A)"
         _, low, high = self.ratio(name, over)
         _, f_low, f_high = self.floor
+        wide = f" (a wide floor, {self.spread:.0%})" if self.noisy else ""
         if high < expect * f_low:
-            return f"{below} beyond the noise"
+            return f"{below} beyond the noise{wide}"
         if low > expect * f_high:
-            return f"{above} beyond the noise"
-        return "within the noise"
+            return f"{above} beyond the noise{wide}"
+        return f"within the noise{wide}"
 
     def floor_line(self) -> str:
         """The line a timing cell prints before its result."""
         tail = (
-            "  TOO NOISY: rerun on a quieter machine" if self.noisy else ""
+            f"  wide: differences under {self.spread:.0%} are not resolved"
+            if self.noisy
+            else ""
         )
         return (
             f"noise floor (A/A, the same code twice): "

@@ -223,6 +223,10 @@ def plot_attention(
                 )
             axis.set_ticks(range(n))
             axis.set_ticklabels(labels)
+        else:  # whole positions only, never 2.5
+            from matplotlib.ticker import MaxNLocator
+
+            axis.set_major_locator(MaxNLocator(integer=True))
     if keys is not None:
         plt.setp(ax.get_xticklabels(), rotation=90)
     if title:
@@ -235,10 +239,19 @@ def plot_attention(
 
 
 def plot_head_grid(
-    weights, *, tokens=None, ncols=4, title=None, head_labels=None
+    weights,
+    *,
+    tokens=None,
+    ncols=4,
+    title=None,
+    head_labels=None,
+    colorbar=True,
 ):
     """Draw every head's ``[L_q, L_k]`` map of ``weights [n_heads, L_q,
-    L_k]`` in one grid."""
+    L_k]`` in one grid, on one colour scale (one colour bar beside the
+    grid). Token labels sit on the outer panels only: the first column's
+    queries and the bottom row's keys, so no label runs into a
+    neighbouring map."""
     import matplotlib.pyplot as plt
 
     w = np.asarray(weights)
@@ -255,6 +268,7 @@ def plot_head_grid(
         ncols,
         figsize=(panel * ncols, panel * nrows + 0.4),
         squeeze=False,
+        layout="constrained",  # room for the titles and the colour bar
     )
     vmax = float(w.max())
     for i, ax in enumerate(axes.flat):
@@ -273,11 +287,19 @@ def plot_head_grid(
         )
         if i % ncols:
             ax.set_ylabel("")
+            ax.tick_params(labelleft=False)
         if i < n - ncols:
             ax.set_xlabel("")
+            ax.tick_params(labelbottom=False)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
+    if colorbar and n:
+        fig.colorbar(
+            axes.flat[0].images[0],
+            ax=axes,
+            shrink=0.8,
+            label="attention weight",
+        )
     return fig
 
 

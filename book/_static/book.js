@@ -297,3 +297,35 @@
 
 // the order of the passes: tables first, then the math in the widths they leave
 window.bookOnLayout(window.bookFitMath);
+
+/* Printed outputs keep their lines (book.css): a table printed by a cell lines
+ * up only on one line. On every layout pass (bookOnLayout), a printed block
+ * wider than its column is scaled down to fit, to no less than MIN_SCALE of
+ * its size (data-book-scale records it); what is still too wide (on a
+ * phone) scrolls inside its own block. Library source (show_source, an HTML
+ * output) is code and is left alone. */
+(function () {
+  "use strict";
+  const MIN_SCALE = 0.75;
+
+  function fitOutputs() {
+    const blocks = document.querySelectorAll(
+      "article div.cell_output div.output:not(.text_html) pre");
+    for (const pre of blocks) {
+      if (pre.dataset.bookFontSize === undefined) {
+        pre.dataset.bookFontSize = pre.style.fontSize || "";
+      }
+      pre.style.fontSize = pre.dataset.bookFontSize;
+      delete pre.dataset.bookScale;
+      const room = pre.clientWidth;
+      const need = pre.scrollWidth;
+      if (room > 0 && need > room + 1) {
+        const size = parseFloat(getComputedStyle(pre).fontSize);
+        const scale = Math.max(MIN_SCALE, (room - 2) / need);
+        pre.style.fontSize = (size * scale).toFixed(2) + "px";
+        pre.dataset.bookScale = scale.toFixed(2);
+      }
+    }
+  }
+  window.bookOnLayout(fitOutputs);
+})();

@@ -825,6 +825,22 @@ def test_no_word_is_broken_across_lines_on_a_phone(report):
     )
 
 
+def test_no_printed_output_line_wraps(report):
+    """A cell's printed output keeps its lines at 1280 px and at 390 px: a
+    printed table lines up only on one line (book.css keeps the lines,
+    book.js scales a wide block to fit; on a phone the rest scrolls inside
+    its block)."""
+    wrapped = [
+        f"{rel} at {name}: {w['shown']} lines on the screen for "
+        f"{w['lines']} printed: {w['text']!r}"
+        for (rel, name), v in sorted(report.views.items())
+        for w in v["wrapped"]
+    ]
+    assert not wrapped, f"{len(wrapped)} printed outputs wrap:\n" + _listing(
+        wrapped, 40
+    )
+
+
 def test_no_raw_myst_in_the_prose(report):
     """Roles, equation labels and pipe tables render: none is left as text
     (a notebook's markdown output included)."""
