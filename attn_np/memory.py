@@ -4,6 +4,8 @@
 cache a model needs::
 
     python -m attn_np.memory config.json --seq-len 131072
+    python -m attn_np.memory llama-3-8b --seq-len 128k \\
+        --bytes-per-element 0.5
     python -m attn_np.memory config.json --seq-len 131072 --batch 8 \\
         --bytes-per-element 1 --budget 80GiB
 
@@ -19,6 +21,7 @@ the budget (the cache alone: leave room for the weights yourself).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -36,7 +39,7 @@ from .costs import (
     state_bytes,
 )
 from .costs.hf_config import NOPE
-from .costs.model import CHUNKED, FULL, LINEAR, SLIDING
+from .costs.model import CHUNKED, FULL, LINEAR, SLIDING, element_bytes
 from .costs.units import format_bytes
 
 # units are case-sensitive in their last letter: B is a byte, b a bit
@@ -176,6 +179,89 @@ def _state_lines(cfg, seq_len, batch, b) -> list[str]:
     return lines
 
 
+#: Context lengths are quoted in powers of two: Llama 3.1's "128K" context
+#: is 131,072 positions (its max_position_embeddings).
+LENGTH_UNITS = {"": 1, "k": 2**10, "K": 2**10, "m": 2**20, "M": 2**20}
+
+
+def parse_length(text: str) -> int:
+    """``"128k" -> 131072``, ``"1M" -> 1048576``, ``"4096" -> 4096``: a
+    context length, a whole number of tokens, with an optional ``k`` (1024)
+    or ``M`` (1024**2)."""
+    match = re.fullmatch(r"\s*([0-9]+)\s*([kKmM]?)\s*", str(text))
+    if not match:
+        raise ValueError(
+            f"--seq-len looks like 131072, 128k or 1M, got {text!r:.60}"
+        )
+    digits, unit = match.groups()
+    if len(digits.lstrip("0")) > 25:
+        raise ValueError(f"--seq-len {text!r:.60} is more than 2**80")
+    value = int(digits) * LENGTH_UNITS[unit]
+    if value > LIMIT:
+        raise ValueError(f"--seq-len {text!r:.60} is more than 2**80")
+    return value
+
+
+def _element(text: str):
+    """``--bytes-per-element``: ``2``, ``1``, ``0.5`` (4 bits)."""
+    try:
+        value = Fraction(str(text).strip())
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(
+            f"must be a number of bytes such as 2, 1 or 0.5, got "
+            f"{text!r:.60}"
+        ) from None
+    try:
+        return element_bytes(value, "--bytes-per-element")
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            "must be a whole number of bits, in bytes (2, 1, 0.5 for 4 "
+            f"bits, 0.375 for 3), got {text!r:.60}"
+        ) from None
+
+
+def _per_number(b) -> str:
+    """``2`` or ``0.5 (4 bits)``: bytes per number as the report says."""
+    b = Fraction(b)
+    if b.denominator == 1:
+        return f"{b.numerator}"
+    return f"{int(8 * b)} bits"
+
+
+def beyond_trained(cfg, seq_len) -> list[str]:
+    """A warning line when ``seq_len`` passes the config's
+    ``max_position_embeddings``: the cache is sized, but the model was not
+    made to attend that far."""
+    n = cfg.max_position_embeddings
+    if n is None or seq_len <= n:
+        return []
+    return [
+        f"note         {seq_len:,} tokens is past the config's",
+        f"             max_position_embeddings ({n:,})",
+    ]
+
+
+def summary(cfg, seq_len, batch=1, bytes_per_element=2, budget=None):
+    """The report's numbers as a dict (what ``--json`` prints)."""
+    b = bytes_per_element
+    fit = None if budget is None else max_context(cfg, budget, batch, b)
+    return {
+        "model": cfg.name,
+        "kind": cfg.kind,
+        "seq_len": seq_len,
+        "batch": batch,
+        "bytes_per_element": float(Fraction(b)),
+        "bytes_per_token": kv_bytes_per_token(cfg, b),
+        "kv_cache_bytes": kv_cache_bytes(cfg, seq_len, batch, b),
+        "cache_bytes": cache_bytes(cfg, seq_len, batch, b),
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "beyond_max_position_embeddings": bool(beyond_trained(cfg, seq_len)),
+        "budget_bytes": budget,
+        "max_context": None if budget is None else fit,
+        "any_context_fits": budget is not None and fit is None,
+    }
+
+
 def report(cfg, seq_len, batch=1, bytes_per_element=2, budget=None):
     """The lines the command prints (each at most 77 characters)."""
     b = bytes_per_element
@@ -199,7 +285,7 @@ def report(cfg, seq_len, batch=1, bytes_per_element=2, budget=None):
     lines += _rope_line(cfg)
     lines.append(
         f"per token    {format_bytes(per_token)} = {per_token:,} bytes "
-        f"({b} per number)"
+        f"({_per_number(b)} per number)"
     )
     if n_attn < cfg.n_layers:
         lines.append(
@@ -232,7 +318,7 @@ def report(cfg, seq_len, batch=1, bytes_per_element=2, budget=None):
         lines.append(
             f"max context  {most} x {seqs} in {format_bytes(budget)}"
         )
-    return lines
+    return lines + beyond_trained(cfg, seq_len)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -270,31 +356,49 @@ def main(argv: list[str] | None = None) -> int:
         help="a config.json, its folder, or a model in the catalogue "
         f"({', '.join(CATALOGUE)})",
     )
-    parser.add_argument("--seq-len", type=_number(0), required=True)
-    parser.add_argument("--batch", type=_number(1), default=1)
+    parser.add_argument(
+        "--seq-len",
+        required=True,
+        help="tokens per sequence: 131072, 128k (= 131,072) or 1M",
+    )
+    parser.add_argument(
+        "--batch",
+        type=_number(1),
+        default=1,
+        help="sequences (default 1)",
+    )
     parser.add_argument(
         "--bytes-per-element",
-        type=_number(1),
+        type=_element,
         default=2,
-        help="2 for bf16/fp16 (default), 1 for an 8-bit cache",
+        help="2 for bf16/fp16 (default), 1 for an 8-bit cache, 0.5 for "
+        "a 4-bit one",
     )
     parser.add_argument(
         "--budget",
         help="memory for the cache, e.g. 80GiB or 80GB: print the longest "
         "context that fits",
     )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the numbers as one JSON object instead",
+    )
     try:
         args = parser.parse_args(argv)
+        seq_len = parse_length(args.seq_len)
         budget = None if args.budget is None else parse_bytes(args.budget)
         cfg = load(args.config)
-        lines = report(
-            cfg, args.seq_len, args.batch, args.bytes_per_element, budget
-        )
+        b = args.bytes_per_element
+        if args.json:
+            text = json.dumps(summary(cfg, seq_len, args.batch, b, budget))
+        else:
+            text = "\n".join(report(cfg, seq_len, args.batch, b, budget))
     except (ValueError, TypeError, OSError, OverflowError) as err:
         message = " ".join(str(err).split())
         print(f"error: {message}", file=sys.stderr)
         return 2
-    print("\n".join(lines))
+    print(text)
     return 0
 
 

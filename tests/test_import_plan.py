@@ -38,7 +38,9 @@ CHAPTER = {
     "long_context": 11,
     "linear": 12,
     "sparse": 13,
-    "memory": 14,  # appendix A1's command line: reads the costs
+    "ffn": 14,
+    "pretrained": 14,
+    "memory": 15,  # appendix A1's command line: reads the costs
 }
 # The one layer (chapters 2-3) takes the parts of later chapters by keyword
 # (a cache, rotary=, flash=): its module names their types, and those

@@ -186,9 +186,13 @@ def describe(name: str) -> str:
 def usage(names) -> str:
     """What ``--help`` prints: the usage line, then each benchmark with
     what it measures, wrapped at 77 columns."""
-    lines = [
+    lines = textwrap.wrap(
         "usage: python -m attn_np.bench "
         f"{{{','.join(names + ['all'])}}} [args]",
+        77,
+        subsequent_indent="  ",
+    )
+    lines += [
         "",
         "Each benchmark prints ratios measured in the same run, with their",
         "spread and the run's own noise floor. The benchmarks:",

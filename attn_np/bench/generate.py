@@ -38,7 +38,7 @@ import io
 
 import numpy as np
 
-from attn_np.instruments.blas import get_blas_threads
+from attn_np.instruments.blas import get_blas_threads, set_blas_threads
 from attn_np.instruments.measure import (
     alternating_times,
     capped_rounds,
@@ -48,6 +48,9 @@ from attn_np.instruments.measure import (
 )
 from attn_np.instruments.paired import spread_text
 from attn_np.instruments.plotting import format_bytes
+from attn_np.pretrained import load_gguf, smollm2_path
+
+from ._help import description as _description
 
 
 def prefill_flops(config, L) -> float:
@@ -149,25 +152,38 @@ def hf_contenders(path, prompt_len, new_tokens, seed=0):
 def main(argv) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m attn_np.bench generate",
-        description=__doc__.split("\n")[0],
+        description=_description(__doc__),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--prompt", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument(
+        "--prompt", type=int, default=128, help="prompt tokens (prefill)"
+    )
+    parser.add_argument(
+        "--new-tokens",
+        type=int,
+        default=16,
+        help="tokens decoded one at a time after the prompt",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=7,
+        help="timing rounds, the contenders alternating",
+    )
     parser.add_argument(
         "--threads",
         type=int,
         default=None,
         help="BLAS threads (default: as set, OPENBLAS_NUM_THREADS)",
     )
-    parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument(
+        "--skip-hf",
+        action="store_true",
+        help="do not time transformers' generate (where torch imports)",
+    )
     args = parser.parse_args(argv)
     if args.threads is not None:
-        from attn_np.instruments.blas import set_blas_threads
-
         set_blas_threads(args.threads)
-
-    from attn_np.pretrained import load_gguf, smollm2_path
 
     model = load_gguf(dtype=np.float32)
     c = model.config

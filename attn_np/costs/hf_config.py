@@ -221,5 +221,8 @@ def _from_dict(data: dict, name: str, source: str) -> ModelConfig:
         linear=linear,
         indexer=_indexer(cfg, latent),
         rope=_rope_in_use(cfg, types),
+        max_position_embeddings=count(
+            cfg, "max_position_embeddings", required=False
+        ),
         **latent,
     )

@@ -56,8 +56,10 @@ per layer; the calculator reports the larger, the memory a step needs.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 
@@ -214,12 +216,15 @@ class ModelConfig:
     linear: LinearState | None = None
     indexer: Indexer | None = None
     rope: dict | None = field(default=None, hash=False, compare=False)
+    # the longest context the config states (HF's max_position_embeddings)
+    max_position_embeddings: int | None = None
 
     def __post_init__(self):
         counts = ["n_layers", "n_heads", "n_kv_heads", "head_dim"]
         counts += ["d_model"]
         optional = ["n_params", "sliding_window", "d_latent_kv", "d_rope"]
         optional += ["d_latent_q", "d_head_v", "attention_chunk_size"]
+        optional += ["max_position_embeddings"]
         for name in counts + optional:
             value = getattr(self, name)
             if value is None and name in optional:
@@ -418,6 +423,36 @@ def get_model(config) -> ModelConfig:
     )
 
 
+def element_bytes(value, name: str = "bytes_per_element") -> Fraction:
+    """Bytes per cached number, exactly: a positive integer (2 for
+    bf16/fp16, 1 for an 8-bit cache) or a whole number of bits (0.5 for a
+    4-bit cache, 0.375 for 3 bits). A cache of a fractional size is
+    rounded up to whole bytes."""
+    if isinstance(value, bool) or not isinstance(
+        value, (int, float, Fraction, np.integer, np.floating)
+    ):
+        raise ValueError(
+            f"{name} must be a number of bytes (2, 1, 0.5 for 4 bits), got "
+            f"{value!r:.60}"
+        )
+    if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    b = Fraction(value).limit_denominator(64)
+    if b != Fraction(value) or b <= 0 or (8 * b).denominator != 1:
+        raise ValueError(
+            f"{name} must be a positive whole number of bits, in bytes "
+            f"(2, 1, 0.5 for 4 bits, 0.375 for 3), got {value!r}"
+        )
+    if b > 64:
+        raise ValueError(f"{name} must be at most 64 bytes, got {value!r}")
+    return b
+
+
+def _whole(n) -> int:
+    """Bytes rounded up to a whole byte (exact for a Fraction)."""
+    return int(math.ceil(n))
+
+
 def kv_bytes_per_token(config, bytes_per_element: int = 2) -> int:
     """Bytes the cache grows by for each token, in every attention layer:
     ``n_attention_layers * kv_numbers_per_layer * bytes``.
@@ -428,11 +463,12 @@ def kv_bytes_per_token(config, bytes_per_element: int = 2) -> int:
     ``n_layers * (d_latent_kv + d_rope) * bytes`` for a latent cache. A
     window or chunked layer stops growing once its window is full: this is
     the rate before then. Linear-attention layers do not grow at all.
-    ``bytes_per_element`` is 2 for fp16/bf16, 1 for an 8-bit cache.
+    ``bytes_per_element`` is 2 for fp16/bf16, 1 for an 8-bit cache, 0.5 for
+    a 4-bit one (:func:`element_bytes`; rounded up to a whole byte).
     """
     cfg = get_model(config)
-    b = check_count(bytes_per_element, "bytes_per_element")
-    return cfg.n_attention_layers * cfg.kv_numbers_per_layer * b
+    b = element_bytes(bytes_per_element)
+    return _whole(cfg.n_attention_layers * cfg.kv_numbers_per_layer * b)
 
 
 def cached_positions(config, seq_len: int) -> int:
@@ -463,10 +499,10 @@ def kv_cache_bytes(
     :func:`cache_bytes` adds them.
     """
     cfg = get_model(config)
-    b = check_count(bytes_per_element, "bytes_per_element")
+    b = element_bytes(bytes_per_element)
     positions = cached_positions(cfg, seq_len)
     batch = check_count(batch, "batch", minimum=1)
-    return batch * positions * cfg.kv_numbers_per_layer * b
+    return _whole(batch * positions * cfg.kv_numbers_per_layer * b)
 
 
 def state_bytes(
@@ -482,7 +518,7 @@ def state_bytes(
     model without linear layers.
     """
     cfg = get_model(config)
-    b = check_count(bytes_per_element, "bytes_per_element")
+    b = element_bytes(bytes_per_element)
     batch = check_count(batch, "batch", minimum=1)
     n = cfg.layer_counts.get(LINEAR, 0)
     if not n:
@@ -490,7 +526,7 @@ def state_bytes(
     s = cfg.linear
     return (
         batch * n * s.state_numbers * s.state_bytes,
-        batch * n * s.conv_numbers * b,
+        _whole(batch * n * s.conv_numbers * b),
     )
 
 
@@ -558,7 +594,7 @@ def max_context(
     cfg = get_model(config)
     budget = _budget(memory_bytes)
     check_count(batch, "batch", minimum=1)
-    check_count(bytes_per_element, "bytes_per_element")
+    element_bytes(bytes_per_element)
 
     def fits(n: int) -> bool:
         return cache_bytes(cfg, n, batch, bytes_per_element) <= budget

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._checks import check_float_dtype
+from ..training.layers import Embedding
 from .gguf_file import (
     BUILT_TYPES,
     GGUFCheckpoint,
@@ -130,8 +131,6 @@ def load_gguf(
         )
     model.norm_f.params["g"] = vector("output_norm.weight")
     if not c.tied_embeddings:
-        from ..training.layers import Embedding
-
         model.head = Embedding(c.vocab_size, d, dtype=dtype)
         model.head.params["W"] = ckpt.array(
             "output.weight", (c.vocab_size, d)

@@ -16,6 +16,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
+
+from .._checks import check_token_ids
+
 #: The pre-tokenizers (``tokenizer.ggml.pre``) built here: GPT-2's split.
 PRE_TOKENIZERS = ("gpt2", "smollm", "default")
 CONTROL = 3  # llama.cpp's token type of a control (special) token
@@ -111,10 +115,6 @@ class GGUFTokenizer:
     def decode(self, ids) -> str:
         """The text of ``ids`` (a sequence of ints in the vocabulary),
         control tokens included."""
-        import numpy as np
-
-        from .._checks import check_token_ids
-
         a = check_token_ids(np.asarray(ids).reshape(-1), self.vocab_size)
         return self.backend.decode(a.tolist(), skip_special_tokens=False)
 
