@@ -42,7 +42,7 @@ from ._checks import (
     check_window,
     fingerprint,
 )
-from .masks import causal_mask, position_mask
+from .masks import causal_mask, mask_for, position_mask
 from .softmax import masked_softmax
 
 __all__ = [
@@ -78,7 +78,9 @@ def attention_forward(q, k, v, *, mask=None, causal=False, scale=None):
     ``q [..., L_q, d_k]``, ``k [..., L_k, d_k]``, ``v [..., L_k, d_v]``:
     leading axes broadcast, so several query heads can share one
     key/value head without a copy. ``mask`` (bool, broadcastable to
-    ``[..., L_q, L_k]``) is True where a query may attend a key;
+    ``[..., L_q, L_k]``, or a mask function ``(b, h, q_idx, kv_idx) ->
+    bool``, :func:`~attn_np.masks.create_mask`) is True where a query may
+    attend a key;
     ``causal=True`` also forbids keys after each query (the last query
     aligned with the last key); ``scale`` defaults to ``1 / sqrt(d_k)``
     (Vaswani et al. 2017). A query with no key to attend gets a zero
@@ -91,6 +93,8 @@ def attention_forward(q, k, v, *, mask=None, causal=False, scale=None):
     ``v`` were changed in place after the forward (a checksum of each is
     kept), instead of returning wrong gradients.
     """
+    if callable(mask):  # a mask function (chapter 16): on the grid
+        mask = mask_for(mask, np.shape(q), np.shape(k)[-2])
     q, k, v, allowed, scale = _check_inputs(q, k, v, mask, causal, scale)
     with np.errstate(over="ignore", invalid="ignore"):  # checked below
         # [..., L_q, d_k] @ [..., d_k, L_k] -> [..., L_q, L_k]

@@ -57,7 +57,7 @@ from .flash import (
     backward_into,
     flash_attention_forward,
 )
-from .masks import position_mask
+from .masks import create_mask, position_mask
 from .softmax import masked_softmax, sink_softmax
 
 # a group stacks its G * L_q query rows into one product from this many
@@ -127,7 +127,8 @@ def grouped_attention_forward(
     """Attention of ``G`` query heads per key/value head; ``(o, cache)``.
 
     ``allowed`` (bool, True = may attend) broadcasts to ``[B, n_kv, G,
-    L_q, L_k]``. ``causal=True`` adds :func:`~attn_np.position_mask` of
+    L_q, L_k]``, or is a mask function (query head ``kv * G + g``).
+    ``causal=True`` adds :func:`~attn_np.position_mask` of
     ``q_positions [L_q]`` and ``k_positions [L_k]`` (default: the last
     query aligned with the last key) with ``window`` and ``sink_tokens``.
     ``sinks`` (broadcastable to ``[B, n_kv, G, L_q, 1]``) are sink logits.
@@ -143,6 +144,10 @@ def grouped_attention_forward(
     """
     finite = check_flag(check_finite, "check_finite")
     q, k, v, scale = _check_qkv(q, k, v, scale, finite)
+    if callable(allowed):  # a mask function (chapter 16): on the grid
+        B, n_kv, G, L_q = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
+        allowed = create_mask(allowed, B, n_kv * G, L_q, k.shape[2])
+        allowed = allowed.reshape(B, n_kv, G, L_q, k.shape[2])
     # overflow is not a warning but a ValueError naming the scores
     with np.errstate(over="ignore", invalid="ignore"):
         o, cache = _forward(
@@ -425,6 +430,8 @@ def group_mask(mask, B, n_heads, n_kv, L_q, L_k):
     stays None."""
     if mask is None:
         return None
+    if callable(mask):  # a mask function (chapter 16): on the grid
+        mask = create_mask(mask, B, n_heads, L_q, L_k)
     m = check_mask(mask, (B, n_heads, L_q, L_k), "[B, n_heads, L_q, L_k]")
     if m.ndim <= 2:  # the same for every head: broadcasts as it is
         return m

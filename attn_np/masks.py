@@ -7,6 +7,11 @@ Llama 4's chunked attention (chapter 11) is :func:`chunked_mask`, and
 :class:`ChunkedMask` is that rule as a part a layer takes
 (``mask_rule=``): a callable ``(q_positions, k_positions) -> [L_q, L_k]``
 ANDed into the layer's mask.
+Chapter 16 writes masks as functions, as PyTorch's FlexAttention does: a
+``mask_mod(b, h, q_idx, kv_idx) -> bool`` per rule (causal, window, chunk,
+sinks, padding, prefix-LM, packed documents), composed with
+:func:`and_masks` and :func:`or_masks` and evaluated on the grid by
+:func:`create_mask`; an attention call takes one where it takes a mask.
 Masks are boolean, True where a query may attend a key. A query whose
 row of the mask is all False has nothing to attend: its output row is
 zeros and it passes zero gradients to every input (not NaN); with a sink
@@ -23,10 +28,23 @@ from ._checks import check_count, check_positive_int, check_window
 
 __all__ = [
     "ChunkedMask",
+    "and_masks",
     "causal_mask",
+    "causal_mod",
     "check_window",
+    "chunk_mod",
     "chunked_mask",
+    "create_mask",
+    "document_ids",
+    "document_mod",
+    "document_positions",
+    "mask_for",
+    "or_masks",
+    "padding_mod",
     "position_mask",
+    "prefix_mod",
+    "sink_mod",
+    "window_mod",
 ]
 
 
@@ -123,3 +141,218 @@ def _check_positions(positions, name):
             f"{p.dtype} of shape {p.shape}"
         )
     return p
+
+
+# ------------------------------------------------------ masks as functions
+# A mask function answers one question for every (batch, head, query, key):
+# may this query attend this key? It is written for single indices and run
+# on broadcast index arrays, as PyTorch's FlexAttention runs its mask_mod:
+#     mask_mod(b, h, q_idx, kv_idx) -> bool
+# q_idx and kv_idx are absolute positions, the last query aligned with the
+# last key (the book's causal convention), so the same causal function
+# serves a prefill and a decode step over a cache.
+
+
+def create_mask(mask_mod, B, H, L_q, L_k) -> np.ndarray:
+    """``mask_mod`` evaluated on the grid: bool ``[B, H, L_q, L_k]``.
+
+    ``mask_mod(b, h, q_idx, kv_idx)`` gets index arrays that broadcast to
+    ``[B, H, L_q, L_k]`` (``b [B, 1, 1, 1]`` ... ``kv_idx [1, 1, 1, L_k]``);
+    query ``i`` sits at position ``i + L_k - L_q``. It must return booleans
+    of that shape, or of one that broadcasts to it.
+    """
+    if not callable(mask_mod):
+        raise TypeError(
+            f"mask_mod must be a function (b, h, q_idx, kv_idx) -> bool, "
+            f"got {type(mask_mod).__name__}"
+        )
+    B, H = check_positive_int(B, "B"), check_positive_int(H, "H")
+    L_q = check_count(L_q, "L_q", minimum=0)
+    L_k = check_count(L_k, "L_k", minimum=0)
+    b = np.arange(B)[:, None, None, None]  # [B, 1, 1, 1]
+    h = np.arange(H)[None, :, None, None]  # [1, H, 1, 1]
+    q_idx = (np.arange(L_q) + (L_k - L_q))[None, None, :, None]
+    kv_idx = np.arange(L_k)[None, None, None, :]  # [1, 1, 1, L_k]
+    out = np.asarray(mask_mod(b, h, q_idx, kv_idx))
+    if out.dtype != np.bool_:
+        raise ValueError(
+            f"mask_mod must return booleans (True: may attend), got "
+            f"{out.dtype}"
+        )
+    shape = (B, H, L_q, L_k)
+    try:
+        return np.broadcast_to(out, shape).copy()  # [B, H, L_q, L_k]
+    except ValueError:
+        raise ValueError(
+            f"mask_mod returned shape {out.shape}, which does not "
+            f"broadcast to [B, H, L_q, L_k] = {list(shape)}"
+        ) from None
+
+
+def mask_for(mask_mod, q_shape, L_k) -> np.ndarray:
+    """A mask function as the array an attention call over ``q [...,
+    L_q, d]`` (at most ``[B, H, L_q, d]``) takes: ``[..., L_q, L_k]``."""
+    lead = tuple(q_shape[:-2])
+    if len(lead) > 2:
+        raise ValueError(
+            "a mask function needs q of at most 4 axes [B, H, L_q, d], "
+            f"got q of shape {tuple(q_shape)}"
+        )
+    B = lead[0] if len(lead) == 2 else 1
+    H = lead[-1] if lead else 1
+    m = create_mask(mask_mod, B, H, q_shape[-2], L_k)
+    return m.reshape(lead + m.shape[2:])
+
+
+def and_masks(*mask_mods):
+    """A mask function true where every one of ``mask_mods`` is."""
+    mods = _mods(mask_mods, "and_masks")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        out = np.asarray(True)
+        for m in mods:
+            out = out & _bool(m(b, h, q_idx, kv_idx), m)
+        return out
+
+    return mask_mod
+
+
+def or_masks(*mask_mods):
+    """A mask function true where any one of ``mask_mods`` is."""
+    mods = _mods(mask_mods, "or_masks")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        out = np.asarray(False)
+        for m in mods:
+            out = out | _bool(m(b, h, q_idx, kv_idx), m)
+        return out
+
+    return mask_mod
+
+
+def causal_mod(b, h, q_idx, kv_idx):
+    """Causal: a query attends its own position and the ones before."""
+    return kv_idx <= q_idx
+
+
+def window_mod(window):
+    """A sliding window of ``window`` keys, the query itself included (ANDed
+    with :func:`causal_mod`, chapter 8's window)."""
+    W = check_positive_int(window, "window")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx > q_idx - W
+
+    return mask_mod
+
+
+def chunk_mod(chunk):
+    """Llama 4's chunks: query and key in the same chunk of ``chunk``
+    positions (ANDed with :func:`causal_mod`, it is :func:`chunked_mask`)."""
+    C = check_positive_int(chunk, "chunk")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return q_idx // C == kv_idx // C
+
+    return mask_mod
+
+
+def sink_mod(sink_tokens):
+    """StreamingLLM's sinks: the first ``sink_tokens`` positions, ORed into a
+    window so that every query keeps them."""
+    S = check_positive_int(sink_tokens, "sink_tokens")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx < S
+
+    return mask_mod
+
+
+def padding_mod(lengths):
+    """Padded batch: sequence ``b`` has ``lengths[b]`` real tokens, keys
+    past them are padding."""
+    n = _check_positions(np.asarray(lengths), "lengths")
+    if (n < 0).any():
+        raise ValueError(f"lengths must be non-negative, got {n.tolist()}")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx < n[b]
+
+    return mask_mod
+
+
+def prefix_mod(prefix_length):
+    """Prefix-LM: the first ``prefix_length`` positions are seen by every
+    query (ORed with :func:`causal_mod`, the prefix is bidirectional)."""
+    P = check_count(prefix_length, "prefix_length", minimum=0)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kv_idx < P
+
+    return mask_mod
+
+
+def document_ids(cu_seqlens) -> np.ndarray:
+    """The document of each token of a packed row: ``cu_seqlens = [0, n_1,
+    n_1 + n_2, ..., L]`` (FlashAttention's offsets) -> ``[L]`` ints."""
+    cu = _check_offsets(cu_seqlens)
+    return np.repeat(np.arange(cu.size - 1), np.diff(cu))  # [L]
+
+
+def document_positions(cu_seqlens) -> np.ndarray:
+    """Each token's position inside its own document (RoPE restarts at 0
+    for every document of a packed row): ``[L]`` ints."""
+    cu = _check_offsets(cu_seqlens)
+    ids = np.repeat(np.arange(cu.size - 1), np.diff(cu))
+    return np.arange(cu[-1]) - cu[:-1][ids]  # [L]
+
+
+def document_mod(cu_seqlens):
+    """Packed documents: a query attends only keys of its own document
+    (AND it with :func:`causal_mod` for causal documents)."""
+    ids = document_ids(cu_seqlens)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        if (
+            q_idx.max(initial=-1) >= ids.size
+            or kv_idx.max(initial=-1) >= ids.size
+        ):
+            raise ValueError(
+                f"document_mod covers {ids.size} tokens (cu_seqlens ends "
+                f"at {ids.size}), the attention call has more"
+            )
+        return ids[q_idx] == ids[kv_idx]
+
+    return mask_mod
+
+
+def _check_offsets(cu_seqlens):
+    cu = _check_positions(np.asarray(cu_seqlens), "cu_seqlens")
+    if cu.size < 2 or cu[0] != 0 or (np.diff(cu) <= 0).any():
+        raise ValueError(
+            "cu_seqlens must start at 0 and increase strictly (one offset "
+            f"per document boundary, the row's length last), got "
+            f"{cu.tolist()[:12]}"
+        )
+    return cu
+
+
+def _mods(mask_mods, name):
+    if not mask_mods:
+        raise ValueError(f"{name} needs at least one mask function")
+    for m in mask_mods:
+        if not callable(m):
+            raise TypeError(
+                f"{name} takes mask functions, got {type(m).__name__}"
+            )
+    return mask_mods
+
+
+def _bool(out, mod):
+    out = np.asarray(out)
+    if out.dtype != np.bool_:
+        name = getattr(mod, "__name__", type(mod).__name__)
+        raise ValueError(
+            f"mask function {name} must return booleans, got {out.dtype}"
+        )
+    return out
