@@ -40,7 +40,9 @@ CHAPTER = {
     "sparse": 13,
     "ffn": 14,
     "pretrained": 14,
-    "memory": 15,  # appendix A1's command line: reads the costs
+    "cross": 16,
+    "speculative": 16,
+    "memory": 17,  # appendix A1's command line: reads the costs
 }
 # The one layer (chapters 2-3) takes the parts of later chapters by keyword
 # (a cache, rotary=, flash=): its module names their types, and those
