@@ -45,6 +45,7 @@ from .attention import (
     position_mask,
     unbroadcast,
 )
+from .masks import create_mask
 
 BLOCK_Q = 256  # query rows per tile: the fastest in the chapter-9 sweep
 BLOCK_K = 256  # keys per tile
@@ -70,6 +71,7 @@ class FlashCache:
     block_q: int
     block_k: int
     lse2: np.ndarray | None = None  # lse in base 2, as the kernels use it
+    mask: np.ndarray | None = None  # [L_q, L_k] bool (chapter 16), or None
 
 
 def block_plan(L_q, L_k, block_q, block_k, *, causal=False, window=None):
@@ -160,6 +162,7 @@ def flash_attention_forward(
     window=None,
     check_finite=True,
     out=None,
+    mask=None,
 ):
     """Attention by tiles with an online softmax; ``(out, cache)``.
 
@@ -174,6 +177,12 @@ def flash_attention_forward(
     worker threads (:func:`in_parallel`). ``out``: an array of the
     output's shape and dtype to write it into (any strides: the grouped
     core passes a view of the layout its layer merges the heads in).
+    ``mask`` (chapter 16): a ``[L_q, L_k]`` bool array or a mask function
+    (:func:`~attn_np.masks.create_mask`) that is the same for every head
+    and batch row, ANDed with ``causal`` and ``window``; a tile it hides
+    entirely is skipped, a tile it shows entirely needs no mask arithmetic
+    (block sparsity: a packed row of documents computes only the tiles of
+    each document).
     """
     q, k, v, _, scale = _check_inputs(
         q, k, v, None, False, scale, check_finite
@@ -181,12 +190,15 @@ def flash_attention_forward(
     block_q, block_k, window = _check_tiles(
         q.shape[-2], k.shape[-2], block_q, block_k, causal, window
     )
+    mask = tile_mask_of(mask, q.shape[-2], k.shape[-2])
     if check_finite:  # the caller's own call (the core checks its output)
         _check_score_bound(q, k, scale)
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     L_q, L_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     dt = np.result_type(q, k, v)
-    tiles = Tiles(L_q, L_k, block_q, block_k, causal=causal, window=window)
+    tiles = Tiles(
+        L_q, L_k, block_q, block_k, causal=causal, window=window, mask=mask
+    )
     out = _output_array(out, batch + (L_q, d_v), dt, "out")
     lse2 = np.full(batch + (L_q,), -np.inf, dt)  # [..., L_q], base 2
 
@@ -208,6 +220,7 @@ def flash_attention_forward(
         block_q,
         block_k,
         lse2,
+        mask,
     )
     return out, cache
 
@@ -341,7 +354,13 @@ def backward_into(dout, cache: FlashCache, D, grads):
     dt = grads[0].dtype
     L_q, L_k = c.q.shape[-2], c.k.shape[-2]
     tiles = Tiles(
-        L_q, L_k, c.block_q, c.block_k, causal=c.causal, window=c.window
+        L_q,
+        L_k,
+        c.block_q,
+        c.block_k,
+        causal=c.causal,
+        window=c.window,
+        mask=c.mask,
     )
     lock = threading.Lock()
 
@@ -457,7 +476,9 @@ class Tiles:
     """The tiles of one call: their rows and columns, which are computed
     (:func:`block_plan`), and the mask of each masked one, made once."""
 
-    def __init__(self, L_q, L_k, block_q, block_k, *, causal, window):
+    def __init__(
+        self, L_q, L_k, block_q, block_k, *, causal, window, mask=None
+    ):
         self.plan = block_plan(
             L_q, L_k, block_q, block_k, causal=causal, window=window
         )
@@ -474,6 +495,9 @@ class Tiles:
         # [n_q, n_k] bool, True where a query may NOT attend; tiles at the
         # same distance from the diagonal share one
         self._hidden, self._blocks, made = {}, {}, {}
+        if mask is not None:  # chapter 16: the mask decides every tile
+            self._from_mask(mask, L_q, L_k, causal, window, n_q, n_k)
+            return
         for i, j in zip(*np.nonzero(self.plan == MASKED)):
             (r0, r1), (c0, c1) = self.rows[i], self.cols[j]
             key = (r0 + L_k - L_q - c0, r1 - r0, c1 - c0)
@@ -481,6 +505,27 @@ class Tiles:
                 hidden = ~_tile_mask(r0, r1, c0, c1, L_q, L_k, window)
                 made[key] = hidden, _parts(hidden)
             self._hidden[i, j], self._blocks[i, j] = made[key]
+
+    def _from_mask(self, mask, L_q, L_k, causal, window, n_q, n_k):
+        """Plan and masks from a ``[L_q, L_k]`` bool mask (ANDed with the
+        causal rule): a tile with no True is skipped, one with no False
+        is full, the rest are masked."""
+        if causal:
+            pos = np.arange(L_k)
+            mask = mask & position_mask(pos[L_k - L_q :], pos, window=window)
+        for i, (r0, r1) in enumerate(self.rows):
+            for j, (c0, c1) in enumerate(self.cols):
+                tile = mask[r0:r1, c0:c1]
+                if not tile.any():
+                    self.plan[i, j] = SKIP
+                elif tile.all():
+                    self.plan[i, j] = FULL
+                else:
+                    self.plan[i, j] = MASKED
+                    hidden = ~tile
+                    self._hidden[i, j] = hidden
+                    self._blocks[i, j] = _parts(hidden)
+        self.pairs = int(np.sum((self.plan != SKIP) * np.outer(n_q, n_k)))
 
     def in_row(self, i):
         """The key tiles computed for query tile ``i``."""
@@ -526,6 +571,23 @@ def _parts(hidden, sub=None):
         part = np.ascontiguousarray(hidden[a:b, ca:cb])
         parts.append((a, b, ca, cb, part if part.any() else None))
     return tuple(parts)
+
+
+def tile_mask_of(mask, L_q, L_k):
+    """The tiled kernel's mask: None, or ``[L_q, L_k]`` bool from an array
+    or a mask function of positions (evaluated for one head and row)."""
+    if mask is None:
+        return None
+    if callable(mask):
+        return create_mask(mask, 1, 1, L_q, L_k)[0, 0]
+    m = np.asarray(mask)
+    if m.dtype != np.bool_ or m.shape != (L_q, L_k):
+        raise ValueError(
+            "the tiled kernel's mask is one [L_q, L_k] bool array for "
+            f"every head and row, [{L_q}, {L_k}], got {m.dtype} of shape "
+            f"{m.shape}"
+        )
+    return m
 
 
 def _check_tiles(L_q, L_k, block_q, block_k, causal, window):
