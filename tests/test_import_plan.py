@@ -39,6 +39,7 @@ CHAPTER = {
     "linear": 12,
     "sparse": 13,
     "memory": 14,  # appendix A1's command line: reads the costs
+    "serving": 15,
 }
 # The one layer (chapters 2-3) takes the parts of later chapters by keyword
 # (a cache, rotary=, flash=): its module names their types, and those
