@@ -83,6 +83,17 @@ BENCHMARKS: dict[str, Bench] = {
         flags=("--no-naive",),
         choices={"--dtype": ("float32", "float64")},
     ),
+    "serve": Bench(
+        "attn_np.bench.serve",
+        sizes=(
+            "--batch",
+            "--context",
+            "--requests",
+            "--system",
+            "--rounds",
+            "--threads",
+        ),
+    ),
     "window": Bench(
         "attn_np.bench.window",
         sizes=("--d-model", "--heads", "--kv-heads", "--window", "--rounds"),

@@ -460,12 +460,15 @@ class Engine:
         projection for all rows, then each sequence's queries over its
         own pages, then one output projection."""
         q, k, v = layer.project(h)  # [1, n_kv, G, T, d_k], [1, n_kv, T, d]
+        # every row turned by its own absolute position, in one call
+        pos_all = np.concatenate([np.arange(s, s + n) for _, s, n in plan])
+        q, k, _ = layer.position(q, k, pos_all)
         outs, off = [], 0
         W = self.parts.window
         for req, start, n in plan:
             rows = slice(off, off + n)
-            pos = np.arange(start, start + n)  # absolute positions [n]
-            qs, ks, _ = layer.position(q[..., rows, :], k[:, :, rows], pos)
+            pos = pos_all[rows]  # absolute positions [n]
+            qs, ks = q[..., rows, :], k[:, :, rows]
             self.cache.write(li, req.id, start, ks[0], v[0, :, rows])
             # keys from the first position the chunk's first query sees
             lo = 0 if W is None else max(0, start + 1 - W)
