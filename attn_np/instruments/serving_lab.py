@@ -5,6 +5,8 @@ chapter's timing cells use these."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from attn_np.serving import Engine
@@ -126,3 +128,42 @@ def prefill_all(model, prompts, *, prefix_caching, page_size=16, **kw):
         eng.add_request(p, 1)
     eng.run()
     return eng
+
+
+def timed_run(eng):
+    """Step ``eng`` until idle, timing each step. Returns ``(seconds per
+    step, {request_id: [step index of each token it made]})``."""
+    times, made = [], {}
+    while not eng.idle:
+        before = {r.id: len(r.out) for r in eng.running}
+        t0 = time.perf_counter()
+        done = eng.step()
+        times.append(time.perf_counter() - t0)
+        after = {r.id: len(r.out) for r in eng.running}
+        after.update({rid: before.get(rid, 0) + 1 for rid, _ in done})
+        for rid, n in after.items():
+            for _ in range(n - before.get(rid, 0)):
+                made.setdefault(rid, []).append(len(times) - 1)
+    return np.array(times), made
+
+
+def chunked_prefill(model, budget, *, long=192, decoders=3, seed=0):
+    """``decoders`` short requests decoding when a ``long``-token prompt
+    arrives; the engine's token budget ``budget`` (a budget below
+    ``long`` splits its prefill into chunks). Returns ``(engine, step
+    seconds, tokens made per request by step, the long request's id)``."""
+    rng = np.random.default_rng(seed)
+    V = model.vocab_size
+    eng = Engine(
+        model,
+        page_size=16,
+        n_pages=64,
+        max_batch_tokens=budget,
+        prefix_caching=False,
+    )
+    for _ in range(decoders):
+        eng.add_request(rng.integers(0, V, 8), 12)
+    eng.step()  # the short prompts, one chunk each: now decoding
+    rid = eng.add_request(rng.integers(0, V, long), 4)
+    times, made = timed_run(eng)
+    return eng, times, made, rid

@@ -182,6 +182,7 @@ class Engine:
             steps=0, computed=0, prefill=0, cached=0, preemptions=0
         )
         self.history = []  # per step: (tokens, seqs, reserved, used)
+        self.plans = []  # per step: [(request_id, start, n)]
 
     def __repr__(self) -> str:
         return (
@@ -308,6 +309,7 @@ class Engine:
         reserved = self.cache.pages_in_use * self.page_size
         tokens = sum(n for _, _, n in plan)
         self.history.append((tokens, len(plan), reserved, used))
+        self.plans.append([(r.id, s, n) for r, s, n in plan])
         return done
 
     def _names(self, req) -> list:
