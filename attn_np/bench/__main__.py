@@ -198,8 +198,8 @@ def usage(names) -> str:
     """What ``--help`` prints: the usage line, then each benchmark with
     what it measures, wrapped at 77 columns."""
     lines = [
-        "usage: python -m attn_np.bench "
-        f"{{{','.join(names + ['all'])}}} [args]",
+        "usage: python -m attn_np.bench NAME [args]",
+        f"  NAME: {', '.join(names + ['all'])}",
         "",
         "Each benchmark prints ratios measured in the same run, with their",
         "spread and the run's own noise floor. The benchmarks:",
