@@ -143,7 +143,10 @@ def plot_schedule(plans, names):
     ax.set_xlabel("engine step")
     ax.set_ylabel("tokens in the step")
     ax.set_title("Prefill chunks and decodes packed into each step")
-    ax.legend(fontsize=9, ncol=2)
+    top = max(sum(n for _, _, n in plan) for plan in plans)
+    ax.set_ylim(0, 1.45 * top)  # room for the legend above the bars
+    ax.yaxis.set_major_locator(plt.MaxNLocator(integer=True))
+    ax.legend(fontsize=9, ncol=3, loc="upper center")
     return fig
 
 
