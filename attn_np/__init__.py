@@ -52,6 +52,9 @@ ch  chapter                              modules
     top-k, block selection)
 14  a real model: SmolLM2-135M from a    :mod:`.pretrained`, :mod:`.ffn`
     GGUF file through the book's layers
+15  serving many requests: a paged KV    :mod:`.serving` (:mod:`.serving.
+    cache, continuous batching, chunked  paged`, :mod:`.serving.engine`)
+    prefill, prefix caching
 A1  the KV cache of any model config     :mod:`.costs.hf_config`
                                          (through :mod:`.hf.config`),
                                          :mod:`.memory`,

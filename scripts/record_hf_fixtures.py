@@ -789,65 +789,79 @@ def _gguf_weights(path, config):
     return out
 
 
+def smollm2_hf(path, notes, dtype=None):
+    """transformers' LlamaForCausalLM on the GGUF at ``path`` with gguf's
+    dequantised weights copied in, and its tokenizer; call it inside
+    :func:`float64_everywhere` (the rotary inv_freq is made at
+    construction). ``dtype``: torch.float64 by default. Appends what it
+    found to ``notes``."""
+    dtype = torch.float64 if dtype is None else dtype
+    folder, name = str(path.parent), path.name
+    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = transformers.LlamaForCausalLM.from_pretrained(
+        folder,
+        gguf_file=name,
+        dtype=dtype,
+        attn_implementation="eager",
+    ).eval()
+    cfg = model.config
+    # the same weights as the library: gguf's float32 dequantisation
+    ours = _gguf_weights(path, cfg)
+    state = model.state_dict()
+    worst = 0.0
+    with torch.no_grad():
+        for key, value in ours.items():
+            t = torch.from_numpy(value.astype(np.float64))
+            worst = max(worst, float((state[key] - t).abs().max()))
+            state[key].copy_(t)
+    tied = model.lm_head.weight.data_ptr() == (
+        model.model.embed_tokens.weight.data_ptr()
+    )
+    notes.append(
+        f"HF's own dequantisation differed from gguf's float32 one by at "
+        f"most {worst:.2e}; gguf's (ggml's reference, the library's) was "
+        f"copied in. lm_head tied to embed_tokens: {tied}."
+    )
+    if not tied:
+        raise RuntimeError("expected a tied lm_head")
+    # transformers 5.24 makes the rotary inv_freq buffer (not in the
+    # file) on the meta device and fills it after loading; loaded first
+    # in a process under this patch, it came out uninitialised (0.0,
+    # 4.7e-310, ...: garbage logits). Made again here, by HF's own
+    # function, inside the float64 context.
+    rot = model.model.rotary_emb
+    got = rot.inv_freq.clone()
+    inv, _ = rot.compute_default_rope_parameters(rot.config)
+    rot.inv_freq = inv
+    rot.original_inv_freq = inv.clone()
+    dim = cfg.head_dim
+    want = 1.0 / (
+        cfg.rope_parameters["rope_theta"]
+        ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    )
+    if dtype == torch.float64 and (
+        inv.dtype != torch.float64
+        or not np.allclose(inv.numpy(), want, rtol=1e-15, atol=0)
+    ):
+        raise RuntimeError(f"inv_freq is {inv.dtype} {inv[:4]}")
+    fresh = bool(torch.equal(got.to(torch.float64), inv))
+    notes.append(
+        "inv_freq remade with HF's compute_default_rope_parameters in "
+        f"float64 (the loaded buffer {'equalled it' if fresh else 'did not: ' + str(got[:3].tolist())})."
+    )
+    return model, tok
+
+
 def record_smollm2(gguf_arg=None):
     """tests/fixtures/smollm2.npz: transformers' LlamaForCausalLM on the
     GGUF, float64 with its float32 islands removed (built inside the
     context: the rotary inv_freq is made at construction)."""
     path = smollm2_file(gguf_arg)
-    folder, name = str(path.parent), path.name
-    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    name = path.name
     arrays, notes = {}, []
     with float64_everywhere():
-        model = transformers.LlamaForCausalLM.from_pretrained(
-            folder,
-            gguf_file=name,
-            dtype=torch.float64,
-            attn_implementation="eager",
-        ).eval()
+        model, tok = smollm2_hf(path, notes)
         cfg = model.config
-        # the same weights as the library: gguf's float32 dequantisation
-        ours = _gguf_weights(path, cfg)
-        state = model.state_dict()
-        worst = 0.0
-        with torch.no_grad():
-            for key, value in ours.items():
-                t = torch.from_numpy(value.astype(np.float64))
-                worst = max(worst, float((state[key] - t).abs().max()))
-                state[key].copy_(t)
-        tied = model.lm_head.weight.data_ptr() == (
-            model.model.embed_tokens.weight.data_ptr()
-        )
-        notes.append(
-            f"HF's own dequantisation differed from gguf's float32 one by at "
-            f"most {worst:.2e}; gguf's (ggml's reference, the library's) was "
-            f"copied in. lm_head tied to embed_tokens: {tied}."
-        )
-        if not tied:
-            raise RuntimeError("expected a tied lm_head")
-        # transformers 5.24 makes the rotary inv_freq buffer (not in the
-        # file) on the meta device and fills it after loading; loaded first
-        # in a process under this patch, it came out uninitialised (0.0,
-        # 4.7e-310, ...: garbage logits). Made again here, by HF's own
-        # function, inside the float64 context.
-        rot = model.model.rotary_emb
-        got = rot.inv_freq.clone()
-        inv, _ = rot.compute_default_rope_parameters(rot.config)
-        rot.inv_freq = inv
-        rot.original_inv_freq = inv.clone()
-        dim = cfg.head_dim
-        want = 1.0 / (
-            cfg.rope_parameters["rope_theta"]
-            ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
-        )
-        if inv.dtype != torch.float64 or not np.allclose(
-            inv.numpy(), want, rtol=1e-15, atol=0
-        ):
-            raise RuntimeError(f"inv_freq is {inv.dtype} {inv[:4]}")
-        fresh = bool(torch.equal(got.to(torch.float64), inv))
-        notes.append(
-            "inv_freq remade with HF's compute_default_rope_parameters in "
-            f"float64 (the loaded buffer {'equalled it' if fresh else 'did not: ' + str(got[:3].tolist())})."
-        )
         chat_text = tok.apply_chat_template(
             SMOLLM2_PROMPTS["chat"],
             add_generation_prompt=True,
@@ -912,8 +926,107 @@ def record_smollm2(gguf_arg=None):
     )
 
 
+SMOLLM2_BATCH_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea,",
+    "Water boils at",
+]
+SMOLLM2_BATCH_NEW_TOKENS = 12
+
+
+def _generate_batch(model, inputs):
+    """transformers' continuous batching (``generate_batch``, its paged
+    cache) on the CPU, greedy: ``[generated ids]`` per input."""
+    config = transformers.GenerationConfig(
+        max_new_tokens=SMOLLM2_BATCH_NEW_TOKENS,
+        min_new_tokens=SMOLLM2_BATCH_NEW_TOKENS,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    with torch.no_grad():
+        out = model.generate_batch(
+            inputs=inputs, generation_config=config, progress_bar=False
+        )
+    by_prompt = {}
+    for res in out.values():
+        by_prompt[tuple(res.prompt_ids)] = list(res.generated_tokens)
+    return [by_prompt[tuple(ids)] for ids in inputs]
+
+
+def record_smollm2_batch(gguf_arg=None):
+    """tests/fixtures/smollm2_batch.npz: the greedy tokens of
+    transformers' own continuous batching (``generate_batch``, paged
+    cache, CPU) on the GGUF's weights for a few prompts served together.
+    Tried in float64 first (float32 islands removed); if that does not
+    run, in float32, and the meta says which."""
+    path = smollm2_file(gguf_arg)
+    notes, errors = [], []
+    runs = (("float64", float64_everywhere, torch.float64),)
+    runs += (("float32", contextlib.nullcontext, torch.float32),)
+    for label, context, dtype in runs:
+        try:
+            with context():
+                model, tok = smollm2_hf(path, notes, dtype=dtype)
+                inputs = [
+                    tok(t, add_special_tokens=True)["input_ids"]
+                    for t in SMOLLM2_BATCH_PROMPTS
+                ]
+                gen = _generate_batch(model, inputs)
+                attn = str(model.config._attn_implementation)
+                # transformers' plain generate, one prompt at a time
+                alone = []
+                for ids in inputs:
+                    x = torch.tensor([ids])
+                    with torch.no_grad():
+                        o = model.generate(
+                            x,
+                            attention_mask=torch.ones_like(x),
+                            max_new_tokens=SMOLLM2_BATCH_NEW_TOKENS,
+                            min_new_tokens=0,
+                            do_sample=False,
+                            eos_token_id=None,
+                            pad_token_id=0,
+                        )
+                    alone.append(o[0, len(ids) :].tolist())
+            break
+        except Exception as e:  # noqa: BLE001 - recorded in the meta
+            errors.append(f"{label}: {type(e).__name__}: {e}"[:300])
+            notes.clear()
+    else:
+        raise RuntimeError("generate_batch ran in no dtype: " + str(errors))
+    arrays = {}
+    for i, (ids, g, a) in enumerate(zip(inputs, gen, alone)):
+        if len(g) != SMOLLM2_BATCH_NEW_TOKENS:
+            raise RuntimeError(f"generate_batch gave {len(g)} tokens")
+        arrays[f"p{i}.ids"] = np.array(ids, dtype=np.int64)
+        arrays[f"p{i}.batch"] = np.array(g, dtype=np.int64)
+        arrays[f"p{i}.alone"] = np.array(a, dtype=np.int64)
+        print(
+            f"smollm2_batch p{i}: {tok.decode(g)!r} (alone equal: {g == a})"
+        )
+    meta = dict(
+        family="smollm2_batch",
+        transformers=transformers.__version__,
+        torch=torch.__version__,
+        gguf_file=path.name,
+        dtype=label,
+        attn_implementation_after_generate_batch=attn,
+        failed=errors,
+        new_tokens=SMOLLM2_BATCH_NEW_TOKENS,
+        prompts=SMOLLM2_BATCH_PROMPTS,
+        notes=" ".join(notes),
+    )
+    arrays["meta"] = np.array(json.dumps(meta))
+    out_path = OUT / "smollm2_batch.npz"
+    np.savez_compressed(out_path, **arrays)
+    print(f"smollm2_batch: {label}; {out_path}; failed: {errors}")
+
+
 def main(argv) -> int:
-    known = [name for name, _ in families()] + ["smollm2"]
+    known = [name for name, _ in families()]
+    known += ["smollm2", "smollm2_batch"]
     ap = argparse.ArgumentParser(
         prog="record_hf_fixtures.py",
         description="Record reference fixtures of Hugging Face attention "
@@ -952,6 +1065,8 @@ def main(argv) -> int:
             job()
     if not args.families or "smollm2" in args.families:
         record_smollm2(args.gguf)
+    if not args.families or "smollm2_batch" in args.families:
+        record_smollm2_batch(args.gguf)
     return 0
 
 

@@ -40,6 +40,7 @@ CHAPTER = {
     "sparse": 13,
     "ffn": 14,
     "pretrained": 14,
+    "serving": 15,
     "cross": 16,
     "speculative": 16,
     "memory": 17,  # appendix A1's command line: reads the costs

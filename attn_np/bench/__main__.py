@@ -83,6 +83,17 @@ BENCHMARKS: dict[str, Bench] = {
         flags=("--no-naive",),
         choices={"--dtype": ("float32", "float64")},
     ),
+    "serve": Bench(
+        "attn_np.bench.serve",
+        sizes=(
+            "--batch",
+            "--context",
+            "--requests",
+            "--system",
+            "--rounds",
+            "--threads",
+        ),
+    ),
     "window": Bench(
         "attn_np.bench.window",
         sizes=("--d-model", "--heads", "--kv-heads", "--window", "--rounds"),
@@ -186,13 +197,9 @@ def describe(name: str) -> str:
 def usage(names) -> str:
     """What ``--help`` prints: the usage line, then each benchmark with
     what it measures, wrapped at 77 columns."""
-    lines = textwrap.wrap(
-        "usage: python -m attn_np.bench "
-        f"{{{','.join(names + ['all'])}}} [args]",
-        77,
-        subsequent_indent="  ",
-    )
-    lines += [
+    lines = [
+        "usage: python -m attn_np.bench NAME [args]",
+        f"  NAME: {', '.join(names + ['all'])}",
         "",
         "Each benchmark prints ratios measured in the same run, with their",
         "spread and the run's own noise floor. The benchmarks:",
