@@ -55,6 +55,9 @@ ch  chapter                              modules
 15  serving many requests: a paged KV    :mod:`.serving` (:mod:`.serving.
     cache, continuous batching, chunked  paged`, :mod:`.serving.engine`)
     prefill, prefix caching
+16  masks as functions, packed           :mod:`.masks`, :mod:`.cross`,
+    documents, cross-attention, block    :mod:`.flash`,
+    sparsity, speculative decoding       :mod:`.speculative`
 A1  the KV cache of any model config     :mod:`.costs.hf_config`
                                          (through :mod:`.hf.config`),
                                          :mod:`.memory`,
