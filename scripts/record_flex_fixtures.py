@@ -85,17 +85,25 @@ def main() -> int:
         out = flex_attention(q, k, v, score_mod=score_mod, block_mask=block)
         for t in (q, k, v):
             t.requires_grad_(True)
-        idx = [torch.arange(n).view(*s) for n, s in (
-            (B, (B, 1, 1, 1)), (H, (1, H, 1, 1)), (L, (1, 1, L, 1)),
-            (L, (1, 1, 1, L)),
-        )]
+        idx = [
+            torch.arange(n).view(*s)
+            for n, s in (
+                (B, (B, 1, 1, 1)),
+                (H, (1, H, 1, 1)),
+                (L, (1, 1, L, 1)),
+                (L, (1, 1, 1, L)),
+            )
+        ]
         scores = q @ k.transpose(-1, -2) / D**0.5
         if score_mod is not None:
             scores = score_mod(scores, *idx)
         allowed = mask_mod(*idx).expand(B, H, L, L)
-        ref = torch.softmax(
-            scores.masked_fill(~allowed, float("-inf")), dim=-1
-        ) @ v
+        ref = (
+            torch.softmax(
+                scores.masked_fill(~allowed, float("-inf")), dim=-1
+            )
+            @ v
+        )
         gap = (ref - out).abs().max().item() / out.abs().max().item()
         if not gap < 1e-13:
             raise AssertionError(f"{name}: the definition is {gap:.1e} off")
