@@ -50,6 +50,15 @@ def execute(path: Path) -> float:
     )
     client.execute()
     elapsed = time.perf_counter() - start
+    for i, cell in enumerate(nb.cells):  # an error a display hook caught
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                raise CellExecutionError(
+                    f"cell {i} stored an error: {out.get('ename')}: "
+                    f"{str(out.get('evalue'))[:200]}",
+                    out.get("ename", ""),
+                    str(out.get("evalue", "")),
+                )
     for cell in nb.cells:
         cell.metadata.pop("execution", None)
         fold_like_the_book(cell)

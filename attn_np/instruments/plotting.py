@@ -246,6 +246,7 @@ def plot_head_grid(
     title=None,
     head_labels=None,
     colorbar=True,
+    colorbar_label="attention weight",
 ):
     """Draw every head's ``[L_q, L_k]`` map of ``weights [n_heads, L_q,
     L_k]`` in one grid, on one colour scale (one colour bar beside the
@@ -298,7 +299,7 @@ def plot_head_grid(
             axes.flat[0].images[0],
             ax=axes,
             shrink=0.8,
-            label="attention weight",
+            label=colorbar_label,
         )
     return fig
 
