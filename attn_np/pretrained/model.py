@@ -63,8 +63,10 @@ class DecoderBlock(Composite):
         if kv_cache is None:
             x = x + self.attn.forward(self.norm1.forward(x), causal=True)
             return x + self.ffn.forward(self.norm2.forward(x))
-        x = x + self.attn.forward(self.norm1.forward(x), kv_cache=kv_cache)
-        return x + self.ffn.forward(self.norm2.forward(x), keep=False)
+        # a decode step: the norms' step keeps and checks nothing (the
+        # model checked its input once, at the token ids)
+        x = x + self.attn.forward(self.norm1.step(x), kv_cache=kv_cache)
+        return x + self.ffn.forward(self.norm2.step(x), keep=False)
 
     def backward(self, dy):
         dx = dy + self.norm2.backward(self.ffn.backward(dy))
@@ -254,7 +256,7 @@ class CausalLM(Composite):
             self._saved = None
             for blk, cache in zip(self.blocks, kv_cache.caches):
                 x = blk.forward(x, kv_cache=cache)  # [B, L, d]
-            h = self.norm_f.forward(x)  # [B, L, d]
+            h = self.norm_f.step(x)  # [B, L, d]
             return h @ self.head_weight.T  # [B, L, d] @ [d, V] -> [B, L, V]
         for blk in self.blocks:
             x = blk.forward(x)  # [B, L, d]
