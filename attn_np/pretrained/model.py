@@ -196,6 +196,11 @@ class CausalLM(Composite):
             layer.grads = {
                 k: np.zeros_like(v) for k, v in layer.params.items()
             }
+        for mine, theirs in zip(self.blocks, m.blocks):  # packed alike
+            if mine.attn.packed_qkv is not None:
+                theirs.attn.pack_projections()
+            if mine.ffn.packed_gate_up is not None:
+                theirs.ffn.pack()
         m.tokenizer = self.tokenizer
         m.source = getattr(self, "source", None)
         return m
@@ -407,6 +412,8 @@ class CausalLM(Composite):
                 a.params[key] = np.ascontiguousarray(
                     a.params[key][:, rope_permutation(c.d_k, n_heads=h)]
                 )
+            if a._packed is not None:  # side by side again
+                a.pack_projections()
             a.grads = {k: np.zeros_like(p) for k, p in a.params.items()}
             a.rope_layout = "half"
         return self
