@@ -46,6 +46,7 @@ from .grouped import (
     group_mask,
     grouped_attention_backward,
     grouped_attention_forward,
+    grouped_decode_step,
     per_head_rows,
 )
 from .heads import (
@@ -393,6 +394,12 @@ class GroupedQueryAttention:
                         "forward(x, causal=True)"
                     )
         B, n_kv, G, L_q, _ = q.shape
+        if L_q == 1 and mask is None and self._plain_step(where):
+            # a decode step of one token over a plain cache: every key
+            # allowed, nothing to read but q, k and v
+            return grouped_decode_step(
+                q, k, v, self.scale, min_stacked_rows=self.min_stacked_rows
+            )
         L_k = k.shape[2]
         allowed = group_mask(mask, B, self.n_heads, n_kv, L_q, L_k)
         if self.mask_rule is not None:  # e.g. chapter 11's chunks
@@ -417,6 +424,20 @@ class GroupedQueryAttention:
             min_stacked_rows=self.min_stacked_rows,
             check_finite=False,  # x was checked once
             **where,
+        )
+
+    def _plain_step(self, where) -> bool:
+        """Whether a cached chunk's ``where`` (a :class:`~attn_np.KVCache`'s
+        step: causal, nothing else) meets a layer with no part that
+        changes which keys a query sees or how it scores them: no window,
+        mask rule, sinks, score mods or tiled kernels."""
+        return (
+            where == {"causal": True}
+            and self.window is None
+            and self.mask_rule is None
+            and not self.score_mods
+            and not self.flash
+            and "sinks" not in self.params
         )
 
     def output(self, o, x3):
