@@ -31,6 +31,7 @@ from ._checks import (
     check_positive_int,
     check_upstream,
 )
+from .heads import side_by_side, still_side_by_side
 
 
 class SwiGLUCache(NamedTuple):
@@ -85,10 +86,16 @@ def swiglu_forward(x, W_gate, W_up, W_down):
     return y, SwiGLUCache(xf, a, b, s, h, x.shape, W_gate, W_up, W_down)
 
 
-def swiglu_step(x, W_gate, W_up, W_down):
-    """The forward alone, keeping nothing (a decode step): ``y``."""
-    a = x @ W_gate  # [..., d] -> [..., d_ff]
-    b = x @ W_up  # [..., d] -> [..., d_ff]
+def swiglu_step(x, W_gate, W_up, W_down, W_gate_up=None):
+    """The forward alone, keeping nothing (a decode step): ``y``. With
+    ``W_gate_up``, ``[W_gate | W_up]`` in one buffer (:meth:`SwiGLU.
+    pack`), the two products are one."""
+    if W_gate_up is None:
+        a = x @ W_gate  # [..., d] -> [..., d_ff]
+        b = x @ W_up  # [..., d] -> [..., d_ff]
+    else:  # [..., d] @ [d, 2 d_ff] -> [..., 2 d_ff], split as views
+        ab = x @ W_gate_up
+        a, b = ab[..., : W_gate.shape[1]], ab[..., W_gate.shape[1] :]
     b *= a
     b *= sigmoid(a)  # silu(a) * b, in b's memory
     return b @ W_down  # [..., d_ff] -> [..., d]
@@ -139,6 +146,26 @@ class SwiGLU:
         self.grads = {k: np.zeros_like(p) for k, p in self.params.items()}
         self.d_model, self.d_ff = d, f
         self._cache = None
+        self._packed = None  # pack()'s (buffer, views)
+
+    def pack(self):
+        """Keep ``W_gate`` and ``W_up`` side by side in one ``[d_model, 2
+        d_ff]`` buffer, ``params`` views of it: a decode step then makes
+        both products as one (:meth:`~attn_np.GroupedQueryAttention.
+        pack_projections` says why). Returns the layer."""
+        names = ("W_gate", "W_up")
+        self._packed = side_by_side(*(self.params[n] for n in names))
+        self.params.update(zip(names, self._packed[1]))
+        return self
+
+    @property
+    def packed_gate_up(self):
+        """The buffer of :meth:`pack` while ``params`` still hold its
+        views, else None (then two products)."""
+        p = self.params
+        return still_side_by_side(
+            getattr(self, "_packed", None), (p["W_gate"], p["W_up"])
+        )
 
     def forward(self, x, *, keep=True):
         """``y`` for ``x [..., d_model]``; ``keep=False`` (a decode step)
@@ -146,7 +173,9 @@ class SwiGLU:
         p = self.params
         if not keep:
             self._cache = None
-            return swiglu_step(x, p["W_gate"], p["W_up"], p["W_down"])
+            return swiglu_step(
+                x, p["W_gate"], p["W_up"], p["W_down"], self.packed_gate_up
+            )
         y, self._cache = swiglu_forward(
             x, p["W_gate"], p["W_up"], p["W_down"]
         )

@@ -162,6 +162,43 @@ def grouped_attention_forward(
     return o, cache
 
 
+def grouped_decode_step(q, k, v, scale=None, *, min_stacked_rows=None):
+    """A decode step's core: one new query per head (``q [B, n_kv, G, 1,
+    d_k]``) over every key of a cache, no mask, window, sink or score
+    mod; ``(o, cache)``, the numbers of ``grouped_attention_forward(q, k,
+    v, causal=True, scale=scale, check_finite=False)``.
+
+    The last query sits at the last key, so the causal rule allows every
+    key: the step is ``softmax(q k^T * scale) v`` and nothing else. What
+    it skips is the general core's reading of its keywords (masks,
+    positions, windows, tiles, workers), which for one query costs about
+    as much as the two products over a short cache. Its products are the
+    core's own (:func:`_scores`, :func:`_weighted_values`), in the same
+    layout. Within :func:`~attn_np.decode_workers` it hands the step to
+    the general core, which shares the heads out.
+    """
+    if sharing() or q.shape[3] != 1:
+        return grouped_attention_forward(
+            q,
+            k,
+            v,
+            causal=True,
+            scale=scale,
+            check_finite=False,
+            min_stacked_rows=min_stacked_rows or MIN_STACKED_ROWS,
+        )
+    G, d_k = q.shape[2], q.shape[-1]
+    scale = check_scale(scale, d_k)
+    per_head = per_head_rows(G, 1, min_stacked_rows or MIN_STACKED_ROWS)
+    with np.errstate(over="ignore", invalid="ignore"):  # checked:
+        s = _scores(q * scale, k, per_head)  # [B, n_kv, G, 1, L_k]
+        p, _ = _softmax(s, None, None, scale)  # overflow: ValueError
+        o = _weighted_values(p, v, per_head)  # [B, n_kv, G, 1, d_v]
+    check_scores(o, scale, "output P v (of the scores q k^T * scale)")
+    o.flags.writeable = False
+    return o, GroupedCache(q, k, v, o, p, scale)
+
+
 def _forward(
     q, k, v, allowed, causal, window, sink_tokens, q_positions,
     k_positions, scale, sinks, score_mods, tiled, block_q, block_k,

@@ -53,6 +53,45 @@ def flat(t):
     return t.reshape(-1, t.shape[-1])
 
 
+def side_by_side(*matrices):
+    """``(buffer, views)``: matrices ``[d, n_i]`` copied side by side into
+    one contiguous ``[d, n_1 + n_2 + ...]`` buffer, and views of its
+    columns that hold them (the same numbers).
+
+    One product ``x @ buffer`` then makes every ``x @ matrix`` at once,
+    the results split off as column views: a decode step's ``q``, ``k``
+    and ``v`` (or SwiGLU's gate and up) in one call. With one position a
+    product is a matrix-vector product that reads each weight once:
+    fewer, longer calls stream the weights at a better rate.
+    """
+    if not matrices or any(
+        np.ndim(m) != 2 or m.shape[0] != matrices[0].shape[0]
+        for m in matrices
+    ):
+        shapes = ", ".join(str(np.shape(m)) for m in matrices)
+        raise ValueError(
+            f"matrices must be [d, n_i] with the same d, got {shapes}"
+        )
+    buffer = np.concatenate(matrices, axis=1)  # [d, sum n_i]
+    ends = np.cumsum([m.shape[1] for m in matrices])
+    starts = ends - [m.shape[1] for m in matrices]
+    views = [buffer[:, a:b] for a, b in zip(starts, ends)]
+    return buffer, views
+
+
+def still_side_by_side(packed, arrays):
+    """``packed``'s buffer if ``arrays`` are still the views
+    :func:`side_by_side` made (the same objects, so in-place updates
+    reached the buffer), else None: a matrix replaced since is read on
+    its own. ``packed`` is ``(buffer, views)`` or None."""
+    if packed is None:
+        return None
+    buffer, views = packed
+    if all(a is v and a.base is buffer for a, v in zip(arrays, views)):
+        return buffer
+    return None
+
+
 def _check_ndim(t, n, form):
     if np.ndim(t) != n:
         raise ValueError(f"t must be {form}, got shape {np.shape(t)}")

@@ -46,9 +46,18 @@ from .grouped import (
     group_mask,
     grouped_attention_backward,
     grouped_attention_forward,
+    grouped_decode_step,
     per_head_rows,
 )
-from .heads import flat, merge_groups, merge_heads, split_groups, split_heads
+from .heads import (
+    flat,
+    merge_groups,
+    merge_heads,
+    side_by_side,
+    split_groups,
+    split_heads,
+    still_side_by_side,
+)
 from .kv_cache import KVCache
 from .rope import Rotary, check_rope_settings, check_rotary
 
@@ -158,6 +167,7 @@ class GroupedQueryAttention:
         }
         self._att = None  # the core's cache of the last forward
         self._cache = None  # what backward needs (None after decoding)
+        self._packed = None  # pack_projections' (buffer, views)
 
     def __repr__(self) -> str:
         extra = "" if self.window is None else f", window={self.window}"
@@ -313,6 +323,14 @@ class GroupedQueryAttention:
         # the B*L positions as the rows of one matrix: one BLAS call each
         xf = flat(x3)  # [B*L, d_model]
         B, L = x3.shape[:2]
+        packed = self.packed_qkv
+        if packed is not None:  # one product for all three
+            # [B*L, d_model] @ [d_model, (h + n_kv) d_k + n_kv d_v]
+            qkv = (xf @ packed).reshape(B, L, -1)
+            a, b = self.n_heads * self.d_k, (self.n_heads + n_kv) * self.d_k
+            q = split_groups(qkv[..., :a], n_kv, G, self.d_k)
+            k = split_heads(qkv[..., a:b], n_kv, self.d_k)
+            return q, k, split_heads(qkv[..., b:], n_kv, self.d_v)
         # [B*L, d_model] @ [d_model, h*d_k] -> [B, L, h*d_k] -> heads
         q = split_groups(
             (xf @ W["W_q"]).reshape(B, L, -1), n_kv, G, self.d_k
@@ -320,6 +338,36 @@ class GroupedQueryAttention:
         k = split_heads((xf @ W["W_k"]).reshape(B, L, -1), n_kv, self.d_k)
         v = split_heads((xf @ W["W_v"]).reshape(B, L, -1), n_kv, self.d_v)
         return q, k, v
+
+    def pack_projections(self):
+        """Keep ``W_q``, ``W_k`` and ``W_v`` side by side in one buffer
+        ``[d_model, (n_heads + n_kv_heads) d_k + n_kv_heads d_v]``, with
+        ``params`` views of its columns (the same numbers and keys; an
+        update in place reaches the buffer): :meth:`project` then makes
+        ``q``, ``k`` and ``v`` with one product instead of three.
+
+        This is for decoding. A step of one position multiplies a vector
+        by each matrix, reading every weight once: the time is the bytes
+        read at the rate memory gives, and one long read of the three
+        matrices goes at a better rate than three shorter ones. (A
+        projection part makes q, k and v itself: nothing to pack.)
+        Returns the layer.
+        """
+        if self.projection is None:
+            names = ("W_q", "W_k", "W_v")
+            self._packed = side_by_side(*(self.params[n] for n in names))
+            self.params.update(zip(names, self._packed[1]))
+        return self
+
+    @property
+    def packed_qkv(self):
+        """The buffer of :meth:`pack_projections`, while ``params`` still
+        hold its views (None if not packed, or if one of the matrices was
+        replaced since: then three products)."""
+        W = self.params
+        return still_side_by_side(
+            getattr(self, "_packed", None), (W["W_q"], W["W_k"], W["W_v"])
+        )
 
     def position(self, q, k, positions):
         """Step 2 (chapter 6): rotate ``q`` and ``k`` by their positions
@@ -346,6 +394,12 @@ class GroupedQueryAttention:
                         "forward(x, causal=True)"
                     )
         B, n_kv, G, L_q, _ = q.shape
+        if L_q == 1 and mask is None and self._plain_step(where):
+            # a decode step of one token over a plain cache: every key
+            # allowed, nothing to read but q, k and v
+            return grouped_decode_step(
+                q, k, v, self.scale, min_stacked_rows=self.min_stacked_rows
+            )
         L_k = k.shape[2]
         allowed = group_mask(mask, B, self.n_heads, n_kv, L_q, L_k)
         if self.mask_rule is not None:  # e.g. chapter 11's chunks
@@ -370,6 +424,20 @@ class GroupedQueryAttention:
             min_stacked_rows=self.min_stacked_rows,
             check_finite=False,  # x was checked once
             **where,
+        )
+
+    def _plain_step(self, where) -> bool:
+        """Whether a cached chunk's ``where`` (a :class:`~attn_np.KVCache`'s
+        step: causal, nothing else) meets a layer with no part that
+        changes which keys a query sees or how it scores them: no window,
+        mask rule, sinks, score mods or tiled kernels."""
+        return (
+            where == {"causal": True}
+            and self.window is None
+            and self.mask_rule is None
+            and not self.score_mods
+            and not self.flash
+            and "sinks" not in self.params
         )
 
     def output(self, o, x3):

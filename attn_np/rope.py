@@ -29,6 +29,7 @@ depends on the positions only through ``n - m``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -287,6 +288,70 @@ def check_rotary(rotary):
     return rotary
 
 
+# -------------------------------------------------- one position (decode)
+@functools.lru_cache(maxsize=512)
+def position_tables(base, layout, rotary_dim, position, dtype):
+    """The tables of one position, ``(cos, sin, cos_r, sin_r)``: ``cos``
+    and ``sin`` ``[1, r/2]`` (what :class:`RopeCache` keeps), ``cos_r``
+    and ``sin_r`` ``[1, r]`` spread over the pairs as
+    :func:`rotate_pairs` spreads them (``-sin`` on ``a``, ``sin`` on
+    ``b``); read-only, or None where the angles overflow.
+
+    Kept (``functools.lru_cache``): a decode step turns the query and the
+    key of every layer by the same position, sixty rotations at
+    SmolLM2's thirty layers, and the angles need computing once.
+    """
+    theta = rope_frequencies(rotary_dim, base=base)  # [r/2]
+    with np.errstate(over="ignore"):
+        angles = position * theta[None, :]  # [1, r/2], float64
+    if not np.all(np.isfinite(angles)):
+        return None
+    cos = np.cos(angles).astype(dtype)  # [1, r/2]
+    sin = np.sin(angles).astype(dtype)
+    cos_r = np.empty((1, rotary_dim), dtype=dtype)  # [1, r]
+    sin_r = np.empty((1, rotary_dim), dtype=dtype)
+    cos_a, cos_b = _pairs(cos_r, layout, rotary_dim)
+    cos_a[...], cos_b[...] = cos, cos
+    sin_a, sin_b = _pairs(sin_r, layout, rotary_dim)
+    sin_a[...], sin_b[...] = -sin, sin
+    for t in (cos, sin, cos_r, sin_r):
+        t.flags.writeable = False
+    return cos, sin, cos_r, sin_r
+
+
+def rope_step(x, position, *, base, layout="half", rotary_dim=None):
+    """:func:`rope_forward` for one position (a decode step), ``x [...,
+    1, d]``: ``(y, cache)``, the same numbers, from the kept tables of
+    :func:`position_tables`, or None where :func:`rope_forward` must
+    decide (it raises the errors).
+
+    The arithmetic is :func:`rotate_pairs`' (``x cos + swap(x) sin``).
+    What is left out is the work around it: turning one position of a
+    few hundred numbers, rebuilding the angles and tables and checking
+    the input took several times longer than the rotation itself.
+    """
+    d = x.shape[-1]
+    r = d if rotary_dim is None else rotary_dim
+    if not (isinstance(r, (int, np.integer)) and 0 < r <= d and r % 2 == 0):
+        return None  # rope_forward names what is wrong
+    tables = position_tables(base, layout, r, position, x.dtype)
+    if tables is None:
+        return None
+    cos, sin, cos_r, sin_r = tables
+    xr = x[..., :r]  # [..., 1, r]
+    swapped = np.empty(xr.shape, dtype=x.dtype)  # [..., 1, r]
+    sa, sb = _pairs(swapped, layout, r)
+    xa, xb = _pairs(xr, layout, r)
+    sa[...], sb[...] = xb, xa  # (a, b) -> (b, a)
+    swapped *= sin_r  # (-b sin, a sin)
+    y = np.empty_like(x)  # [..., 1, d]
+    y[..., r:] = x[..., r:]  # features r ... d-1 pass through
+    yr = y[..., :r]
+    np.multiply(xr, cos_r, out=yr)  # (a cos, b cos)
+    yr += swapped  # (a cos - b sin, a sin + b cos)
+    return y, RopeCache(cos, sin, layout, r, x.shape)
+
+
 @dataclass(frozen=True)
 class Rotary:
     """A layer's RoPE settings, ready to turn its heads: ``forward(x,
@@ -298,6 +363,17 @@ class Rotary:
     rotary_dim: int | None = None
 
     def forward(self, x, positions):
+        one = _one_position(x, positions)  # a decode step's position
+        if one is not None:
+            out = rope_step(
+                x,
+                one,
+                base=self.base,
+                layout=self.layout,
+                rotary_dim=self.rotary_dim,
+            )
+            if out is not None:
+                return out
         return rope_forward(
             x,
             positions,
@@ -308,3 +384,23 @@ class Rotary:
 
     def backward(self, dy, cache):
         return rope_backward(dy, cache)
+
+
+def _one_position(x, positions):
+    """The position ``p`` (an int) when ``x [..., 1, d]`` is a float
+    array of one position and ``positions`` is ``[p]``, ``p >= 0``, with
+    an even ``d`` (what :func:`rope_step` takes); else None, and
+    :func:`rope_forward` checks everything."""
+    if not (
+        isinstance(x, np.ndarray)
+        and x.dtype in (np.float32, np.float64)
+        and x.ndim >= 2
+        and x.shape[-2] == 1
+        and x.shape[-1] % 2 == 0
+        and isinstance(positions, np.ndarray)
+        and positions.shape == (1,)
+        and positions.dtype.kind in "iu"
+    ):
+        return None
+    p = int(positions[0])
+    return p if p >= 0 else None

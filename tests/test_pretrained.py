@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attn_np import KVCache
+from attn_np import GroupedQueryAttention, KVCache
 from attn_np.ffn import SwiGLU, swiglu_backward, swiglu_forward
 from attn_np.instruments import check_gradients, check_layer_gradients
 from attn_np.instruments.directional import directional_check
@@ -75,6 +75,63 @@ def test_swiglu_layer_and_step():
     np.testing.assert_allclose(layer.forward(x, keep=False), y, rtol=1e-13)
     with pytest.raises(RuntimeError, match="keep=True"):
         layer.backward(y)
+
+
+def test_packed_weights_same_numbers():
+    """pack() and pack_projections() keep the matrices side by side in
+    one buffer (a decode step's one product): the same outputs and
+    gradients, updates in place reach the buffer, and a matrix replaced
+    is read on its own again."""
+    rng = np.random.default_rng(2)
+    ffn = SwiGLU(8, 12, seed=1)
+    x = rng.standard_normal((2, 5, 8))
+    y = ffn.forward(x)
+    assert ffn.pack() is ffn and ffn.packed_gate_up.shape == (8, 24)
+    np.testing.assert_allclose(ffn.forward(x, keep=False), y, rtol=1e-13)
+    assert max(check_layer_gradients(ffn, x).values()) < 1e-7
+    ffn.params["W_up"] *= 2.0  # in place: the buffer sees it
+    np.testing.assert_array_equal(
+        ffn.packed_gate_up[:, 12:], ffn.params["W_up"]
+    )
+    ffn.params["W_gate"] = ffn.params["W_gate"].copy()  # replaced
+    assert ffn.packed_gate_up is None
+    np.testing.assert_allclose(
+        ffn.forward(x, keep=False), ffn.forward(x), rtol=1e-13
+    )
+
+    plain = GroupedQueryAttention(16, 4, 2, rope_base=1e4, seed=3)
+    layer = GroupedQueryAttention(16, 4, 2, rope_base=1e4, seed=3)
+    assert layer.pack_projections() is layer
+    assert layer.packed_qkv.shape == (16, 16 + 2 * 8)
+    x = rng.standard_normal((2, 5, 16))
+    np.testing.assert_allclose(
+        layer.forward(x, causal=True),
+        plain.forward(x, causal=True),
+        rtol=1e-13,
+    )
+    cache, plain_cache = KVCache(), KVCache()
+    for t in range(5):  # decode one position at a time
+        np.testing.assert_allclose(
+            layer.forward(x[:, t : t + 1], kv_cache=cache),
+            plain.forward(x[:, t : t + 1], kv_cache=plain_cache),
+            rtol=1e-13,
+        )
+    errs = check_layer_gradients(layer, x, causal=True)
+    assert max(errs.values()) < 1e-7, errs
+    layer.params["W_v"] *= -1.0
+    plain.params["W_v"] *= -1.0
+    np.testing.assert_allclose(
+        layer.forward(x, causal=True),
+        plain.forward(x, causal=True),
+        rtol=1e-13,
+    )
+    layer.params["W_k"] = layer.params["W_k"] + 0.0  # replaced
+    assert layer.packed_qkv is None
+    np.testing.assert_allclose(
+        layer.forward(x, causal=True),
+        plain.forward(x, causal=True),
+        rtol=1e-13,
+    )
 
 
 def test_swiglu_bad_shapes():

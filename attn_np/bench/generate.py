@@ -87,7 +87,8 @@ def setup(model, prompt_len, seed=0):
 
 def products_only(model, seed=0):
     """The weight products of one decode step alone, as the layers make
-    them (``x @ W`` for every matrix of every block, and the tied head):
+    them (``x @ W`` for every matrix of every block, one product for
+    matrices packed side by side, and the tied head):
     the step without its norms, RoPE, cache, checks and Python, to time
     beside it."""
     rng = np.random.default_rng(seed)
@@ -101,8 +102,16 @@ def products_only(model, seed=0):
     def run():
         for blk in model.blocks:
             a, p = blk.attn.params, blk.ffn.params
-            x @ a["W_q"], x @ a["W_k"], x @ a["W_v"], o @ a["W_o"]
-            x @ p["W_gate"], x @ p["W_up"], h @ p["W_down"]
+            qkv, gate_up = blk.attn.packed_qkv, blk.ffn.packed_gate_up
+            if qkv is None:
+                x @ a["W_q"], x @ a["W_k"], x @ a["W_v"]
+            else:  # side by side (pack_projections): one product
+                x @ qkv
+            if gate_up is None:
+                x @ p["W_gate"], x @ p["W_up"]
+            else:
+                x @ gate_up
+            o @ a["W_o"], h @ p["W_down"]
         return x @ E.T  # [1, d] @ [d, V]
 
     return run

@@ -129,6 +129,10 @@ def load_gguf(
             W_up=matrix(p + "ffn_up.weight", f, d),
             W_down=matrix(p + "ffn_down.weight", d, f),
         )
+        # a decode step's products read the weights once: q, k, v in
+        # one buffer and gate, up in another make them fewer and longer
+        blk.attn.pack_projections()
+        blk.ffn.pack()
     model.norm_f.params["g"] = vector("output_norm.weight")
     if not c.tied_embeddings:
         model.head = Embedding(c.vocab_size, d, dtype=dtype)

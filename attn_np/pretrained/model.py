@@ -63,8 +63,10 @@ class DecoderBlock(Composite):
         if kv_cache is None:
             x = x + self.attn.forward(self.norm1.forward(x), causal=True)
             return x + self.ffn.forward(self.norm2.forward(x))
-        x = x + self.attn.forward(self.norm1.forward(x), kv_cache=kv_cache)
-        return x + self.ffn.forward(self.norm2.forward(x), keep=False)
+        # a decode step: the norms' step keeps and checks nothing (the
+        # model checked its input once, at the token ids)
+        x = x + self.attn.forward(self.norm1.step(x), kv_cache=kv_cache)
+        return x + self.ffn.forward(self.norm2.step(x), keep=False)
 
     def backward(self, dy):
         dx = dy + self.norm2.backward(self.ffn.backward(dy))
@@ -194,6 +196,11 @@ class CausalLM(Composite):
             layer.grads = {
                 k: np.zeros_like(v) for k, v in layer.params.items()
             }
+        for mine, theirs in zip(self.blocks, m.blocks):  # packed alike
+            if mine.attn.packed_qkv is not None:
+                theirs.attn.pack_projections()
+            if mine.ffn.packed_gate_up is not None:
+                theirs.ffn.pack()
         m.tokenizer = self.tokenizer
         m.source = getattr(self, "source", None)
         return m
@@ -254,7 +261,7 @@ class CausalLM(Composite):
             self._saved = None
             for blk, cache in zip(self.blocks, kv_cache.caches):
                 x = blk.forward(x, kv_cache=cache)  # [B, L, d]
-            h = self.norm_f.forward(x)  # [B, L, d]
+            h = self.norm_f.step(x)  # [B, L, d]
             return h @ self.head_weight.T  # [B, L, d] @ [d, V] -> [B, L, V]
         for blk in self.blocks:
             x = blk.forward(x)  # [B, L, d]
@@ -405,6 +412,8 @@ class CausalLM(Composite):
                 a.params[key] = np.ascontiguousarray(
                     a.params[key][:, rope_permutation(c.d_k, n_heads=h)]
                 )
+            if a._packed is not None:  # side by side again
+                a.pack_projections()
             a.grads = {k: np.zeros_like(p) for k, p in a.params.items()}
             a.rope_layout = "half"
         return self

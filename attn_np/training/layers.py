@@ -34,7 +34,7 @@ from .._checks import (
     check_token_ids,
     check_upstream,
 )
-from ..norms import rmsnorm_backward, rmsnorm_forward
+from ..norms import rmsnorm_backward, rmsnorm_forward, rmsnorm_step
 
 
 def check_cache(cache, kind: type, forward: str):
@@ -238,6 +238,12 @@ class RMSNorm:
     def forward(self, x):
         y, self._cache = rmsnorm_forward(x, self.params["g"], eps=self.eps)
         return y
+
+    def step(self, x):
+        """``y`` for a decode step: nothing kept, nothing checked
+        (:func:`~attn_np.norms.rmsnorm_step`)."""
+        self._cache = None
+        return rmsnorm_step(x, self.params["g"], eps=self.eps)
 
     def backward(self, dy):
         check_forward_done(self, self._cache)
