@@ -225,3 +225,21 @@ def test_the_config_reader_imports_no_mechanism():
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             for name in imported(rel, node):
                 assert _top(name) in (None, "_checks", "hf"), name
+
+
+def test_mechanisms_are_short():
+    """No mechanism module over 900 lines, no function in one over 80 (the
+    lab's benchmarks and the book's figure code aside)."""
+    long = []
+    for rel, tree in modules():
+        if rel.parts[0] in LAB:
+            continue
+        n = len((ROOT / rel).read_text().splitlines())
+        if n > 900:
+            long.append(f"{rel}: {n} lines")
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                size = fn.end_lineno - fn.lineno + 1
+                if size > 80:
+                    long.append(f"{rel}:{fn.name}: {size} lines")
+    assert long == []

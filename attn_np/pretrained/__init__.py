@@ -54,6 +54,33 @@ def load_gguf(
     a tensor type this loader does not dequantise raises a
     ``ValueError`` naming it.
     """
+    dtype = _check_load_args(dtype, rope_layout)
+    if isinstance(path, GGUFCheckpoint):  # a file already read
+        ckpt = path
+    else:
+        ckpt = GGUFCheckpoint(smollm2_path() if path is None else path)
+    c = ckpt.config()
+    names = _tensor_names(ckpt, c)
+    model = CausalLM(c, dtype=dtype, rope_layout=rope_layout)
+    _fill(model, ckpt, c, dtype)
+    for layer in model.children().values():  # zeros of the new shapes
+        layer.grads = {k: np.zeros_like(v) for k, v in layer.params.items()}
+    model.tokenizer = tokenizer_from_gguf(ckpt)
+    model.source = {
+        "path": str(ckpt.path),
+        "bytes": ckpt.size,
+        "name": ckpt.field("general.name"),
+        "types": {
+            kind: sum(ckpt.tensor_type(n) == kind for n in names)
+            for kind in sorted({ckpt.tensor_type(n) for n in names})
+        },
+    }
+    return model
+
+
+def _check_load_args(dtype, rope_layout):
+    """``dtype`` (float32 or float64) checked; ``rope_layout`` one of the
+    two layouts."""
     try:
         dtype = check_float_dtype(dtype)
     except TypeError:
@@ -67,27 +94,15 @@ def load_gguf(
             "rope_layout must be 'interleaved' or 'half', got "
             f"{rope_layout!r}"
         )
-    if isinstance(path, GGUFCheckpoint):  # a file already read
-        ckpt = path
-    else:
-        ckpt = GGUFCheckpoint(smollm2_path() if path is None else path)
-    c = ckpt.config()
+    return dtype
+
+
+def _tensor_names(ckpt, c) -> list[str]:
+    """The tensors a Llama model of config ``c`` needs, each checked to be
+    in the file and of a type this loader dequantises."""
     names = ["token_embd.weight", "output_norm.weight"]
     for i in range(c.n_layers):
-        names += [
-            f"blk.{i}.{n}.weight"
-            for n in (
-                "attn_norm",
-                "attn_q",
-                "attn_k",
-                "attn_v",
-                "attn_output",
-                "ffn_norm",
-                "ffn_gate",
-                "ffn_up",
-                "ffn_down",
-            )
-        ]
+        names += [f"blk.{i}.{n}.weight" for n in BLOCK_TENSORS]
     if not c.tied_embeddings:
         names.append("output.weight")
     ckpt.check_types([n for n in names if n in ckpt.tensors])
@@ -97,7 +112,26 @@ def load_gguf(
             f"path {str(ckpt.path)!r} lacks {len(missing)} tensors of a "
             f"{c.n_layers}-layer Llama model, e.g. {missing[:3]}"
         )
-    model = CausalLM(c, dtype=dtype, rope_layout=rope_layout)
+    return names
+
+
+#: A block's tensors in a llama.cpp GGUF.
+BLOCK_TENSORS = (
+    "attn_norm",
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "ffn_norm",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+)
+
+
+def _fill(model, ckpt, c, dtype) -> None:
+    """Every parameter of ``model`` from the file, in the layout the
+    library's products read fastest."""
     d, h, n_kv, d_k, f = c.d_model, c.n_heads, c.n_kv_heads, c.d_k, c.d_ff
 
     def matrix(name, rows, cols):
@@ -139,19 +173,6 @@ def load_gguf(
         model.head.params["W"] = ckpt.array(
             "output.weight", (c.vocab_size, d)
         ).astype(dtype)
-    for layer in model.children().values():  # zeros of the new shapes
-        layer.grads = {k: np.zeros_like(v) for k, v in layer.params.items()}
-    model.tokenizer = tokenizer_from_gguf(ckpt)
-    model.source = {
-        "path": str(ckpt.path),
-        "bytes": ckpt.size,
-        "name": ckpt.field("general.name"),
-        "types": {
-            kind: sum(ckpt.tensor_type(n) == kind for n in names)
-            for kind in sorted({ckpt.tensor_type(n) for n in names})
-        },
-    }
-    return model
 
 
 __all__ = [
