@@ -1,0 +1,225 @@
+"""Issue 41: bad input to chapters 10-14 gets a clear error (a ValueError
+or TypeError naming the argument, config key or state-dict entry): no
+silent wrong number, no NaN, no leaked Python error."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import attn_np
+from attn_np.hf.build import attention_from_hf
+from attn_np.hf.weights import gated_deltanet_from_hf
+
+FIXTURES = Path(__file__).parent / "fixtures"
+DATA = Path(__file__).parent / "data" / "hf_configs"
+
+
+def fixture(name, i=0):
+    f = np.load(FIXTURES / f"{name}.npz")
+    pre = f"layer{i}.param."
+    state = {k[len(pre) :]: f[k] for k in f.files if k.startswith(pre)}
+    return json.loads(str(f["config"])), state
+
+
+def scout():
+    return json.loads((DATA / "llama4_scout_17b_16e.json").read_text())
+
+
+# ------------------------------------------------ silently wrong: configs
+FLAGS = [
+    ("falcon_alibi", "alibi"),
+    ("falcon_alibi", "bias"),
+    ("falcon_mqa", "multi_query"),
+    ("falcon_new", "new_decoder_architecture"),
+    ("llama", "attention_bias"),
+    ("llama4", "use_qk_norm"),
+    ("llama4", "attn_temperature_tuning"),
+    ("deepseek_v3", "rope_interleave"),
+]
+
+
+@pytest.mark.parametrize("name,key", FLAGS)
+def test_string_false_is_not_true(name, key):
+    cfg, _ = fixture(name)
+    text = cfg.get("text_config", cfg)
+    text[key] = "false"
+    with pytest.raises(ValueError, match=key):
+        attention_from_hf(cfg)
+
+
+def test_llama4_as_released_is_chunked_on_its_rope_layers():
+    cfg = scout()
+    for i in range(4):
+        layer = attention_from_hf(cfg, i)
+        assert layer.use_rope == (i != 3)
+        assert layer.chunk == (8192 if i != 3 else None)
+
+
+def test_llama4_empty_no_rope_layers_keeps_the_nope_layer():
+    cfg = scout()
+    cfg["text_config"].pop("attention_chunk_size")
+    cfg["text_config"]["layer_types"] = ["full_attention"] * 48
+    layer = attention_from_hf(cfg, 3)
+    assert not layer.use_rope
+
+
+def test_llama4_defaults_floor_and_attn_scale():
+    layer = attention_from_hf(scout(), 3)
+    assert layer.query_temperature == (8192.0, 0.1)
+
+
+@pytest.mark.parametrize(
+    "flags", [[1, 1, 1], [1] * 49, ["1"] * 48, [True] * 48, [2] * 48]
+)
+def test_no_rope_layers_of_wrong_length_or_kind(flags):
+    cfg = scout()
+    cfg["text_config"]["no_rope_layers"] = flags
+    with pytest.raises(ValueError, match="no_rope_layers"):
+        attention_from_hf(cfg, 0)
+
+
+def test_embeddinggemma_bidirectional_is_refused_by_name():
+    cfg, _ = fixture("gemma3")
+    cfg["use_bidirectional_attention"] = True
+    with pytest.raises(ValueError, match="use_bidirectional_attention"):
+        attention_from_hf(cfg)
+    cfg["use_bidirectional_attention"] = False
+    attention_from_hf(cfg)
+
+
+@pytest.mark.parametrize(
+    "types",
+    [
+        ["full_attention"],
+        ["full_attention"] * 3,
+        ["full_attention", 7],
+        ["full_attention", "flash"],
+        "full_attention",
+    ],
+)
+def test_layer_types_of_wrong_length_or_kind(types):
+    cfg, _ = fixture("qwen2")
+    cfg["num_hidden_layers"] = 2
+    cfg["layer_types"] = types
+    with pytest.raises(ValueError, match="layer_types"):
+        attention_from_hf(cfg, 0)
+
+
+def test_a_sliding_layer_needs_a_window():
+    cfg, _ = fixture("gemma2")
+    cfg["sliding_window"] = None
+    cfg["layer_types"] = ["sliding_attention"] * cfg["num_hidden_layers"]
+    with pytest.raises(ValueError, match="sliding_window"):
+        attention_from_hf(cfg, 0)
+
+
+def test_qwen3_next_without_layer_types_builds_its_linear_layers():
+    cfg, _ = fixture("qwen3_next")
+    cfg.pop("layer_types", None)
+    cfg["num_hidden_layers"] = 4
+    assert isinstance(attention_from_hf(cfg, 0), attn_np.GatedDeltaNet)
+
+
+# ------------------------------------------------ silently wrong: weights
+@pytest.mark.parametrize(
+    "name,entry",
+    [
+        ("deepseek_v2", "kv_b_proj.weight"),
+        ("deepseek_v3", "q_b_proj.weight"),
+        ("deepseek_v3", "kv_b_proj.weight"),
+    ],
+)
+def test_mla_transposed_fused_weight_is_refused(name, entry):
+    cfg, state = fixture(name)
+    a = state[entry]
+    assert a.shape[0] != a.shape[1]
+    state[entry] = np.ascontiguousarray(a.T)
+    with pytest.raises(ValueError, match=entry.replace(".", r"\.")):
+        attention_from_hf(cfg, 0, state)
+
+
+def test_gated_deltanet_loader_refuses_nan_and_extra_keys():
+    cfg, state = fixture("qwen3_next", 0)
+    bad = dict(state, **{"A_log": state["A_log"] * np.nan})
+    with pytest.raises(ValueError, match="A_log"):
+        gated_deltanet_from_hf(cfg, bad)
+    extra = dict(state, extra_thing=np.zeros(3))
+    with pytest.raises(ValueError, match="extra_thing"):
+        gated_deltanet_from_hf(cfg, extra)
+    strings = dict(state, **{"A_log": state["A_log"].astype(str)})
+    with pytest.raises(TypeError, match="A_log"):
+        gated_deltanet_from_hf(cfg, strings)
+
+
+# ------------------------------------------------ valid input refused
+@pytest.mark.parametrize(
+    "name,key,value",
+    [
+        ("deepseek_v3", "auto_map", {"AutoConfig": "x.y"}),
+        ("llama4", "for_llm_compressor", False),
+        ("qwen3_next", "full_attention_interval", 2),
+    ],
+)
+def test_harmless_keys_are_read(name, key, value):
+    cfg, _ = fixture(name)
+    cfg.get("text_config", cfg)[key] = value
+    attention_from_hf(cfg, 1 if name == "qwen3_next" else 0)
+
+
+def test_numpy_layer_idx():
+    cfg, _ = fixture("llama")
+    attention_from_hf(cfg, np.int64(0))
+    with pytest.raises(TypeError, match="layer_idx"):
+        attention_from_hf(cfg, 0.0)
+
+
+def test_dynamic_ntk_is_refused_saying_why():
+    cfg, _ = fixture("llama")
+    cfg["rope_parameters"] = {"rope_type": "dynamic", "factor": 2.0}
+    with pytest.raises(ValueError, match="dynamic.*current length"):
+        attention_from_hf(cfg)
+
+
+# ------------------------------------------------ leaked errors: HF
+@pytest.mark.parametrize("value", [0, -1.0, "224", True, float("inf")])
+def test_query_pre_attn_scalar_is_checked(value):
+    cfg, _ = fixture("gemma2")
+    cfg["query_pre_attn_scalar"] = value
+    with pytest.raises(ValueError, match="query_pre_attn_scalar"):
+        attention_from_hf(cfg)
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["rms_norm_eps", "attn_logit_softcapping", "query_pre_attn_scalar"],
+)
+def test_numeric_strings_are_not_numbers(key):
+    cfg, _ = fixture("gemma2")
+    cfg[key] = "0.5"
+    with pytest.raises(ValueError, match=key):
+        attention_from_hf(cfg)
+
+
+@pytest.mark.parametrize(
+    "name,entry",
+    [
+        ("falcon_new", "query_key_value.weight"),
+        ("falcon_mqa", "query_key_value.weight"),
+        ("qwen3_next", "q_proj.weight"),
+        ("llama", "k_proj.weight"),
+    ],
+)
+def test_fused_and_plain_shape_errors_name_the_hf_entry(name, entry):
+    cfg, state = fixture(name, 1 if name == "qwen3_next" else 0)
+    state[entry] = state[entry][:-1]
+    with pytest.raises(ValueError, match=entry.replace(".", r"\.")):
+        attention_from_hf(cfg, 1 if name == "qwen3_next" else 0, state)
+
+
+def test_state_dict_of_strings_is_refused():
+    cfg, state = fixture("llama")
+    state["k_proj.weight"] = state["k_proj.weight"].astype(str)
+    with pytest.raises(TypeError, match=r"k_proj\.weight"):
+        attention_from_hf(cfg, 0, state)
