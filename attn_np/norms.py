@@ -16,6 +16,7 @@ import numpy as np
 from ._checks import (
     as_float_array,
     check_finite,
+    check_norm_input,
     check_overflow,
     check_positive_number,
     check_upstream,
@@ -73,9 +74,20 @@ def qk_norm_forward(t, w=None, *, eps=1e-6, offset=0.0):
     Qwen3-Next, Gemma 3) or to ``[..., n_heads * d_head]`` before the head
     split (OLMo 2).
     """
-    t = as_float_array(t, "t", min_ndim=1)
+    t, eps = check_norm_input(t, "t", eps)
     # [..., d] -> [..., 1]
-    r = 1.0 / np.sqrt(np.mean(t * t, axis=-1, keepdims=True) + eps)
+    with np.errstate(over="ignore"):  # checked below
+        ms = np.mean(t * t, axis=-1, keepdims=True) + eps
+    check_overflow(ms, "mean(t^2)", "t is too large for the dtype")
+    r = 1.0 / np.sqrt(ms)
+    if w is not None:
+        w = as_float_array(w, "w", min_ndim=1)
+        check_finite(w, "w")
+        if w.shape != t.shape[-1:]:
+            raise ValueError(
+                f"w must have shape {t.shape[-1:]} (the last axis of t "
+                f"{t.shape}), got {w.shape}"
+            )
     g = 1.0 if w is None else offset + w  # 1 or [d]
     return t * r * g, (t, r, g, w is not None)
 

@@ -54,8 +54,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import (
+    all_finite,
     as_float_array,
+    check_count,
     check_flag,
+    check_number,
     check_positive_int,
     check_positive_number,
 )
@@ -92,7 +95,15 @@ def linear_backward(dy, cache):
 
 # ------------------------------------------------------------ score mods
 def softcap_forward(s, cap):
-    """Gemma 2's logit soft-cap ``cap * tanh(s / cap)``; ``(y, cache)``."""
+    """Gemma 2's logit soft-cap ``cap * tanh(s / cap)``; ``(y, cache)``.
+    Scores that overflowed are refused: the cap would turn inf into a
+    finite, wrong score."""
+    if not all_finite(s):
+        raise ValueError(
+            "the scores before the soft-cap overflowed (inf or NaN) in "
+            f"{s.dtype}: scale the queries and keys down"
+            + (", or use float64" if s.dtype != np.float64 else "")
+        )
     th = np.tanh(s / cap)
     return cap * th, th
 
@@ -192,7 +203,7 @@ def query_temperature(positions, *, floor_scale=8192.0, attn_scale=0.1):
     ``1 + attn_scale ln(floor((p + 1) / floor_scale) + 1)``. It is 1 for
     the first ``floor_scale - 1`` positions."""
     floor_scale = check_positive_number(floor_scale, "floor_scale")
-    attn_scale = float(attn_scale)
+    attn_scale = check_number(attn_scale, "attn_scale")
     p = np.asarray(positions)
     if (
         p.ndim != 1
@@ -482,8 +493,29 @@ class RefinedAttention(GroupedQueryAttention):
         seed=0,
         dtype=np.float64,
     ):
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        head_dim = d_model // n_heads if head_dim is None else head_dim
+        d_model = check_count(d_model, "d_model")
+        n_heads = check_count(n_heads, "n_heads")
+        n_kv_heads = (
+            n_heads
+            if n_kv_heads is None
+            else check_count(n_kv_heads, "n_kv_heads")
+        )
+        head_dim = (
+            d_model // n_heads
+            if head_dim is None
+            else check_count(head_dim, "head_dim")
+        )
+        if not isinstance(score_mods, (tuple, list)):
+            raise TypeError(
+                "score_mods must be a tuple of score mods, got "
+                f"{type(score_mods).__name__}"
+            )
+        if window is not None and chunk is not None:
+            raise ValueError(
+                "pass window= (a sliding window) or chunk= (Llama 4's "
+                f"chunks), not both: got window={window!r} and "
+                f"chunk={chunk!r}"
+            )
         kw = _check_refined(
             biases=biases,
             qk_norm=qk_norm,
@@ -586,17 +618,18 @@ class RefinedAttention(GroupedQueryAttention):
         made from the settings each time), or None when it does
         nothing."""
         after = bool(self.qk_norm and self.qk_norm_after_rope)
-        if not (self.use_rope or after) or not self.rope_base:
+        rotate = bool(self.use_rope and self.rope_base)
+        if not (rotate or after):
             return None
         scaling = self.rope_scaling
         if scaling is None and self.rope_factor != 1.0:  # linear
             scaling = {"rope_type": "linear", "factor": self.rope_factor}
         return ScaledRotary(
-            self.rope_base,
+            self.rope_base or 10000.0,  # not read when nothing rotates
             self.rope_layout,
             self.rope_dim,
             rope_scaling=scaling,
-            use_rope=self.use_rope,
+            use_rope=rotate,
             qk_norm=after,
             qk_norm_eps=self.norm_eps,
         )
@@ -670,9 +703,18 @@ class RefinedAttention(GroupedQueryAttention):
 def _check_refined(**kw):
     """:class:`RefinedAttention`'s settings, checked (each error names
     its keyword); returns them as the layer keeps them."""
-    bad = set(kw["biases"]) - {"q", "k", "v", "o"}
-    if bad:
-        raise ValueError(f"biases must be among q, k, v, o; got {bad}")
+    biases = kw["biases"]
+    if isinstance(biases, str) or not isinstance(biases, (tuple, list)):
+        raise TypeError(
+            "biases must be a tuple of names among 'q', 'k', 'v', 'o' "
+            f"(such as ('q', 'k')), got {biases!r}"
+        )
+    bad = {b for b in biases if b not in ("q", "k", "v", "o")}
+    if bad or len(set(biases)) != len(biases):
+        bad = bad or biases
+        raise ValueError(
+            f"biases must name q, k, v or o, each at most once; got {bad}"
+        )
     kw["biases"] = tuple(sorted(kw["biases"]))
     if kw["qk_norm"] not in (None, "head", "proj"):
         raise ValueError(
@@ -689,11 +731,9 @@ def _check_refined(**kw):
         kw["chunk"] = check_positive_int(kw["chunk"], "chunk")
     for name in ("rope_factor", "norm_eps"):
         kw[name] = float(check_positive_number(kw[name], name))
-    kw["qk_norm_offset"] = offset = float(kw["qk_norm_offset"])
-    if not math.isfinite(offset):
-        raise ValueError(
-            f"qk_norm_offset must be a finite number, got {offset}"
-        )
+    kw["qk_norm_offset"] = check_number(
+        kw["qk_norm_offset"], "qk_norm_offset"
+    )
     temp = kw["query_temperature"]
     if temp is not None:
         try:
@@ -705,7 +745,7 @@ def _check_refined(**kw):
             ) from None
         kw["query_temperature"] = (
             check_positive_number(floor_scale, "floor_scale"),
-            float(attn_scale),
+            check_number(attn_scale, "attn_scale"),
         )
     return _check_refined_rope(kw)
 

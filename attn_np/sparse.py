@@ -49,6 +49,8 @@ from ._checks import (
     check_flag,
     check_float_dtype,
     check_layer_input,
+    check_norm_input,
+    check_overflow,
     check_upstream,
     fingerprint,
 )
@@ -85,15 +87,22 @@ def layernorm_forward(x, g, b, *, eps=1e-6):
     ``y = g * (x - mean(x)) / sqrt(var(x) + eps) + b`` (the indexer's
     ``k_norm``, with DeepSeek's ``eps = 1e-6``).
     """
-    x = as_float_array(x, "x", min_ndim=1)
+    x, eps = check_norm_input(x, "x", eps)
     for name, p in (("g", g), ("b", b)):
-        if np.shape(p) != x.shape[-1:]:
+        p = as_float_array(p, name)
+        check_finite(p, name)
+        if p.shape != x.shape[-1:]:
             raise ValueError(
                 f"{name} must have shape {x.shape[-1:]} (the last axis of "
-                f"x {x.shape}), got {np.shape(p)}"
+                f"x {x.shape}), got {p.shape}"
             )
     mu = x.mean(axis=-1, keepdims=True)  # [..., 1]
-    r = 1.0 / np.sqrt(x.var(axis=-1, keepdims=True) + eps)  # [..., 1]
+    with np.errstate(over="ignore", invalid="ignore"):  # checked below
+        var = x.var(axis=-1, keepdims=True)
+    check_overflow(
+        var, "var(x) in layernorm", "x is too large for the dtype"
+    )
+    r = 1.0 / np.sqrt(var + eps)  # [..., 1]
     xhat = (x - mu) * r  # [..., d]
     return xhat * g + b, LayerNormCache(xhat, r, g)
 

@@ -11,6 +11,7 @@ import pytest
 import attn_np
 from attn_np.hf.build import attention_from_hf
 from attn_np.hf.weights import gated_deltanet_from_hf
+from attn_np.refinements import RefinedAttention, SoftCap
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DATA = Path(__file__).parent / "data" / "hf_configs"
@@ -223,3 +224,78 @@ def test_state_dict_of_strings_is_refused():
     state["k_proj.weight"] = state["k_proj.weight"].astype(str)
     with pytest.raises(TypeError, match=r"k_proj\.weight"):
         attention_from_hf(cfg, 0, state)
+
+
+# ------------------------------------------------ layer constructors
+R = RefinedAttention
+X = np.random.default_rng(0).normal(size=(1, 12, 16))
+
+
+def test_post_rope_qk_norm_without_rope_base_is_applied():
+    kw = dict(qk_norm="head", qk_norm_after_rope=True, qk_norm_learned=False)
+    a = R(16, 4, rope_base=None, **kw).forward(X)
+    b = R(16, 4, use_rope=False, **kw).forward(X)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-14)
+    assert np.abs(a - R(16, 4, rope_base=None).forward(X)).max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    "kw,err,match",
+    [
+        (dict(biases="qk"), TypeError, "biases"),
+        (dict(biases=("q", "q")), ValueError, "biases"),
+        (dict(chunk=4, window=3), ValueError, "window.*chunk"),
+        (dict(n_heads="4"), ValueError, "n_heads"),
+        (dict(head_dim="4"), ValueError, "head_dim"),
+        (dict(qk_norm_offset="1"), ValueError, "qk_norm_offset"),
+        (dict(score_mods=3), TypeError, "score_mods"),
+        (dict(query_temperature=(2.0, "a")), ValueError, "attn_scale"),
+    ],
+)
+def test_refined_attention_constructor(kw, err, match):
+    args = dict(d_model=16, n_heads=4)
+    args.update(kw)
+    with pytest.raises(err, match=match):
+        R(**args)
+
+
+# ------------------------------------------------ kernels: overflow, NaN
+def test_softcap_does_not_hide_score_overflow():
+    layer = R(16, 4, score_mods=(SoftCap(30.0),))
+    with pytest.raises(ValueError, match="overflow"):
+        layer.forward(X * 1e200)
+
+
+def _norms():
+    from attn_np.linear.gates import l2norm_forward
+    from attn_np.norms import qk_norm_forward
+    from attn_np.sparse import layernorm_forward
+
+    one, zero = np.ones(8), np.zeros(8)
+    return {
+        "l2norm": lambda x, **k: l2norm_forward(x, **k),
+        "layernorm": lambda x, **k: layernorm_forward(x, one, zero, **k),
+        "qk_norm": lambda x, **k: qk_norm_forward(x, **k),
+    }
+
+
+@pytest.mark.parametrize("name", ["l2norm", "layernorm", "qk_norm"])
+def test_norms_refuse_overflow_nan_and_bad_eps(name):
+    f = _norms()[name]
+    x = np.random.default_rng(1).normal(size=(3, 8))
+    with pytest.raises(ValueError, match="overflow"):
+        f(x * 1e160)
+    with pytest.raises(ValueError, match="finite"):
+        f(np.where(x > 0, np.nan, x))
+    for eps in (-1e-6, float("nan"), "1e-6"):
+        with pytest.raises(ValueError, match="eps"):
+            f(x, eps=eps)
+    with pytest.raises(ValueError, match="eps"):
+        f(np.zeros((2, 8)), eps=0.0)
+
+
+def test_gated_deltanet_overflow_is_not_zero():
+    layer = attn_np.GatedDeltaNet(8, 2, 2, d_k=4, d_v=4)
+    x = np.random.default_rng(2).normal(size=(1, 5, 8))
+    with pytest.raises(ValueError, match="overflow"):
+        layer.forward(x * 1e160)
