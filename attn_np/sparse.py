@@ -723,6 +723,7 @@ class SparseLatentAttention(MultiHeadLatentAttention):
         kv_cache.check_chunk(
             x3.shape, layout + (self.indexer.head_dim,), dtype
         )
+        kv_cache.check_owner(self, ("W_dkv", "W_kr"))
 
     def _attend_selected(self, q_c, q_r, rows, chosen):
         """The absorbed (MQA) path, reading only the chosen rows."""

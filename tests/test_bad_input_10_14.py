@@ -299,3 +299,83 @@ def test_gated_deltanet_overflow_is_not_zero():
     x = np.random.default_rng(2).normal(size=(1, 5, 8))
     with pytest.raises(ValueError, match="overflow"):
         layer.forward(x * 1e160)
+
+
+# ------------------------------------------------ kernels' domains, NaN
+from attn_np.linear.attention import linear_attention_forward  # noqa: E402
+from attn_np.linear.chunked import gated_delta_chunked_forward  # noqa: E402
+from attn_np.linear.recurrent import (  # noqa: E402
+    gated_delta_recurrent_forward,
+)
+from attn_np.masks import chunked_mask, position_mask  # noqa: E402
+
+RNG = np.random.default_rng(3)
+Q, K, V = (RNG.normal(size=(2, 5, 4)) for _ in range(3))
+
+
+@pytest.mark.parametrize("which", ["q", "k"])
+def test_linear_attention_underflow_is_refused_not_nan(which):
+    q, k = (Q - 1000.0, K) if which == "q" else (Q, K - 1000.0)
+    with pytest.raises(ValueError, match="underflow"):
+        linear_attention_forward(q, k, V)
+
+
+def test_linear_attention_needs_a_feature():
+    e = np.zeros((2, 5, 0))
+    with pytest.raises(ValueError, match="d_k"):
+        linear_attention_forward(e, e, V)
+
+
+@pytest.mark.parametrize(
+    "forward", [gated_delta_recurrent_forward, gated_delta_chunked_forward]
+)
+def test_delta_rule_refuses_decays_and_strengths_out_of_domain(forward):
+    g, beta = -np.abs(RNG.normal(size=(2, 5))), np.full((2, 5), 0.5)
+    forward(Q, K, V, g, beta)
+    with pytest.raises(ValueError, match="g must be log decays"):
+        forward(Q, K, V, -g, beta)
+    for b in (beta - 1.0, beta + 3.0):
+        with pytest.raises(ValueError, match="beta"):
+            forward(Q, K, V, g, b)
+
+
+def test_a_chunk_longer_than_the_input_is_one_chunk():
+    g, beta = -np.abs(RNG.normal(size=(2, 5))), np.full((2, 5), 0.5)
+    a, _ = gated_delta_chunked_forward(Q, K, V, g, beta, chunk_size=10**5)
+    b, _ = gated_delta_recurrent_forward(Q, K, V, g, beta)
+    np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    p = np.arange(4)
+    np.testing.assert_array_equal(
+        chunked_mask(p, p, 10**30), position_mask(p, p)
+    )
+
+
+def test_unsigned_positions_do_not_wrap():
+    p = np.arange(6)
+    want = position_mask(p, p, window=2)
+    got = position_mask(p.astype(np.uint32), p.astype(np.uint64), window=2)
+    np.testing.assert_array_equal(got, want)
+
+
+# ------------------------------------------------ caches
+def test_state_cache_fed_by_a_second_layer_is_noticed():
+    a = attn_np.GatedDeltaNet(8, 2, 2, d_k=4, d_v=4, seed=0)
+    b = attn_np.GatedDeltaNet(8, 2, 2, d_k=4, d_v=4, seed=1)
+    x = RNG.normal(size=(1, 3, 8))
+    cache = a.new_cache()
+    a.forward(x, kv_cache=cache)
+    with pytest.raises(ValueError, match="another layer"):
+        b.forward(x, kv_cache=cache)
+    copy_of_a = attn_np.GatedDeltaNet(8, 2, 2, d_k=4, d_v=4, seed=0)
+    copy_of_a.forward(x, kv_cache=cache)
+
+
+def test_indexed_latent_cache_fed_by_a_second_layer_is_noticed():
+    kw = dict(d_latent_q=8, index_n_heads=2, index_head_dim=8, index_topk=4)
+    a = attn_np.SparseLatentAttention(16, 2, 8, 8, 4, seed=0, **kw)
+    b = attn_np.SparseLatentAttention(16, 2, 8, 8, 4, seed=1, **kw)
+    x = RNG.normal(size=(1, 3, 16))
+    cache = a.new_cache()
+    a.forward(x, kv_cache=cache)
+    with pytest.raises(ValueError, match="another layer"):
+        b.forward(x, kv_cache=cache)

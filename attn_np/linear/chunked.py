@@ -241,6 +241,7 @@ def gated_delta_chunked_forward(
         q, k, v, g, beta, initial_state
     )
     T = k.shape[-2]
+    C = min(C, max(T, 1))  # a chunk longer than the input: one chunk
     pad = -T % C
     qc, kc, vc, gc = (_to_chunks(x, C, pad) for x in (q, k, v, g))
     bc = _to_chunks(beta[..., None], C, pad)[..., 0]  # [N, ..., C]
