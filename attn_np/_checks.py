@@ -316,6 +316,20 @@ def check_layer_input(x, d_model: int, name: str = "x"):
     return (x[None], True) if x.ndim == 2 else (x, False)
 
 
+def check_backward_cache(cache, kind: type, forward: str, size=None):
+    """Refuse a backward's ``cache`` that is not what ``forward``
+    returned (a ``kind``; a tuple of ``size`` for the small kernels),
+    with a ``TypeError`` naming both, before any attribute is read."""
+    if not isinstance(cache, kind) or (
+        size is not None and len(cache) != size
+    ):
+        what = kind.__name__ if size is None else f"tuple of {size}"
+        raise TypeError(
+            f"cache must be what {forward} returned (a {what}), got "
+            f"{type(cache).__name__}"
+        )
+
+
 def check_cache_kind(kv_cache, kind: type, why: str = "") -> None:
     """Refuse a ``kv_cache`` that is not a ``kind`` (a layer's cache
     class) with a ``TypeError`` naming the type it got; ``why``, when

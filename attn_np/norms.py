@@ -15,6 +15,7 @@ import numpy as np
 
 from ._checks import (
     as_float_array,
+    check_backward_cache,
     check_finite,
     check_norm_input,
     check_overflow,
@@ -55,6 +56,7 @@ def rmsnorm_forward(x, g, *, eps: float = 1e-6):
 def rmsnorm_backward(dy, cache: RMSNormCache):
     """``(dx, dg)``. With ``u = dy * g``: ``dx = r * (u - x * r^2 * mean(u *
     x))``, ``dg = sum dy * x * r``."""
+    check_backward_cache(cache, RMSNormCache, "rmsnorm_forward")
     x, r, g = cache.x, cache.r, cache.g
     dy = check_upstream(dy, "dy", x.shape, "the RMSNorm output")
     u = dy * g  # dL/d(x r): [..., d]
@@ -95,6 +97,7 @@ def qk_norm_forward(t, w=None, *, eps=1e-6, offset=0.0):
 def qk_norm_backward(dy, cache):
     """``(dt, dw)``, ``dw`` None for the parameter-free form. With ``u =
     dy g``: ``dt = r (u - t r^2 mean(u t))``, ``dw = sum dy t r``."""
+    check_backward_cache(cache, tuple, "qk_norm_forward", 4)
     t, r, g, learned = cache
     u = dy * g  # [..., d]
     dt = r * (u - t * (r * r) * np.mean(u * t, axis=-1, keepdims=True))

@@ -56,6 +56,7 @@ import numpy as np
 from ._checks import (
     all_finite,
     as_float_array,
+    check_backward_cache,
     check_count,
     check_flag,
     check_number,
@@ -85,6 +86,7 @@ def linear_forward(x, W, b=None):
 
 def linear_backward(dy, cache):
     """``(dx, dW, db)``; ``db`` is None without a bias."""
+    check_backward_cache(cache, tuple, "linear_forward", 3)
     x, W, has_bias = cache
     dx = dy @ W.T  # [..., d_out] @ [d_out, d_in] -> [..., d_in]
     x2 = x.reshape(-1, x.shape[-1])  # [N, d_in]
@@ -240,6 +242,9 @@ def query_temperature_forward(
 
 def query_temperature_backward(dq2, cache: TemperatureCache):
     """``dq = dq2 * t``: a constant per row."""
+    check_backward_cache(
+        cache, TemperatureCache, "query_temperature_forward"
+    )
     return dq2 * cache.scale
 
 
@@ -275,6 +280,7 @@ def gate_forward(o, g):
 
 def gate_backward(dy, cache):
     """``(do, dg)``; ``dg`` summed to g's shape."""
+    check_backward_cache(cache, tuple, "gate_forward", 2)
     o, sg = cache
     do = dy * sg
     dg = dy * o * sg * (1.0 - sg)

@@ -43,6 +43,7 @@ from ._checks import (
     as_bool_array,
     as_float_array,
     broadcasts_to,
+    check_backward_cache,
     check_cache_kind,
     check_count,
     check_finite,
@@ -51,6 +52,7 @@ from ._checks import (
     check_layer_input,
     check_norm_input,
     check_overflow,
+    check_positive_number,
     check_upstream,
     fingerprint,
 )
@@ -110,6 +112,7 @@ def layernorm_forward(x, g, b, *, eps=1e-6):
 def layernorm_backward(dy, cache: LayerNormCache):
     """``(dx, dg, db)``. With ``u = dy * g``:
     ``dx = r (u - mean(u) - xhat mean(u xhat))``."""
+    check_backward_cache(cache, LayerNormCache, "layernorm_forward")
     xhat, r, g = cache.xhat, cache.r, cache.g
     dy = check_upstream(dy, "dy", xhat.shape, "the LayerNorm output")
     u = dy * g  # [..., d]
@@ -416,7 +419,20 @@ def sparse_mqa_forward(q, rows, idx, valid, *, d_v, scale):
     each token's gathered rows are one key/value head of the grouped core
     (``n_kv = L_q``), its ``h`` query heads the group.
     """
+    q = as_float_array(q, "q")
+    rows = as_float_array(rows, "rows")
+    if q.ndim != 4:
+        raise ValueError(f"q must be [B, L_q, h, D], got shape {q.shape}")
+    check_finite(q, "q")
+    check_finite(rows, "rows")
     B, L_q, h, D = q.shape
+    d_v = check_count(d_v, "d_v")
+    if d_v > D:
+        raise ValueError(
+            f"d_v must be at most D = {D} (the values are the rows' first "
+            f"d_v columns), got {d_v}"
+        )
+    scale = check_positive_number(scale, "scale")
     if rows.ndim != 3 or rows.shape[0] != B or rows.shape[2] != D:
         raise ValueError(
             f"rows must be [B={B}, L_k, D={D}] for q {q.shape}, got "
@@ -426,6 +442,15 @@ def sparse_mqa_forward(q, rows, idx, valid, *, d_v, scale):
         raise ValueError(
             f"idx and valid must be [B, L_q, n] with B, L_q = {(B, L_q)}, "
             f"got {idx.shape} and {valid.shape}"
+        )
+    if idx.dtype == np.bool_ or not np.issubdtype(idx.dtype, np.integer):
+        raise TypeError(f"idx must be integer row indices, got {idx.dtype}")
+    valid = as_bool_array(valid, "valid")
+    L_k = rows.shape[1]
+    if idx.size and (idx.min() < 0 or idx.max() >= L_k):
+        raise ValueError(
+            f"idx must lie in [0, L_k) = [0, {L_k}) (rows of rows), got "
+            f"values from {idx.min()} to {idx.max()}"
         )
     b = np.arange(B)[:, None, None]  # [B, 1, 1]
     kv = rows[b, idx]  # gather: [B, L_q, n, D]
@@ -448,6 +473,7 @@ def sparse_mqa_backward(do, cache: SparseMQACache):
     a scatter-add: a row chosen by several tokens gets the sum of their
     gradients, a row nobody chose gets zero.
     """
+    check_backward_cache(cache, SparseMQACache, "sparse_mqa_forward")
     att, idx, d_v = cache.att, cache.idx, cache.d_v
     want = att.out.shape[:3] + (d_v,)
     do = check_upstream(do, "do", want, "the sparse attention output")

@@ -379,3 +379,133 @@ def test_indexed_latent_cache_fed_by_a_second_layer_is_noticed():
     a.forward(x, kv_cache=cache)
     with pytest.raises(ValueError, match="another layer"):
         b.forward(x, kv_cache=cache)
+
+
+# ------------------------------------------------ leaked errors: kernels
+from attn_np.linear.attention import linear_attention_backward  # noqa: E402
+from attn_np.linear.chunked import gated_delta_chunked_backward  # noqa: E402
+from attn_np.linear.recurrent import (  # noqa: E402
+    gated_delta_recurrent_backward,
+)
+from attn_np.norms import qk_norm_backward, rmsnorm_backward  # noqa: E402
+from attn_np.refinements import (  # noqa: E402
+    gate_backward,
+    linear_backward,
+    query_temperature_backward,
+)
+from attn_np.sparse import (  # noqa: E402
+    layernorm_backward,
+    sparse_mqa_backward,
+    sparse_mqa_forward,
+)
+from attn_np.training.losses import cross_entropy_forward  # noqa: E402
+
+BACKWARDS = [
+    linear_attention_backward,
+    gated_delta_chunked_backward,
+    gated_delta_recurrent_backward,
+    qk_norm_backward,
+    rmsnorm_backward,
+    gate_backward,
+    linear_backward,
+    query_temperature_backward,
+    layernorm_backward,
+    sparse_mqa_backward,
+]
+
+
+@pytest.mark.parametrize("backward", BACKWARDS, ids=lambda f: f.__name__)
+def test_backward_given_the_wrong_cache_names_it(backward):
+    _, wrong = linear_attention_forward(Q, K, V)
+    if backward is linear_attention_backward:
+        _, wrong = gated_delta_recurrent_forward(
+            Q, K, V, np.zeros((2, 5)), np.ones((2, 5))
+        )
+    with pytest.raises(TypeError, match="cache must be what"):
+        backward(np.ones((2, 5, 4)), wrong)
+
+
+def test_sparse_mqa_forward_checks_its_arguments():
+    q = RNG.normal(size=(1, 3, 2, 6))
+    rows = RNG.normal(size=(1, 4, 6))
+    idx = np.array([[[0, 1], [1, 2], [2, 3]]])
+    valid = np.ones(idx.shape, dtype=bool)
+    sparse_mqa_forward(q, rows, idx, valid, d_v=4, scale=0.5)
+    cases = [
+        (dict(q=q.astype(int)), TypeError, "q"),
+        (dict(q=q * np.nan), ValueError, "q"),
+        (dict(rows=rows * np.inf), ValueError, "rows"),
+        (dict(idx=idx + 4), ValueError, "idx"),
+        (dict(idx=idx.astype(float)), TypeError, "idx"),
+        (dict(valid=valid.astype(int)), TypeError, "valid"),
+        (dict(d_v=7), ValueError, "d_v"),
+        (dict(d_v=0), ValueError, "d_v"),
+        (dict(scale=-1.0), ValueError, "scale"),
+    ]
+    for change, err, match in cases:
+        kw = dict(q=q, rows=rows, idx=idx, valid=valid, d_v=4, scale=0.5)
+        kw.update(change)
+        with pytest.raises(err, match=match):
+            sparse_mqa_forward(**kw)
+
+
+def test_cross_entropy_refuses_nan_logits():
+    z = RNG.normal(size=(3, 5))
+    z[1, 2] = np.nan
+    with pytest.raises(ValueError, match="logits"):
+        cross_entropy_forward(z, np.array([0, 1, 2]))
+
+
+def test_kv_calculator_refuses_a_rope_factor_that_is_not_a_number(tmp_path):
+    import subprocess
+    import sys
+
+    from attn_np.costs import from_hf_config
+
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "rope_scaling": {"rope_type": "linear", "factor": "4"},
+    }
+    with pytest.raises(ValueError, match="rope_scaling.factor"):
+        from_hf_config(cfg)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "attn_np.memory",
+            str(path),
+            "--seq-len",
+            "9",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert "rope_scaling.factor must be a number" in run.stderr + run.stdout
+    assert "Traceback" not in run.stderr
+
+
+# ------------------------------------------------ chapter 14's loader
+def test_gguf_metadata_sizes_are_checked(tmp_path):
+    import gguf
+
+    from attn_np.pretrained.gguf_file import GGUFCheckpoint
+
+    p = tmp_path / "zero_heads.gguf"
+    w = gguf.GGUFWriter(str(p), "llama")
+    w.add_block_count(1)
+    w.add_embedding_length(32)
+    w.add_feed_forward_length(64)
+    w.add_head_count(0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="head_count"):
+        GGUFCheckpoint(p).config()

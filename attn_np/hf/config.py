@@ -522,6 +522,18 @@ def windows(cfg: dict, n_layers: int, types):
 
 
 _ROPE_KEYS = ("rope_theta", "rope_scaling", "partial_rotary_factor")
+# the numbers of a RoPE scaling (Hugging Face's rope_type functions)
+_ROPE_NUMBERS = (
+    "factor",
+    "original_max_position_embeddings",
+    "low_freq_factor",
+    "high_freq_factor",
+    "beta_fast",
+    "beta_slow",
+    "mscale",
+    "mscale_all_dim",
+    "attention_factor",
+)
 
 
 def _check_rope(params: dict, where: str) -> dict:
@@ -550,6 +562,16 @@ def _check_rope(params: dict, where: str) -> dict:
             f"config key {where}.partial_rotary_factor must be in (0, 1], "
             f"got {f!r}"
         )
+    for key in _ROPE_NUMBERS:
+        value = out.get(key)
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
+            raise ValueError(
+                f"config key {where}.{key} must be a number, got {value!r}"
+            )
     kind = out.setdefault("rope_type", "default")
     if not isinstance(kind, str):
         raise ValueError(

@@ -10,6 +10,7 @@ import numpy as np
 
 from .._checks import (
     as_float_array,
+    check_backward_cache,
     check_finite,
     check_upstream,
 )
@@ -74,6 +75,9 @@ def linear_attention_backward(do, cache: LinearAttentionCache):
     """``(dq, dk, dv)`` of :func:`linear_attention_forward`, from its
     parallel form ``num = (M * phi(Q) phi(K)^T) V``, ``den = (M * phi(Q)
     phi(K)^T) 1`` (``M`` the causal mask)."""
+    check_backward_cache(
+        cache, LinearAttentionCache, "linear_attention_forward"
+    )
     c = cache
     do = check_upstream(do, "do", c.v.shape, "the output o")
     T = c.v.shape[-2]

@@ -14,6 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from .._checks import (
+    check_backward_cache,
     check_positive_int,
     check_upstream,
 )
@@ -305,6 +306,7 @@ def gated_delta_chunked_backward(do, cache: ChunkedCache, dstate=None):
     dW (b K e^G)^T + dU~ (b V)^T``, ``dA = T^T dT T^T`` (strictly lower),
     the decayed products, and ``g`` from ``Gamma`` by a reverse cumsum.
     """
+    check_backward_cache(cache, ChunkedCache, "gated_delta_chunked_forward")
     c = cache
     lead_shape = c.states.shape[1:]  # [..., d_k, d_v]
     want = (*lead_shape[:-2], c.T, lead_shape[-1])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._checks import check_backward_cache
 from .gates import sigmoid
 
 
@@ -56,6 +57,7 @@ def causal_conv_backward(dy, cache):
     """``(dx, dw)`` of :func:`causal_conv_forward` (``prev`` is a constant:
     a cached input). Input ``i`` feeds outputs ``i + m``, ``m = 0 .. K-1``,
     through ``w[K-1-m]``: ``dx_i = sum_m w[K-1-m] dpre_(i+m)``."""
+    check_backward_cache(cache, tuple, "causal_conv_forward", 3)
     xp, w, pre = cache
     K, L = w.shape[0], pre.shape[1]
     dpre = silu_backward(dy, pre)  # [B, L, ch]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_norm_input, check_overflow
+from .._checks import check_backward_cache, check_norm_input, check_overflow
 
 
 def sigmoid(x):
@@ -41,6 +41,7 @@ def l2norm_forward(x, eps=1e-6):
 
 def l2norm_backward(dy, cache):
     """``dx = r (dy - y (y . dy))``."""
+    check_backward_cache(cache, tuple, "l2norm_forward", 2)
     y, r = cache
     yd = np.einsum("...d,...d->...", y, dy)[..., None]  # [..., 1]
     dx = y * yd

@@ -13,6 +13,7 @@ import numpy as np
 
 from .._checks import (
     as_float_array,
+    check_backward_cache,
     check_finite,
     check_upstream,
 )
@@ -150,6 +151,9 @@ def gated_delta_recurrent_backward(do, cache: RecurrentCache, dstate=None):
         dS' = dS - k_t dv_t^T     dk_t -= S'_t dv_t
         dg_t = alpha_t sum(dS' * S_{t-1})     dS = alpha_t dS'
     """
+    check_backward_cache(
+        cache, RecurrentCache, "gated_delta_recurrent_forward"
+    )
     c = cache
     T = c.q.shape[0]
     lead_shape = c.states.shape[1:]
