@@ -58,6 +58,7 @@ from ._checks import (
     as_float_array,
     check_backward_cache,
     check_count,
+    check_finite,
     check_flag,
     check_number,
     check_positive_int,
@@ -78,6 +79,29 @@ chunk_mask = chunked_mask
 def linear_forward(x, W, b=None):
     """``y = x W + b`` with ``W [d_in, d_out]`` and an optional bias
     ``b [d_out]``; returns ``(y, cache)``."""
+    x = as_float_array(x, "x", min_ndim=1)
+    W = as_float_array(W, "W", min_ndim=2)
+    named = [("x", x), ("W", W)]
+    if b is not None:
+        b = as_float_array(b, "b")
+        named.append(("b", b))
+    for name, a in named:
+        check_finite(a, name)
+    if W.ndim != 2 or x.shape[-1] != W.shape[0]:
+        raise ValueError(
+            f"W must have shape [d_in, d_out] with d_in = {x.shape[-1]} "
+            f"(the last axis of x {x.shape}), got {W.shape}"
+        )
+    if b is not None and b.shape != W.shape[1:]:
+        raise ValueError(
+            f"b must have shape {W.shape[1:]} (d_out), got {b.shape}"
+        )
+    return _linear(x, W, b)
+
+
+def _linear(x, W, b=None):
+    """:func:`linear_forward` without its checks: the layers' weights and
+    inputs are checked once, not at every projection."""
     y = x @ W  # [..., d_in] @ [d_in, d_out] -> [..., d_out]
     if b is not None:
         y = y + b
@@ -100,6 +124,7 @@ def softcap_forward(s, cap):
     """Gemma 2's logit soft-cap ``cap * tanh(s / cap)``; ``(y, cache)``.
     Scores that overflowed are refused: the cap would turn inf into a
     finite, wrong score."""
+    s = as_float_array(s, "s")
     if not all_finite(s):
         raise ValueError(
             "the scores before the soft-cap overflowed (inf or NaN) in "
@@ -228,6 +253,8 @@ def query_temperature_forward(
     """``q [..., L, d]`` times the temperature of each row's position;
     ``(q2, cache)``."""
     q = as_float_array(q, "q", min_ndim=2)
+    if not all_finite(q):  # two reductions; the scores of a layer too
+        check_finite(q, "q")
     t = query_temperature(
         positions, floor_scale=floor_scale, attn_scale=attn_scale
     )
@@ -274,7 +301,22 @@ class QueryTemperature:
 def gate_forward(o, g):
     """``y = o * sigmoid(g)``; ``g`` has o's shape (elementwise, Qwen3-Next)
     or ``[..., n_heads, 1]`` against ``o [..., n_heads, d]`` (headwise)."""
-    sg = 1.0 / (1.0 + np.exp(-g))
+    o = as_float_array(o, "o", min_ndim=1)
+    g = as_float_array(g, "g", min_ndim=1)
+    check_finite(o, "o")
+    check_finite(g, "g")
+    if g.shape != o.shape and g.shape != o.shape[:-1] + (1,):
+        raise ValueError(
+            f"g must have the shape of o {o.shape} (elementwise) or "
+            f"{o.shape[:-1] + (1,)} (headwise), got {g.shape}"
+        )
+    return _gate(o, g)
+
+
+def _gate(o, g):
+    """:func:`gate_forward` without its checks (the layer's)."""
+    with np.errstate(over="ignore"):  # exp(-g) = inf: the gate is 0
+        sg = 1.0 / (1.0 + np.exp(-g))
     return o * sg, (o, sg)
 
 
@@ -353,7 +395,7 @@ class Projection:
         P, (B, L) = layer.params, x3.shape[:2]
         n_kv, saved, t = layer.n_kv_heads, {}, {}
         for n in ("q", "k", "v"):  # [B, L, d_model] -> [B, L, heads * d]
-            t[n], saved[n] = linear_forward(x3, P[f"W_{n}"], P.get(f"b_{n}"))
+            t[n], saved[n] = _linear(x3, P[f"W_{n}"], P.get(f"b_{n}"))
         for n, heads in (("q", layer.n_heads), ("k", n_kv)):
             if self.qk_norm:  # [B, L, heads, d] or [B, L, heads * d]
                 shape = (B, L, heads, -1) if self.qk_norm == "head" else None
@@ -418,12 +460,10 @@ class GatedOutput:
         gate = None
         o = merge_groups(o)  # [B, L, h * d_v]
         if self.gate:  # [B, L, h, d_v] * [B, L, h, d_v or 1]
-            g, lin = linear_forward(x3, P["W_g"])
-            o4, gc = gate_forward(
-                o.reshape(B, L, h, -1), g.reshape(B, L, h, -1)
-            )
+            g, lin = _linear(x3, P["W_g"])
+            o4, gc = _gate(o.reshape(B, L, h, -1), g.reshape(B, L, h, -1))
             gate, o = (lin, gc), o4.reshape(B, L, -1)
-        y, out = linear_forward(o, P["W_o"], P.get("b_o"))  # [B, L, d_model]
+        y, out = _linear(o, P["W_o"], P.get("b_o"))  # [B, L, d_model]
         return y, (out, gate)
 
     def backward(self, layer, dy3, saved):

@@ -822,6 +822,8 @@ def block_top_n_mask(q, k, *, block_size, n_blocks, q_positions=None):
     """
     q = as_float_array(q, "q", min_ndim=2)
     k = as_float_array(k, "k", min_ndim=2)
+    check_finite(q, "q")
+    check_finite(k, "k")
     size = check_count(block_size, "block_size")
     n = check_count(n_blocks, "n_blocks")
     L_q, L_k = q.shape[-2], k.shape[-2]

@@ -509,3 +509,193 @@ def test_gguf_metadata_sizes_are_checked(tmp_path):
     w.close()
     with pytest.raises(ValueError, match="head_count"):
         GGUFCheckpoint(p).config()
+
+
+# ------------------------------------------------ every public kernel
+def _public_kernels():
+    from attn_np.linear.conv import causal_conv_forward
+    from attn_np.linear.gates import l2norm_forward
+    from attn_np.norms import qk_norm_forward, rmsnorm_forward
+    from attn_np.refinements import (
+        gate_forward,
+        linear_forward,
+        query_temperature_forward,
+        softcap_forward,
+    )
+    from attn_np.sparse import layernorm_forward
+
+    r = np.random.default_rng(0)
+
+    def n(*s):
+        return r.normal(size=s)
+
+    q, g, beta = n(2, 5, 4), -np.abs(n(2, 5)), np.full((2, 5), 0.5)
+    delta = dict(q=q, k=n(2, 5, 4), v=n(2, 5, 3), g=g, beta=beta)
+    return [
+        (linear_attention_forward, dict(q=q, k=n(2, 5, 4), v=n(2, 5, 3))),
+        (gated_delta_recurrent_forward, delta),
+        (gated_delta_chunked_forward, delta),
+        (softcap_forward, dict(s=n(3, 4), cap=5.0)),
+        (gate_forward, dict(o=n(3, 4), g=n(3, 4))),
+        (linear_forward, dict(x=n(3, 4), W=n(4, 2), b=n(2))),
+        (query_temperature_forward, dict(q=n(3, 4), positions=np.arange(3))),
+        (qk_norm_forward, dict(t=n(3, 4), w=n(4))),
+        (rmsnorm_forward, dict(x=n(3, 4), g=n(4))),
+        (l2norm_forward, dict(x=n(3, 4))),
+        (causal_conv_forward, dict(x=n(1, 5, 3), w=n(2, 3))),
+        (layernorm_forward, dict(x=n(3, 4), g=n(4), b=n(4))),
+        (attn_np.top_k_mask, dict(scores=n(3, 5), k=2)),
+        (
+            attn_np.block_top_n_mask,
+            dict(q=n(1, 8, 4), k=n(1, 8, 4), block_size=2, n_blocks=2),
+        ),
+        (
+            attn_np.cross_entropy_forward,
+            dict(logits=n(3, 5), targets=[0, 1, 2]),
+        ),
+    ]
+
+
+KERNEL_ARGS = [
+    (f, key)
+    for f, kw in _public_kernels()
+    for key, v in kw.items()
+    if isinstance(v, np.ndarray) and v.dtype.kind == "f"
+]
+
+
+@pytest.mark.parametrize(
+    "f,key", KERNEL_ARGS, ids=[f"{f.__name__}-{k}" for f, k in KERNEL_ARGS]
+)
+def test_every_public_kernel_refuses_nan_and_integer_arrays(f, key):
+    kw = dict(_public_kernels())[f]
+    f(**kw)  # valid
+    val = kw[key]
+    nan = val.copy()
+    nan.flat[0] = np.nan
+    with pytest.raises(ValueError, match=key):
+        f(**{**kw, key: nan})
+    with pytest.raises(TypeError, match=key):
+        f(**{**kw, key: np.round(val).astype(np.int64)})
+
+
+LAYERS = [
+    lambda: RefinedAttention(16, 4, 2, score_mods=(SoftCap(20.0),)),
+    lambda: attn_np.GatedDeltaNet(16, 2, 2, d_k=4, d_v=4),
+    lambda: attn_np.KimiDeltaAttention(16, 2, d_k=4, d_v=4),
+    lambda: attn_np.LongContextAttention(16, 4, 2, rope_base=1e4),
+    lambda: attn_np.SparseLatentAttention(
+        16,
+        2,
+        8,
+        8,
+        4,
+        d_latent_q=8,
+        index_n_heads=2,
+        index_head_dim=8,
+        index_topk=4,
+    ),
+]
+
+
+@pytest.mark.parametrize("make", LAYERS)
+def test_every_new_layer_refuses_nan_and_integer_input(make):
+    layer = make()
+    x = np.random.default_rng(4).normal(size=(1, 6, 16))
+    layer.forward(x)
+    x[0, 2, 3] = np.nan
+    with pytest.raises(ValueError, match="x"):
+        layer.forward(x)
+    with pytest.raises(TypeError, match="x"):
+        layer.forward(np.ones((1, 6, 16), dtype=np.int64))
+
+
+# ------------------------------------------------ property tests
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@given(
+    heads=st.sampled_from([(4, 4), (4, 2), (4, 1), (2, 1)]),
+    biases=st.lists(st.sampled_from("qkvo"), unique=True, max_size=4),
+    qk_norm=st.sampled_from([None, "head", "proj"]),
+    gate=st.sampled_from([None, "elementwise", "headwise"]),
+    local=st.sampled_from([None, ("window", 3), ("chunk", 3)]),
+    use_rope=st.booleans(),
+    rope_base=st.sampled_from([None, 10000.0]),
+    L=st.integers(1, 9),
+)
+def test_refined_attention_options_property(
+    heads, biases, qk_norm, gate, local, use_rope, rope_base, L
+):
+    h, kv = heads
+    kw = dict(
+        biases=tuple(biases),
+        qk_norm=qk_norm,
+        gate=gate,
+        use_rope=use_rope,
+        rope_base=rope_base,
+    )
+    if local is not None:
+        kw[local[0]] = local[1]
+    layer = RefinedAttention(16, h, kv, **kw)
+    x = np.random.default_rng(L).normal(size=(2, L, 16))
+    y = layer.forward(x)
+    assert y.shape == x.shape and np.isfinite(y).all()
+    # the same layer decoding token by token gives the same output
+    cache, outs = layer.new_cache(), []
+    for t in range(L):
+        outs.append(layer.forward(x[:, t : t + 1], kv_cache=cache))
+    np.testing.assert_allclose(np.concatenate(outs, 1), y, atol=1e-12)
+    with pytest.raises(TypeError, match="biases"):
+        RefinedAttention(16, h, kv, biases="".join(biases) or "q")
+    with pytest.raises(ValueError, match="not both"):
+        RefinedAttention(16, h, kv, window=2, chunk=2)
+
+
+@given(
+    T=st.integers(1, 12),
+    chunk=st.one_of(st.integers(1, 16), st.just(10**5), st.just(10**30)),
+    d_k=st.integers(1, 4),
+    d_v=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_delta_rule_any_chunk_property(T, chunk, d_k, d_v, seed):
+    r = np.random.default_rng(seed)
+    x = dict(
+        q=r.normal(size=(2, T, d_k)),
+        k=r.normal(size=(2, T, d_k)) / np.sqrt(d_k),
+        v=r.normal(size=(2, T, d_v)),
+        g=-r.uniform(0, 2, size=(2, T)),
+        beta=r.uniform(0, 1, size=(2, T)),
+    )
+    a, _ = gated_delta_recurrent_forward(**x)
+    b, _ = gated_delta_chunked_forward(**x, chunk_size=chunk)
+    np.testing.assert_allclose(a, b, atol=1e-10)
+
+
+@given(
+    n=st.integers(1, 6),
+    types=st.lists(
+        st.sampled_from(
+            ["full_attention", "sliding_attention", "flash", 1, None]
+        ),
+        max_size=8,
+    ),
+)
+def test_layer_types_property(n, types):
+    cfg, _ = fixture("qwen2")
+    cfg.update(num_hidden_layers=n, layer_types=types, sliding_window=4)
+    cfg.pop("use_sliding_window", None)
+    cfg.pop("max_window_layers", None)
+    good = len(types) == n and all(
+        t in ("full_attention", "sliding_attention") for t in types
+    )
+    if good:
+        for i in range(n):
+            layer = attention_from_hf(cfg, i)
+            want = 4 if types[i] == "sliding_attention" else None
+            assert layer.window == want
+    else:
+        with pytest.raises(ValueError, match="layer_types"):
+            attention_from_hf(cfg, 0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_backward_cache
+from .._checks import as_float_array, check_backward_cache, check_finite
 from .gates import sigmoid
 
 
@@ -39,6 +39,24 @@ def causal_conv_forward(x, w, prev=None):
     loop over tokens. Returns ``(y [B, L, ch], (xp, w, pre))``; the last
     ``K - 1`` rows of ``xp`` are the next chunk's ``prev``.
     """
+    x = as_float_array(x, "x")
+    w = as_float_array(w, "w")
+    if x.ndim != 3 or w.ndim != 2 or w.shape[1] != x.shape[2] or not len(w):
+        raise ValueError(
+            "x must be [B, L, ch] and w [K, ch] with K >= 1, got x "
+            f"{x.shape} and w {w.shape}"
+        )
+    check_finite(x, "x")
+    check_finite(w, "w")
+    if prev is not None:
+        prev = as_float_array(prev, "prev")
+        want = (x.shape[0], w.shape[0] - 1, x.shape[2])
+        if prev.shape != want:
+            raise ValueError(
+                f"prev must have shape [B, K-1, ch] = {want}, got "
+                f"{prev.shape}"
+            )
+        check_finite(prev, "prev")
     K = w.shape[0]
     B, L, ch = x.shape
     dtype = np.result_type(x, w)
