@@ -699,3 +699,11 @@ def test_layer_types_property(n, types):
     else:
         with pytest.raises(ValueError, match="layer_types"):
             attention_from_hf(cfg, 0)
+
+
+def test_llama4_attn_temperature_tuning_as_released():
+    cfg = scout()
+    cfg["text_config"]["attn_temperature_tuning"] = 4  # the released file
+    assert attention_from_hf(cfg, 3).query_temperature == (8192.0, 0.1)
+    cfg["text_config"]["attn_temperature_tuning"] = False
+    assert attention_from_hf(cfg, 3).query_temperature is None

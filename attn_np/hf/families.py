@@ -434,8 +434,20 @@ def _llama4(cfg, i, layer_type, kw, layout):
     # Llama4TextConfig's defaults: tuning on, floor 8192, attn_scale 0.1
     floor_scale = number(cfg, "floor_scale", 8192.0)
     attn_scale = number(cfg, "attn_scale", 0.1, positive=False)
-    if flag(cfg, "attn_temperature_tuning") is not False and not use_rope:
+    if _tuning(cfg) and not use_rope:
         kw["query_temperature"] = (floor_scale, attn_scale)
+
+
+def _tuning(cfg) -> bool:
+    """Llama 4's ``attn_temperature_tuning``: on when absent (HF's
+    default), a JSON boolean, or the number the released files write (4,
+    read by HF as true); a string is refused."""
+    value = cfg.get("attn_temperature_tuning")
+    if value is None:
+        return True
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return bool(flag(cfg, "attn_temperature_tuning"))
+    return value != 0
 
 
 def _same(cfg, i, layer_type, kw, layout):
