@@ -308,7 +308,7 @@ def _explicit_types(cfg: dict, n_layers: int):
     bad = sorted(set(map(str, types)) - set(LAYER_TYPES))
     if bad:
         raise ValueError(
-            f"config key layer_types has {bad}: this calculator knows "
+            f"config key layer_types has {bad}: attn_np reads "
             f"{', '.join(map(repr, LAYER_TYPES))} only"
         )
     return tuple(types)
