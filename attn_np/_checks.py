@@ -118,15 +118,31 @@ def check_count(value, name: str, *, minimum: int = 1) -> int:
 
 
 def check_positive_number(value, name: str) -> float:
-    """A positive finite real number, or raise naming ``name``."""
+    """A positive finite real number, or raise naming ``name``: a string
+    such as ``"1e-6"`` is not a number."""
     try:
-        x = float(value)
+        x = float("nan") if isinstance(value, (str, bytes)) else float(value)
     except (TypeError, ValueError, OverflowError):  # 10**400 too
         x = float("nan")
     if isinstance(value, bool) or not (math.isfinite(x) and x > 0):
         raise ValueError(
             f"{name} must be a positive finite number, got {value!r}"
         )
+    return x
+
+
+def check_number(value, name: str) -> float:
+    """A finite real number (a Python or NumPy int or float; not a
+    string, not a bool), or raise naming ``name``."""
+    ok = not isinstance(value, (bool, np.bool_)) and isinstance(
+        value, (int, float, np.integer, np.floating)
+    )
+    try:
+        x = float(value) if ok else float("nan")
+    except OverflowError:
+        x = float("nan")
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
     return x
 
 
@@ -300,6 +316,20 @@ def check_layer_input(x, d_model: int, name: str = "x"):
     return (x[None], True) if x.ndim == 2 else (x, False)
 
 
+def check_backward_cache(cache, kind: type, forward: str, size=None):
+    """Refuse a backward's ``cache`` that is not what ``forward``
+    returned (a ``kind``; a tuple of ``size`` for the small kernels),
+    with a ``TypeError`` naming both, before any attribute is read."""
+    if not isinstance(cache, kind) or (
+        size is not None and len(cache) != size
+    ):
+        what = kind.__name__ if size is None else f"tuple of {size}"
+        raise TypeError(
+            f"cache must be what {forward} returned (a {what}), got "
+            f"{type(cache).__name__}"
+        )
+
+
 def check_cache_kind(kv_cache, kind: type, why: str = "") -> None:
     """Refuse a ``kv_cache`` that is not a ``kind`` (a layer's cache
     class) with a ``TypeError`` naming the type it got; ``why``, when
@@ -355,6 +385,23 @@ def check_unchanged(saved: tuple, arrays: dict, where: str) -> None:
                 "reads the arrays the forward saw (they are not copied); "
                 "copy them before changing them, or run the forward again"
             )
+
+
+def check_norm_input(x, name: str, eps) -> tuple[np.ndarray, float]:
+    """The input of a norm kernel and its ``eps``: a finite float array
+    with a last axis, and ``eps`` zero or positive and finite (a negative
+    one can take a root of a negative number). With ``eps = 0`` a row of
+    zeros is refused: it would divide zero by zero."""
+    x = as_float_array(x, name, min_ndim=1)
+    check_finite(x, name)
+    if isinstance(eps, (int, float, np.integer, np.floating)) and eps == 0:
+        if x.size and not np.any(x, axis=-1).all():
+            raise ValueError(
+                f"{name} has a row of zeros and eps=0: its norm is 0/0; "
+                "pass a positive eps"
+            )
+        return x, 0.0
+    return x, check_positive_number(eps, "eps")
 
 
 def check_overflow(a: np.ndarray, what: str, cause: str) -> None:

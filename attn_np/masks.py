@@ -111,6 +111,12 @@ def chunked_mask(q_positions, k_positions, chunk):
     chunk = check_positive_int(chunk, "chunk")
     i = _check_positions(q_positions, "q_positions")[:, None]  # [L_q, 1]
     j = _check_positions(k_positions, "k_positions")[None, :]  # [1, L_k]
+    if i.size and j.size:
+        # a chunk longer than every position is one chunk (and a Python
+        # int such as 10**30 never meets int64 arithmetic)
+        far = max(abs(int(i.min())), abs(int(i.max())))
+        far = max(far, abs(int(j.min())), abs(int(j.max())))
+        chunk = min(chunk, far + 1)
     return (j <= i) & (i // chunk == j // chunk)  # [L_q, L_k]
 
 
@@ -140,6 +146,13 @@ def _check_positions(positions, name):
             f"{name} must be a 1-D integer array of positions, got "
             f"{p.dtype} of shape {p.shape}"
         )
+    if p.dtype.kind == "u":  # i - W on unsigned positions wraps round
+        if p.size and int(p.max()) > np.iinfo(np.int64).max:
+            raise ValueError(
+                f"{name} must fit in int64, got a largest position of "
+                f"{int(p.max())}"
+            )
+        p = p.astype(np.int64)
     return p
 
 

@@ -15,7 +15,9 @@ import numpy as np
 
 from ._checks import (
     as_float_array,
+    check_backward_cache,
     check_finite,
+    check_norm_input,
     check_overflow,
     check_positive_number,
     check_upstream,
@@ -68,6 +70,7 @@ def rmsnorm_step(x, g, *, eps: float = 1e-6):
 def rmsnorm_backward(dy, cache: RMSNormCache):
     """``(dx, dg)``. With ``u = dy * g``: ``dx = r * (u - x * r^2 * mean(u *
     x))``, ``dg = sum dy * x * r``."""
+    check_backward_cache(cache, RMSNormCache, "rmsnorm_forward")
     x, r, g = cache.x, cache.r, cache.g
     dy = check_upstream(dy, "dy", x.shape, "the RMSNorm output")
     u = dy * g  # dL/d(x r): [..., d]
@@ -87,9 +90,20 @@ def qk_norm_forward(t, w=None, *, eps=1e-6, offset=0.0):
     Qwen3-Next, Gemma 3) or to ``[..., n_heads * d_head]`` before the head
     split (OLMo 2).
     """
-    t = as_float_array(t, "t", min_ndim=1)
+    t, eps = check_norm_input(t, "t", eps)
     # [..., d] -> [..., 1]
-    r = 1.0 / np.sqrt(np.mean(t * t, axis=-1, keepdims=True) + eps)
+    with np.errstate(over="ignore"):  # checked below
+        ms = np.mean(t * t, axis=-1, keepdims=True) + eps
+    check_overflow(ms, "mean(t^2)", "t is too large for the dtype")
+    r = 1.0 / np.sqrt(ms)
+    if w is not None:
+        w = as_float_array(w, "w", min_ndim=1)
+        check_finite(w, "w")
+        if w.shape != t.shape[-1:]:
+            raise ValueError(
+                f"w must have shape {t.shape[-1:]} (the last axis of t "
+                f"{t.shape}), got {w.shape}"
+            )
     g = 1.0 if w is None else offset + w  # 1 or [d]
     return t * r * g, (t, r, g, w is not None)
 
@@ -97,6 +111,7 @@ def qk_norm_forward(t, w=None, *, eps=1e-6, offset=0.0):
 def qk_norm_backward(dy, cache):
     """``(dt, dw)``, ``dw`` None for the parameter-free form. With ``u =
     dy g``: ``dt = r (u - t r^2 mean(u t))``, ``dw = sum dy t r``."""
+    check_backward_cache(cache, tuple, "qk_norm_forward", 4)
     t, r, g, learned = cache
     u = dy * g  # [..., d]
     dt = r * (u - t * (r * r) * np.mean(u * t, axis=-1, keepdims=True))

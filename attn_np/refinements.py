@@ -54,8 +54,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import (
+    all_finite,
     as_float_array,
+    check_backward_cache,
+    check_count,
+    check_finite,
     check_flag,
+    check_number,
     check_positive_int,
     check_positive_number,
 )
@@ -74,6 +79,29 @@ chunk_mask = chunked_mask
 def linear_forward(x, W, b=None):
     """``y = x W + b`` with ``W [d_in, d_out]`` and an optional bias
     ``b [d_out]``; returns ``(y, cache)``."""
+    x = as_float_array(x, "x", min_ndim=1)
+    W = as_float_array(W, "W", min_ndim=2)
+    named = [("x", x), ("W", W)]
+    if b is not None:
+        b = as_float_array(b, "b")
+        named.append(("b", b))
+    for name, a in named:
+        check_finite(a, name)
+    if W.ndim != 2 or x.shape[-1] != W.shape[0]:
+        raise ValueError(
+            f"W must have shape [d_in, d_out] with d_in = {x.shape[-1]} "
+            f"(the last axis of x {x.shape}), got {W.shape}"
+        )
+    if b is not None and b.shape != W.shape[1:]:
+        raise ValueError(
+            f"b must have shape {W.shape[1:]} (d_out), got {b.shape}"
+        )
+    return _linear(x, W, b)
+
+
+def _linear(x, W, b=None):
+    """:func:`linear_forward` without its checks: the layers' weights and
+    inputs are checked once, not at every projection."""
     y = x @ W  # [..., d_in] @ [d_in, d_out] -> [..., d_out]
     if b is not None:
         y = y + b
@@ -82,6 +110,7 @@ def linear_forward(x, W, b=None):
 
 def linear_backward(dy, cache):
     """``(dx, dW, db)``; ``db`` is None without a bias."""
+    check_backward_cache(cache, tuple, "linear_forward", 3)
     x, W, has_bias = cache
     dx = dy @ W.T  # [..., d_out] @ [d_out, d_in] -> [..., d_in]
     x2 = x.reshape(-1, x.shape[-1])  # [N, d_in]
@@ -92,7 +121,16 @@ def linear_backward(dy, cache):
 
 # ------------------------------------------------------------ score mods
 def softcap_forward(s, cap):
-    """Gemma 2's logit soft-cap ``cap * tanh(s / cap)``; ``(y, cache)``."""
+    """Gemma 2's logit soft-cap ``cap * tanh(s / cap)``; ``(y, cache)``.
+    Scores that overflowed are refused: the cap would turn inf into a
+    finite, wrong score."""
+    s = as_float_array(s, "s")
+    if not all_finite(s):
+        raise ValueError(
+            "the scores before the soft-cap overflowed (inf or NaN) in "
+            f"{s.dtype}: scale the queries and keys down"
+            + (", or use float64" if s.dtype != np.float64 else "")
+        )
     th = np.tanh(s / cap)
     return cap * th, th
 
@@ -192,7 +230,7 @@ def query_temperature(positions, *, floor_scale=8192.0, attn_scale=0.1):
     ``1 + attn_scale ln(floor((p + 1) / floor_scale) + 1)``. It is 1 for
     the first ``floor_scale - 1`` positions."""
     floor_scale = check_positive_number(floor_scale, "floor_scale")
-    attn_scale = float(attn_scale)
+    attn_scale = check_number(attn_scale, "attn_scale")
     p = np.asarray(positions)
     if (
         p.ndim != 1
@@ -215,6 +253,8 @@ def query_temperature_forward(
     """``q [..., L, d]`` times the temperature of each row's position;
     ``(q2, cache)``."""
     q = as_float_array(q, "q", min_ndim=2)
+    if not all_finite(q):  # two reductions; the scores of a layer too
+        check_finite(q, "q")
     t = query_temperature(
         positions, floor_scale=floor_scale, attn_scale=attn_scale
     )
@@ -229,6 +269,9 @@ def query_temperature_forward(
 
 def query_temperature_backward(dq2, cache: TemperatureCache):
     """``dq = dq2 * t``: a constant per row."""
+    check_backward_cache(
+        cache, TemperatureCache, "query_temperature_forward"
+    )
     return dq2 * cache.scale
 
 
@@ -258,12 +301,28 @@ class QueryTemperature:
 def gate_forward(o, g):
     """``y = o * sigmoid(g)``; ``g`` has o's shape (elementwise, Qwen3-Next)
     or ``[..., n_heads, 1]`` against ``o [..., n_heads, d]`` (headwise)."""
-    sg = 1.0 / (1.0 + np.exp(-g))
+    o = as_float_array(o, "o", min_ndim=1)
+    g = as_float_array(g, "g", min_ndim=1)
+    check_finite(o, "o")
+    check_finite(g, "g")
+    if g.shape != o.shape and g.shape != o.shape[:-1] + (1,):
+        raise ValueError(
+            f"g must have the shape of o {o.shape} (elementwise) or "
+            f"{o.shape[:-1] + (1,)} (headwise), got {g.shape}"
+        )
+    return _gate(o, g)
+
+
+def _gate(o, g):
+    """:func:`gate_forward` without its checks (the layer's)."""
+    with np.errstate(over="ignore"):  # exp(-g) = inf: the gate is 0
+        sg = 1.0 / (1.0 + np.exp(-g))
     return o * sg, (o, sg)
 
 
 def gate_backward(dy, cache):
     """``(do, dg)``; ``dg`` summed to g's shape."""
+    check_backward_cache(cache, tuple, "gate_forward", 2)
     o, sg = cache
     do = dy * sg
     dg = dy * o * sg * (1.0 - sg)
@@ -336,7 +395,7 @@ class Projection:
         P, (B, L) = layer.params, x3.shape[:2]
         n_kv, saved, t = layer.n_kv_heads, {}, {}
         for n in ("q", "k", "v"):  # [B, L, d_model] -> [B, L, heads * d]
-            t[n], saved[n] = linear_forward(x3, P[f"W_{n}"], P.get(f"b_{n}"))
+            t[n], saved[n] = _linear(x3, P[f"W_{n}"], P.get(f"b_{n}"))
         for n, heads in (("q", layer.n_heads), ("k", n_kv)):
             if self.qk_norm:  # [B, L, heads, d] or [B, L, heads * d]
                 shape = (B, L, heads, -1) if self.qk_norm == "head" else None
@@ -401,12 +460,10 @@ class GatedOutput:
         gate = None
         o = merge_groups(o)  # [B, L, h * d_v]
         if self.gate:  # [B, L, h, d_v] * [B, L, h, d_v or 1]
-            g, lin = linear_forward(x3, P["W_g"])
-            o4, gc = gate_forward(
-                o.reshape(B, L, h, -1), g.reshape(B, L, h, -1)
-            )
+            g, lin = _linear(x3, P["W_g"])
+            o4, gc = _gate(o.reshape(B, L, h, -1), g.reshape(B, L, h, -1))
             gate, o = (lin, gc), o4.reshape(B, L, -1)
-        y, out = linear_forward(o, P["W_o"], P.get("b_o"))  # [B, L, d_model]
+        y, out = _linear(o, P["W_o"], P.get("b_o"))  # [B, L, d_model]
         return y, (out, gate)
 
     def backward(self, layer, dy3, saved):
@@ -482,8 +539,29 @@ class RefinedAttention(GroupedQueryAttention):
         seed=0,
         dtype=np.float64,
     ):
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        head_dim = d_model // n_heads if head_dim is None else head_dim
+        d_model = check_count(d_model, "d_model")
+        n_heads = check_count(n_heads, "n_heads")
+        n_kv_heads = (
+            n_heads
+            if n_kv_heads is None
+            else check_count(n_kv_heads, "n_kv_heads")
+        )
+        head_dim = (
+            d_model // n_heads
+            if head_dim is None
+            else check_count(head_dim, "head_dim")
+        )
+        if not isinstance(score_mods, (tuple, list)):
+            raise TypeError(
+                "score_mods must be a tuple of score mods, got "
+                f"{type(score_mods).__name__}"
+            )
+        if window is not None and chunk is not None:
+            raise ValueError(
+                "pass window= (a sliding window) or chunk= (Llama 4's "
+                f"chunks), not both: got window={window!r} and "
+                f"chunk={chunk!r}"
+            )
         kw = _check_refined(
             biases=biases,
             qk_norm=qk_norm,
@@ -586,17 +664,18 @@ class RefinedAttention(GroupedQueryAttention):
         made from the settings each time), or None when it does
         nothing."""
         after = bool(self.qk_norm and self.qk_norm_after_rope)
-        if not (self.use_rope or after) or not self.rope_base:
+        rotate = bool(self.use_rope and self.rope_base)
+        if not (rotate or after):
             return None
         scaling = self.rope_scaling
         if scaling is None and self.rope_factor != 1.0:  # linear
             scaling = {"rope_type": "linear", "factor": self.rope_factor}
         return ScaledRotary(
-            self.rope_base,
+            self.rope_base or 10000.0,  # not read when nothing rotates
             self.rope_layout,
             self.rope_dim,
             rope_scaling=scaling,
-            use_rope=self.use_rope,
+            use_rope=rotate,
             qk_norm=after,
             qk_norm_eps=self.norm_eps,
         )
@@ -670,9 +749,18 @@ class RefinedAttention(GroupedQueryAttention):
 def _check_refined(**kw):
     """:class:`RefinedAttention`'s settings, checked (each error names
     its keyword); returns them as the layer keeps them."""
-    bad = set(kw["biases"]) - {"q", "k", "v", "o"}
-    if bad:
-        raise ValueError(f"biases must be among q, k, v, o; got {bad}")
+    biases = kw["biases"]
+    if isinstance(biases, str) or not isinstance(biases, (tuple, list)):
+        raise TypeError(
+            "biases must be a tuple of names among 'q', 'k', 'v', 'o' "
+            f"(such as ('q', 'k')), got {biases!r}"
+        )
+    bad = {b for b in biases if b not in ("q", "k", "v", "o")}
+    if bad or len(set(biases)) != len(biases):
+        bad = bad or biases
+        raise ValueError(
+            f"biases must name q, k, v or o, each at most once; got {bad}"
+        )
     kw["biases"] = tuple(sorted(kw["biases"]))
     if kw["qk_norm"] not in (None, "head", "proj"):
         raise ValueError(
@@ -689,11 +777,9 @@ def _check_refined(**kw):
         kw["chunk"] = check_positive_int(kw["chunk"], "chunk")
     for name in ("rope_factor", "norm_eps"):
         kw[name] = float(check_positive_number(kw[name], name))
-    kw["qk_norm_offset"] = offset = float(kw["qk_norm_offset"])
-    if not math.isfinite(offset):
-        raise ValueError(
-            f"qk_norm_offset must be a finite number, got {offset}"
-        )
+    kw["qk_norm_offset"] = check_number(
+        kw["qk_norm_offset"], "qk_norm_offset"
+    )
     temp = kw["query_temperature"]
     if temp is not None:
         try:
@@ -705,7 +791,7 @@ def _check_refined(**kw):
             ) from None
         kw["query_temperature"] = (
             check_positive_number(floor_scale, "floor_scale"),
-            float(attn_scale),
+            check_number(attn_scale, "attn_scale"),
         )
     return _check_refined_rope(kw)
 

@@ -43,12 +43,16 @@ from ._checks import (
     as_bool_array,
     as_float_array,
     broadcasts_to,
+    check_backward_cache,
     check_cache_kind,
     check_count,
     check_finite,
     check_flag,
     check_float_dtype,
     check_layer_input,
+    check_norm_input,
+    check_overflow,
+    check_positive_number,
     check_upstream,
     fingerprint,
 )
@@ -85,15 +89,22 @@ def layernorm_forward(x, g, b, *, eps=1e-6):
     ``y = g * (x - mean(x)) / sqrt(var(x) + eps) + b`` (the indexer's
     ``k_norm``, with DeepSeek's ``eps = 1e-6``).
     """
-    x = as_float_array(x, "x", min_ndim=1)
+    x, eps = check_norm_input(x, "x", eps)
     for name, p in (("g", g), ("b", b)):
-        if np.shape(p) != x.shape[-1:]:
+        p = as_float_array(p, name)
+        check_finite(p, name)
+        if p.shape != x.shape[-1:]:
             raise ValueError(
                 f"{name} must have shape {x.shape[-1:]} (the last axis of "
-                f"x {x.shape}), got {np.shape(p)}"
+                f"x {x.shape}), got {p.shape}"
             )
     mu = x.mean(axis=-1, keepdims=True)  # [..., 1]
-    r = 1.0 / np.sqrt(x.var(axis=-1, keepdims=True) + eps)  # [..., 1]
+    with np.errstate(over="ignore", invalid="ignore"):  # checked below
+        var = x.var(axis=-1, keepdims=True)
+    check_overflow(
+        var, "var(x) in layernorm", "x is too large for the dtype"
+    )
+    r = 1.0 / np.sqrt(var + eps)  # [..., 1]
     xhat = (x - mu) * r  # [..., d]
     return xhat * g + b, LayerNormCache(xhat, r, g)
 
@@ -101,6 +112,7 @@ def layernorm_forward(x, g, b, *, eps=1e-6):
 def layernorm_backward(dy, cache: LayerNormCache):
     """``(dx, dg, db)``. With ``u = dy * g``:
     ``dx = r (u - mean(u) - xhat mean(u xhat))``."""
+    check_backward_cache(cache, LayerNormCache, "layernorm_forward")
     xhat, r, g = cache.xhat, cache.r, cache.g
     dy = check_upstream(dy, "dy", xhat.shape, "the LayerNorm output")
     u = dy * g  # [..., d]
@@ -407,7 +419,20 @@ def sparse_mqa_forward(q, rows, idx, valid, *, d_v, scale):
     each token's gathered rows are one key/value head of the grouped core
     (``n_kv = L_q``), its ``h`` query heads the group.
     """
+    q = as_float_array(q, "q")
+    rows = as_float_array(rows, "rows")
+    if q.ndim != 4:
+        raise ValueError(f"q must be [B, L_q, h, D], got shape {q.shape}")
+    check_finite(q, "q")
+    check_finite(rows, "rows")
     B, L_q, h, D = q.shape
+    d_v = check_count(d_v, "d_v")
+    if d_v > D:
+        raise ValueError(
+            f"d_v must be at most D = {D} (the values are the rows' first "
+            f"d_v columns), got {d_v}"
+        )
+    scale = check_positive_number(scale, "scale")
     if rows.ndim != 3 or rows.shape[0] != B or rows.shape[2] != D:
         raise ValueError(
             f"rows must be [B={B}, L_k, D={D}] for q {q.shape}, got "
@@ -417,6 +442,15 @@ def sparse_mqa_forward(q, rows, idx, valid, *, d_v, scale):
         raise ValueError(
             f"idx and valid must be [B, L_q, n] with B, L_q = {(B, L_q)}, "
             f"got {idx.shape} and {valid.shape}"
+        )
+    if idx.dtype == np.bool_ or not np.issubdtype(idx.dtype, np.integer):
+        raise TypeError(f"idx must be integer row indices, got {idx.dtype}")
+    valid = as_bool_array(valid, "valid")
+    L_k = rows.shape[1]
+    if idx.size and (idx.min() < 0 or idx.max() >= L_k):
+        raise ValueError(
+            f"idx must lie in [0, L_k) = [0, {L_k}) (rows of rows), got "
+            f"values from {idx.min()} to {idx.max()}"
         )
     b = np.arange(B)[:, None, None]  # [B, 1, 1]
     kv = rows[b, idx]  # gather: [B, L_q, n, D]
@@ -439,6 +473,7 @@ def sparse_mqa_backward(do, cache: SparseMQACache):
     a scatter-add: a row chosen by several tokens gets the sum of their
     gradients, a row nobody chose gets zero.
     """
+    check_backward_cache(cache, SparseMQACache, "sparse_mqa_forward")
     att, idx, d_v = cache.att, cache.idx, cache.d_v
     want = att.out.shape[:3] + (d_v,)
     do = check_upstream(do, "do", want, "the sparse attention output")
@@ -714,6 +749,7 @@ class SparseLatentAttention(MultiHeadLatentAttention):
         kv_cache.check_chunk(
             x3.shape, layout + (self.indexer.head_dim,), dtype
         )
+        kv_cache.check_owner(self, ("W_dkv", "W_kr"))
 
     def _attend_selected(self, q_c, q_r, rows, chosen):
         """The absorbed (MQA) path, reading only the chosen rows."""
@@ -786,6 +822,8 @@ def block_top_n_mask(q, k, *, block_size, n_blocks, q_positions=None):
     """
     q = as_float_array(q, "q", min_ndim=2)
     k = as_float_array(k, "k", min_ndim=2)
+    check_finite(q, "q")
+    check_finite(k, "k")
     size = check_count(block_size, "block_size")
     n = check_count(n_blocks, "n_blocks")
     L_q, L_k = q.shape[-2], k.shape[-2]

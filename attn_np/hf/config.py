@@ -116,6 +116,32 @@ def count(
     return value
 
 
+def number(
+    cfg: dict, key: str, default=None, *, positive: bool = True
+) -> float | None:
+    """``cfg[key]`` as a float (``default`` if absent or null): a JSON
+    number, finite (and positive unless ``positive=False``); a string such
+    as ``"1e-6"`` or a boolean is refused, as ``transformers``' typed
+    configuration classes refuse it."""
+    value = get(cfg, key)
+    if value is None:
+        return default
+    ok = not isinstance(value, bool) and isinstance(value, (int, float))
+    if ok:
+        try:
+            x = float(value)
+        except OverflowError:
+            ok = False
+        else:
+            ok = math.isfinite(x) and (x > 0 or not positive)
+    if not ok:
+        kind = "a positive" if positive else "a finite"
+        raise ValueError(
+            f"config key {key} must be {kind} number, got {value!r}"
+        )
+    return x
+
+
 def _no_duplicates(pairs) -> dict:
     """A JSON object, refusing a key written twice (``json`` would keep
     the last one silently)."""
@@ -282,7 +308,7 @@ def _explicit_types(cfg: dict, n_layers: int):
     bad = sorted(set(map(str, types)) - set(LAYER_TYPES))
     if bad:
         raise ValueError(
-            f"config key layer_types has {bad}: this calculator knows "
+            f"config key layer_types has {bad}: attn_np reads "
             f"{', '.join(map(repr, LAYER_TYPES))} only"
         )
     return tuple(types)
@@ -343,39 +369,49 @@ def _interval_types(cfg: dict, n_layers: int, explicit):
     )
 
 
+def rope_flags(cfg: dict, n_layers: int):
+    """Llama 4's ``no_rope_layers``: one 0 (NoPE) or 1 (RoPE) per layer,
+    as Hugging Face's configuration class reads it: absent or empty (the
+    released Scout file), the default, layer ``i`` NoPE iff ``(i + 1) %
+    no_rope_layer_interval == 0`` (interval 4). ``None`` for a model
+    whose config has neither the list nor Llama 4's rule."""
+    flags = cfg.get("no_rope_layers")
+    if flags is None or flags == []:
+        if cfg.get("model_type") not in _CHUNKED_MODELS:
+            return None
+        every = count(cfg, "no_rope_layer_interval", required=False) or 4
+        check_listed(cfg, n_layers, "no_rope_layer_interval")
+        return tuple(int((i + 1) % every != 0) for i in range(n_layers))
+    if not isinstance(flags, list) or len(flags) != n_layers:
+        raise ValueError(
+            "config key no_rope_layers must list a 0 or 1 for each of "
+            f"the {n_layers} layers (num_hidden_layers), got "
+            f"{flags!r:.200}"
+        )
+    if any(isinstance(f, bool) or f not in (0, 1) for f in flags):
+        raise ValueError(
+            "config key no_rope_layers must hold 0 (NoPE) or 1 (RoPE), "
+            f"got {flags!r:.200}"
+        )
+    return tuple(flags)
+
+
 def _chunked_types(cfg: dict, n_layers: int, explicit):
     """Llama 4: a chunked layer on every layer that uses RoPE. Hugging
     Face's ``no_rope_layers[i] == 1`` means layer ``i`` *uses* RoPE
     (chunked); 0 is a NoPE layer (full attention)."""
     chunk = count(cfg, "attention_chunk_size", required=False)
-    flags = cfg.get("no_rope_layers")
-    if flags == []:  # the released Scout file: the default applies
-        flags = None
+    written = cfg.get("no_rope_layers") not in (None, [])
     if chunk is None:
-        if flags is not None:
+        if written:
             raise ValueError(
                 "config has no_rope_layers but no attention_chunk_size"
             )
         return None, None
-    if flags is not None:
-        if not isinstance(flags, list) or len(flags) < n_layers:
-            raise ValueError(
-                "config key no_rope_layers must list a 0 or 1 for each of "
-                f"the {n_layers} layers, got {flags!r:.200}"
-            )
-        if any(f not in (0, 1) or isinstance(f, bool) for f in flags):
-            raise ValueError(
-                "config key no_rope_layers must hold 0 (NoPE) or 1 (RoPE), "
-                f"got {flags!r:.200}"
-            )
-        uses_rope = flags[:n_layers]
-    elif explicit is not None:
+    if explicit is not None and not written:
         return chunk, None
-    elif cfg.get("model_type") in _CHUNKED_MODELS:
-        every = count(cfg, "no_rope_layer_interval", required=False) or 4
-        check_listed(cfg, n_layers, "no_rope_layer_interval")
-        uses_rope = [int((i + 1) % every != 0) for i in range(n_layers)]
-    else:
+    uses_rope = rope_flags(cfg, n_layers)
+    if uses_rope is None:
         raise ValueError(
             f"config has attention_chunk_size={chunk} but says neither "
             "which layers are chunked (layer_types, no_rope_layers) nor a "
@@ -486,6 +522,18 @@ def windows(cfg: dict, n_layers: int, types):
 
 
 _ROPE_KEYS = ("rope_theta", "rope_scaling", "partial_rotary_factor")
+# the numbers of a RoPE scaling (Hugging Face's rope_type functions)
+_ROPE_NUMBERS = (
+    "factor",
+    "original_max_position_embeddings",
+    "low_freq_factor",
+    "high_freq_factor",
+    "beta_fast",
+    "beta_slow",
+    "mscale",
+    "mscale_all_dim",
+    "attention_factor",
+)
 
 
 def _check_rope(params: dict, where: str) -> dict:
@@ -514,6 +562,16 @@ def _check_rope(params: dict, where: str) -> dict:
             f"config key {where}.partial_rotary_factor must be in (0, 1], "
             f"got {f!r}"
         )
+    for key in _ROPE_NUMBERS:
+        value = out.get(key)
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
+            raise ValueError(
+                f"config key {where}.{key} must be a number, got {value!r}"
+            )
     kind = out.setdefault("rope_type", "default")
     if not isinstance(kind, str):
         raise ValueError(

@@ -26,17 +26,25 @@ from .config import (
     MODEL_TYPE_ALIASES,
     SLIDING,
     count,
+    flag,
     language_model,
+    layer_types,
     load_config,
+    number,
+    rope_flags,
     rope_parameters,
     windows,
 )
 from .layers import HFAttention, HFLatentAttention, HFSparseLatentAttention
 
-# Keys that describe the rest of the model (embeddings, MLP, MoE, training,
-# generation, bookkeeping): read by nobody here, refused by nobody.
+# The one list of harmless metadata: keys that describe the rest of the
+# model (embeddings, MLP, MoE, training, generation, bookkeeping), read by
+# nobody here, refused by nobody. Every other key is read (_ATTENTION) or
+# refused by name (_REFUSED).
 _ELSEWHERE = {
     "_name_or_path",
+    "auto_map",  # DeepSeek-V3: the remote code's class names
+    "for_llm_compressor",  # Llama 4: a quantisation tool's marker
     "architectures",
     "attention_dropout",
     "bos_token_id",
@@ -94,7 +102,6 @@ _ELSEWHERE = {
     "max_window_layers",
     "_sliding_window_pattern",
     "sliding_window_pattern",
-    "use_bidirectional_attention",
     "no_rope_layer_interval",
     # DeepSeek's MoE and multi-token prediction
     "n_shared_experts",
@@ -168,7 +175,16 @@ _ATTENTION = {
     "linear_num_key_heads",
     "linear_num_value_heads",
     "rope_local_base_freq",  # Gemma 3 before transformers 5
-    "use_mrope",  # Qwen2.5: refused when true
+    "full_attention_interval",  # Qwen3-Next: read by config.layer_types
+    "num_hidden_layers",
+}
+# Features attention_from_hf does not build: refused by name when on.
+_REFUSED = {
+    "use_mrope": "multimodal RoPE sections (Qwen2.5-VL)",
+    "use_bidirectional_attention": (
+        "bidirectional attention with a symmetric window (EmbeddingGemma); "
+        "the layers built here are causal decoders"
+    ),
 }
 
 
@@ -188,12 +204,13 @@ def layer_settings(config, layer_idx=0):
             f"config model_type={model_type!r} is not one attention_from_hf "
             f"builds; it builds {', '.join(NAMES)}"
         )
-    if cfg.get("use_mrope"):
-        raise ValueError(
-            "config key use_mrope=True (multimodal RoPE sections) is not "
-            "implemented by attention_from_hf"
-        )
-    unknown = sorted(set(cfg) - _ELSEWHERE - _ATTENTION)
+    for key, what in _REFUSED.items():
+        if flag(cfg, key):
+            raise ValueError(
+                f"config key {key}=True ({what}) is not built by "
+                "attention_from_hf"
+            )
+    unknown = sorted(set(cfg) - _ELSEWHERE - _ATTENTION - set(_REFUSED))
     if unknown:
         raise ValueError(
             f"config keys {unknown} are not understood by "
@@ -231,6 +248,15 @@ def layer_rope(cfg, layer_type=None, *, default_theta=10000.0):
             max_position_embeddings=cfg.get("max_position_embeddings"),
         )
         return base, partial, 1.0, scaling
+    if rope_type == "dynamic":
+        raise ValueError(
+            "rope_type 'dynamic' (dynamic NTK) is not built by "
+            "attention_from_hf: Hugging Face recomputes the frequencies "
+            "from the current length at every forward, and a layer's "
+            "rotation is fixed when it is built; "
+            "attn_np.rope_frequencies(..., rope_scaling=...) gives the "
+            "frequencies at one length"
+        )
     if rope_type not in ("default", "linear"):
         raise ValueError(
             f"rope_type {rope_type!r} is not implemented by "
@@ -255,24 +281,41 @@ def layer_rope(cfg, layer_type=None, *, default_theta=10000.0):
 
 
 # --------------------------------------------- the plain decoder and diffs
-def _layer_type(cfg, layer_idx):
-    """``layer_types[layer_idx]`` (None when the config has no list)."""
-    types = cfg.get("layer_types")
-    n = cfg.get("num_hidden_layers")
-    if isinstance(layer_idx, bool) or not isinstance(layer_idx, int):
+def _layer_index(cfg, layer_idx) -> int:
+    """``layer_idx`` as an int in ``[0, num_hidden_layers)`` (NumPy's
+    integers too)."""
+    if isinstance(layer_idx, bool) or not hasattr(layer_idx, "__index__"):
         raise TypeError(f"layer_idx must be an int, got {layer_idx!r}")
-    if n is not None and not 0 <= layer_idx < n:
+    layer_idx = int(layer_idx)
+    n = _n_layers(cfg)
+    if layer_idx < 0 or (n is not None and layer_idx >= n):
         raise ValueError(
             f"layer_idx must be in [0, {n}) (num_hidden_layers), got "
             f"{layer_idx}"
         )
-    if types is None:
+    return layer_idx
+
+
+def _n_layers(cfg):
+    n = count(cfg, "num_hidden_layers", required=False)
+    types = cfg.get("layer_types")
+    if n is None and isinstance(types, list):
+        n = len(types)
+    return n
+
+
+def _layer_type(cfg, layer_idx):
+    """Layer ``layer_idx``'s type as Hugging Face derives it (None when
+    the config says nothing per layer): ``layer_types``, checked for
+    length and kind, or what Llama 4's ``no_rope_layers`` /
+    ``attention_chunk_size`` and Qwen3-Next's ``full_attention_interval``
+    imply (:func:`~attn_np.hf.config.layer_types`)."""
+    layer_idx = _layer_index(cfg, layer_idx)
+    n = _n_layers(cfg)
+    if n is None:
         return None
-    if layer_idx >= len(types):
-        raise ValueError(
-            f"layer_types has {len(types)} entries, no layer {layer_idx}"
-        )
-    return types[layer_idx]
+    types, _ = layer_types(cfg, n)
+    return None if types is None else types[layer_idx]
 
 
 def _heads(cfg):
@@ -297,7 +340,13 @@ def _window(cfg, layer_idx, layer_type):
         layer_type = types[layer_idx]
         return (window if layer_type == SLIDING else None), layer_type
     if layer_type == SLIDING:
-        return cfg.get("sliding_window"), layer_type
+        window = count(cfg, "sliding_window", required=False)
+        if window is None:
+            raise ValueError(
+                f"layer {layer_idx} is a {SLIDING!r} layer (layer_types) "
+                "but the config has no sliding_window"
+            )
+        return window, layer_type
     return None, layer_type
 
 
@@ -308,7 +357,7 @@ def plain_decoder(cfg, layer_idx, layer_type):
     d_model, n_heads, n_kv, head_dim = _heads(cfg)
     window, layer_type = _window(cfg, layer_idx, layer_type)
     base, partial, factor, scaling = layer_rope(cfg, layer_type)
-    bias = bool(cfg.get("attention_bias", False))
+    bias = flag(cfg, "attention_bias")
     kw = dict(
         biases=("q", "k", "v", "o") if bias else (),
         window=window,
@@ -316,7 +365,7 @@ def plain_decoder(cfg, layer_idx, layer_type):
         rotary_dim=int(head_dim * partial) if partial != 1.0 else None,
         rope_factor=factor,
         rope_scaling=scaling,
-        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        norm_eps=number(cfg, "rms_norm_eps", 1e-6),
     )
     return (d_model, n_heads, n_kv, head_dim), kw
 
@@ -334,10 +383,10 @@ def _olmo2(cfg, i, layer_type, kw, layout):
 
 
 def _gemma2(cfg, i, layer_type, kw, layout):
-    scalar = cfg.get("query_pre_attn_scalar")
+    scalar = number(cfg, "query_pre_attn_scalar")
     if scalar is not None:
-        kw["scale"] = float(scalar) ** -0.5
-    cap = cfg.get("attn_logit_softcapping")
+        kw["scale"] = scalar**-0.5
+    cap = number(cfg, "attn_logit_softcapping")
     if cap is not None:
         kw["score_mods"] = (SoftCap(cap),)
 
@@ -372,20 +421,33 @@ def _llama4(cfg, i, layer_type, kw, layout):
     """NoPE layers (``no_rope_layers[i] == 0``) with the query
     temperature; RoPE layers interleaved, parameter-free QK-norm after
     the rotation, chunked where the layer type says."""
-    rope_flags = cfg.get("no_rope_layers")
-    use_rope = bool(rope_flags[i]) if rope_flags else True
+    n = _n_layers(cfg)
+    flags = None if n is None else rope_flags(cfg, n)
+    use_rope = bool(flags[i]) if flags else True
     kw.update(use_rope=use_rope, rope_layout="interleaved")
-    if cfg.get("use_qk_norm") and use_rope:
+    if flag(cfg, "use_qk_norm") and use_rope:
         kw.update(
             qk_norm="head", qk_norm_learned=False, qk_norm_after_rope=True
         )
     if layer_type == "chunked_attention":
         kw["chunk"] = count(cfg, "attention_chunk_size")
-    if cfg.get("attn_temperature_tuning") and not use_rope:
-        kw["query_temperature"] = (
-            float(cfg["floor_scale"]),
-            float(cfg["attn_scale"]),
-        )
+    # Llama4TextConfig's defaults: tuning on, floor 8192, attn_scale 0.1
+    floor_scale = number(cfg, "floor_scale", 8192.0)
+    attn_scale = number(cfg, "attn_scale", 0.1, positive=False)
+    if _tuning(cfg) and not use_rope:
+        kw["query_temperature"] = (floor_scale, attn_scale)
+
+
+def _tuning(cfg) -> bool:
+    """Llama 4's ``attn_temperature_tuning``: on when absent (HF's
+    default), a JSON boolean, or the number the released files write (4,
+    read by HF as true); a string is refused."""
+    value = cfg.get("attn_temperature_tuning")
+    if value is None:
+        return True
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return bool(flag(cfg, "attn_temperature_tuning"))
+    return value != 0
 
 
 def _same(cfg, i, layer_type, kw, layout):
@@ -409,6 +471,7 @@ FAMILIES = {
 
 def _decoder(cfg, model_type, layer_idx):
     """Every family with q_proj/k_proj/v_proj/o_proj."""
+    layer_idx = _layer_index(cfg, layer_idx)
     layer_type = _layer_type(cfg, layer_idx)
     if layer_type == "linear_attention" and model_type == "qwen3_next":
         return _linear(cfg)
@@ -427,24 +490,25 @@ def _decoder(cfg, model_type, layer_idx):
 def _falcon(cfg, model_type=None, layer_idx=0):
     """Falcon: MQA, grouped (``new_decoder_architecture``) or per head,
     RoPE or ALiBi."""
+    _layer_index(cfg, layer_idx)
     d_model = count(cfg, "hidden_size")
     n_heads = count(cfg, "num_attention_heads")
     head_dim = d_model // n_heads
-    if cfg.get("new_decoder_architecture"):
+    if flag(cfg, "new_decoder_architecture"):
         n_kv, fused = count(cfg, "num_kv_heads"), "grouped"
-    elif cfg.get("multi_query", True):
+    elif flag(cfg, "multi_query") is not False:  # FalconConfig: True
         n_kv, fused = 1, "mqa"
     else:
         n_kv, fused = n_heads, "per_head"
     base, partial, factor, scaling = layer_rope(cfg)
-    bias = bool(cfg.get("bias", False))
+    bias = flag(cfg, "bias")
     kw = dict(
         biases=("q", "k", "v", "o") if bias else (),
         rope_base=base,
         rope_factor=factor,
         rope_scaling=scaling,
     )
-    if cfg.get("alibi"):
+    if flag(cfg, "alibi"):
         # HF's Falcon adds m_h * j before the 1/sqrt(d) scale
         slopes = alibi_slopes(n_heads) / math.sqrt(head_dim)
         kw.update(use_rope=False, score_mods=(ALiBi(slopes),))
@@ -469,13 +533,22 @@ def _linear(cfg):
         d_k=count(cfg, "linear_key_head_dim"),
         d_v=count(cfg, "linear_value_head_dim"),
         conv_size=count(cfg, "linear_conv_kernel_dim"),
-        eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        eps=number(cfg, "rms_norm_eps", 1e-6),
     )
     return GatedDeltaNet, args, kw, {"kind": "linear", "config": cfg}
 
 
 def _mla(cfg, model_type, layer_idx):
-    layer_type = _layer_type(cfg, layer_idx)
+    types = cfg.get("layer_types")
+    layer_idx = _layer_index(cfg, layer_idx)
+    if types is not None and (
+        not isinstance(types, list) or len(types) != _n_layers(cfg)
+    ):
+        raise ValueError(
+            "config key layer_types must list one layer type per layer "
+            f"(num_hidden_layers), got {types!r:.200}"
+        )
+    layer_type = None if types is None else types[layer_idx]
     if layer_type not in (None, FULL, "indexed_attention"):
         raise ValueError(
             f"layer {layer_idx} has layer type {layer_type!r}, which "
@@ -490,7 +563,7 @@ def _latent(cfg, model_type):
     d_model = count(cfg, "hidden_size")
     n_heads = count(cfg, "num_attention_heads")
     q_lora = cfg.get("q_lora_rank")
-    if cfg.get("attention_bias"):
+    if flag(cfg, "attention_bias"):
         raise ValueError(
             "config key attention_bias=True for MLA is not implemented"
         )
@@ -500,7 +573,7 @@ def _latent(cfg, model_type):
             "MLA with partial_rotary_factor or linear RoPE scaling is not "
             "implemented"
         )
-    interleave = cfg.get("rope_interleave", True)
+    interleave = flag(cfg, "rope_interleave") is not False
     args = (
         d_model,
         n_heads,

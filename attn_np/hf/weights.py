@@ -86,6 +86,17 @@ def _store(p, key, a, entry):
     p[key] = np.ascontiguousarray(a)
 
 
+def _check_hf_shape(a, entry, shape, why):
+    """Refuse state_dict ``entry`` unless its HF-layout shape is
+    ``shape`` (``why`` says what the rows hold): checked before any fused
+    weight is split, so a transposed or mis-sized one never reshapes."""
+    if a.shape != tuple(shape):
+        raise ValueError(
+            f"state_dict entry {entry} has shape {a.shape}, the config "
+            f"says {tuple(shape)} ({why})"
+        )
+
+
 def _load_indexer(layer, got):
     p = layer.indexer.params
     for hf, key in _INDEXER.items():
@@ -102,10 +113,16 @@ def indexer_to_hf(layer):
     }
 
 
-def _falcon_split(layer, fused, w):
+def _falcon_split(layer, fused, w, entry):
     """Falcon's fused rows ``[(...) * d, ...]`` -> q, k, v rows."""
     H, n_kv, G, d = layer.n_heads, layer.n_kv, layer.G, layer.d
-    rest = w.shape[1:]
+    rest = (layer.d_model,) if w.ndim == 2 else ()
+    _check_hf_shape(
+        w,
+        entry,
+        ((H + 2 * n_kv) * d, *rest),
+        f"{fused} layout: {H} query and {n_kv} key and value heads of {d}",
+    )
     if fused == "grouped":
         t = w.reshape(n_kv, G + 2, d, *rest)
         q, k, v = t[:, :G], t[:, G], t[:, G + 1]
@@ -139,6 +156,12 @@ def _falcon_fuse(layer, fused, q, k, v):
 
 def _gate_split(layer, w):
     """Qwen3-Next's q_proj rows: per head [query d, gate d]."""
+    _check_hf_shape(
+        w,
+        "q_proj.weight",
+        (2 * layer.n_heads * layer.d, layer.d_model),
+        f"each of the {layer.n_heads} heads' query then its gate rows",
+    )
     rest = w.shape[1:]
     t = w.reshape(layer.n_heads, 2, layer.d, *rest)
     return t[:, 0].reshape(-1, *rest), t[:, 1].reshape(-1, *rest)
@@ -167,7 +190,15 @@ def load_state(layer, layout, state_dict, dtype):
             "'model.layers.{i}.self_attn.' prefix)"
         )
     p = layer.params
-    got = {k: np.asarray(v, dtype=dtype) for k, v in state_dict.items()}
+    got = {}
+    for k, v in state_dict.items():
+        a = np.asarray(v)
+        if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.number):
+            raise TypeError(
+                f"state_dict entry {k} must be an array of numbers, got "
+                f"dtype {a.dtype}"
+            )
+        got[k] = a.astype(dtype, copy=False)
     for k, a in got.items():
         bad = a.size - int(np.isfinite(a).sum())
         if bad:
@@ -175,20 +206,21 @@ def load_state(layer, layout, state_dict, dtype):
                 f"state_dict entry {k} has {bad} NaN or inf value(s) in "
                 f"its {a.size}"
             )
-    new = {}
+    new, source = {}, {}
     for hf, key in names.items():
         a = got[hf]
         if key is None:
             continue
-        new[key] = a.T if a.ndim == 2 else a
+        new[key], source[key] = (a.T if a.ndim == 2 else a), hf
     if layout["kind"] == "falcon":
         for part in ("weight", "bias"):
             hf = f"query_key_value.{part}"
             if hf in got:
-                q, k, v = _falcon_split(layer, layout["fused"], got[hf])
+                q, k, v = _falcon_split(layer, layout["fused"], got[hf], hf)
                 pre = "W" if part == "weight" else "b"
                 for n, a in zip("qkv", (q, k, v)):
                     new[f"{pre}_{n}"] = a.T if a.ndim == 2 else a
+                    source[f"{pre}_{n}"] = hf
     if layout["kind"] == "mla":
         new.update(_mla_split(layer, got))
     if layout.get("indexer"):
@@ -197,7 +229,7 @@ def load_state(layer, layout, state_dict, dtype):
         q, g = _gate_split(layer, got["q_proj.weight"])
         new["W_q"], new["W_g"] = q.T, g.T
     for key, a in new.items():
-        _store(p, key, a, f"for {key}")
+        _store(p, key, a, source.get(key, f"for {key}"))
 
 
 def to_hf(layout, layer, d):
@@ -250,6 +282,26 @@ def _mla_split(layer, got):
     h, d_c = layer.n_heads, layer.d_latent_kv
     dims = [layer.d_head, layer.d_rope]
     q_name = "q_proj.weight" if "q_proj.weight" in got else "q_b_proj.weight"
+    q_in = layer.d_model if q_name == "q_proj.weight" else layer.d_latent_q
+    _check_hf_shape(
+        got[q_name],
+        q_name,
+        (h * sum(dims), q_in),
+        f"each of the {h} heads' {dims[0]} no-RoPE then {dims[1]} RoPE rows",
+    )
+    _check_hf_shape(
+        got["kv_a_proj_with_mqa.weight"],
+        "kv_a_proj_with_mqa.weight",
+        (d_c + layer.d_rope, layer.d_model),
+        f"the {d_c} latent then the {layer.d_rope} shared RoPE rows",
+    )
+    _check_hf_shape(
+        got["kv_b_proj.weight"],
+        "kv_b_proj.weight",
+        (h * (dims[0] + layer.d_head_v), d_c),
+        f"each of the {h} heads' {dims[0]} key then {layer.d_head_v} "
+        "value rows",
+    )
     q_c, q_r = _head_split(got[q_name], h, dims)
     kv_a = got["kv_a_proj_with_mqa.weight"]  # [d_c + d_R, d_model]
     k_c, v = _head_split(
@@ -278,17 +330,6 @@ def _mla_fuse(layer, d):
 def load_linear(layer, layout, state_dict, dtype):
     """:func:`gated_deltanet_from_hf` reads the weights; this layer takes
     them."""
-    if not isinstance(state_dict, dict):
-        raise TypeError(
-            "state_dict must be a dict of arrays, got "
-            f"{type(state_dict).__name__}"
-        )
-    extra = sorted(set(state_dict) - set(HF_LINEAR_KEYS))
-    if extra:
-        raise ValueError(
-            f"state_dict does not fit this layer: unexpected {extra} "
-            "(names without the 'model.layers.{i}.linear_attn.' prefix)"
-        )
     src = gated_deltanet_from_hf(layout["config"], state_dict, dtype=dtype)
     layer.params, layer.grads = src.params, src.grads
 
@@ -346,6 +387,17 @@ def _linear_dims(config) -> dict:
 
 def _linear_state(state_dict, s) -> dict:
     """HF's arrays, each checked against the shape the config gives."""
+    if not isinstance(state_dict, dict):
+        raise TypeError(
+            "state_dict must be a dict of arrays, got "
+            f"{type(state_dict).__name__}"
+        )
+    extra = sorted(set(state_dict) - set(HF_LINEAR_KEYS))
+    if extra:
+        raise ValueError(
+            f"state_dict does not fit this layer: unexpected {extra} "
+            "(names without the 'model.layers.{i}.linear_attn.' prefix)"
+        )
     gone = [k for k in HF_LINEAR_KEYS if k not in state_dict]
     if gone:
         raise ValueError(
@@ -364,10 +416,22 @@ def _linear_state(state_dict, s) -> dict:
     }
     sd = {k: np.asarray(state_dict[k]) for k in HF_LINEAR_KEYS}
     for name, shape in expect.items():
-        if sd[name].shape != shape:
+        a = sd[name]
+        if a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.number):
+            raise TypeError(
+                f"state_dict entry {name} must be an array of numbers, got "
+                f"dtype {a.dtype}"
+            )
+        if a.shape != shape:
             raise ValueError(
-                f"state_dict[{name!r}] must have shape {shape} for this "
-                f"config, got {sd[name].shape}"
+                f"state_dict entry {name} must have shape {shape} for this "
+                f"config, got {a.shape}"
+            )
+        bad = a.size - int(np.isfinite(a).sum())
+        if bad:
+            raise ValueError(
+                f"state_dict entry {name} has {bad} NaN or inf value(s) in "
+                f"its {a.size}"
             )
     return sd
 

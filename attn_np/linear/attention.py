@@ -10,6 +10,7 @@ import numpy as np
 
 from .._checks import (
     as_float_array,
+    check_backward_cache,
     check_finite,
     check_upstream,
 )
@@ -58,6 +59,14 @@ def linear_attention_forward(q, k, v):
         # S^T phi(q_t): [..., 1, d_k] @ [..., d_k, d_v] -> [..., d_v]
         num[..., t, :] = (fq[..., t, None, :] @ S)[..., 0, :]
         den[..., t, 0] = np.sum(z * fq[..., t, :], axis=-1)
+    if den.size and not den.min() > 0:
+        raise ValueError(
+            "the normaliser phi(q) . sum phi(k) underflowed to 0: phi = "
+            "elu + 1 is exp(x) below 0, which is 0 in "
+            f"{den.dtype} for x below about "
+            f"{np.log(np.finfo(den.dtype).tiny):.0f}; q or k is too "
+            "negative (scale them down)"
+        )
     cache = LinearAttentionCache(fq, fk, v, q, k, num, den)
     return num / den, cache
 
@@ -66,6 +75,9 @@ def linear_attention_backward(do, cache: LinearAttentionCache):
     """``(dq, dk, dv)`` of :func:`linear_attention_forward`, from its
     parallel form ``num = (M * phi(Q) phi(K)^T) V``, ``den = (M * phi(Q)
     phi(K)^T) 1`` (``M`` the causal mask)."""
+    check_backward_cache(
+        cache, LinearAttentionCache, "linear_attention_forward"
+    )
     c = cache
     do = check_upstream(do, "do", c.v.shape, "the output o")
     T = c.v.shape[-2]
@@ -99,6 +111,11 @@ def check_qkv(q, k, v):
         raise ValueError(
             "v must have shape [..., T, d_v] with the leading axes and T of "
             f"k {k.shape}, got v {v.shape}"
+        )
+    if q.shape[-1] == 0 or v.shape[-1] == 0:
+        raise ValueError(
+            "q, k and v need at least one feature (d_k, d_v >= 1), got q "
+            f"{q.shape} and v {v.shape}"
         )
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_finite(x, name)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from .._checks import (
@@ -30,6 +32,7 @@ class StateCache:
         self.state = None  # [B, n_v_heads, d_k, d_v]
         self.conv = None  # (q, k, v) inputs: each [B, K-1, channels]
         self._seen = 0
+        self._owner = None  # a weak reference to the layer filling it
 
     def __len__(self) -> int:
         return self._seen
@@ -98,6 +101,27 @@ class StateCache:
             raise TypeError(
                 f"x_chunk makes a state of dtype {np.dtype(dtype)}, but "
                 f"kv_cache holds {self.state.dtype}"
+            )
+
+    def check_owner(self, layer) -> None:
+        """Raise unless ``layer`` filled this cache (the first to feed
+        it while empty claims it) or holds the same weights (a copy): a
+        second layer's chunk would continue another layer's state
+        without a word, as :meth:`attn_np.KVCache.check_owner` says."""
+        owner = None if self._owner is None else self._owner()
+        if self.state is None or owner is None:
+            self._owner = weakref.ref(layer)
+            return
+        if owner is layer:
+            return
+        p, q = owner.params, layer.params
+        if p.keys() != q.keys() or not all(
+            np.array_equal(p[k], q[k]) for k in p
+        ):
+            raise ValueError(
+                f"kv_cache was filled by another layer ({owner!r}) with "
+                "other weights; a state cache belongs to one layer: give "
+                f"each layer its own cache ({self!r})"
             )
 
     def update(self, state, conv, n_new: int) -> None:

@@ -14,6 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from .._checks import (
+    check_backward_cache,
     check_positive_int,
     check_upstream,
 )
@@ -241,6 +242,7 @@ def gated_delta_chunked_forward(
         q, k, v, g, beta, initial_state
     )
     T = k.shape[-2]
+    C = min(C, max(T, 1))  # a chunk longer than the input: one chunk
     pad = -T % C
     qc, kc, vc, gc = (_to_chunks(x, C, pad) for x in (q, k, v, g))
     bc = _to_chunks(beta[..., None], C, pad)[..., 0]  # [N, ..., C]
@@ -304,6 +306,7 @@ def gated_delta_chunked_backward(do, cache: ChunkedCache, dstate=None):
     dW (b K e^G)^T + dU~ (b V)^T``, ``dA = T^T dT T^T`` (strictly lower),
     the decayed products, and ``g`` from ``Gamma`` by a reverse cumsum.
     """
+    check_backward_cache(cache, ChunkedCache, "gated_delta_chunked_forward")
     c = cache
     lead_shape = c.states.shape[1:]  # [..., d_k, d_v]
     want = (*lead_shape[:-2], c.T, lead_shape[-1])

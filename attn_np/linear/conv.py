@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._checks import as_float_array, check_backward_cache, check_finite
 from .gates import sigmoid
 
 
@@ -38,6 +39,24 @@ def causal_conv_forward(x, w, prev=None):
     loop over tokens. Returns ``(y [B, L, ch], (xp, w, pre))``; the last
     ``K - 1`` rows of ``xp`` are the next chunk's ``prev``.
     """
+    x = as_float_array(x, "x")
+    w = as_float_array(w, "w")
+    if x.ndim != 3 or w.ndim != 2 or w.shape[1] != x.shape[2] or not len(w):
+        raise ValueError(
+            "x must be [B, L, ch] and w [K, ch] with K >= 1, got x "
+            f"{x.shape} and w {w.shape}"
+        )
+    check_finite(x, "x")
+    check_finite(w, "w")
+    if prev is not None:
+        prev = as_float_array(prev, "prev")
+        want = (x.shape[0], w.shape[0] - 1, x.shape[2])
+        if prev.shape != want:
+            raise ValueError(
+                f"prev must have shape [B, K-1, ch] = {want}, got "
+                f"{prev.shape}"
+            )
+        check_finite(prev, "prev")
     K = w.shape[0]
     B, L, ch = x.shape
     dtype = np.result_type(x, w)
@@ -56,6 +75,7 @@ def causal_conv_backward(dy, cache):
     """``(dx, dw)`` of :func:`causal_conv_forward` (``prev`` is a constant:
     a cached input). Input ``i`` feeds outputs ``i + m``, ``m = 0 .. K-1``,
     through ``w[K-1-m]``: ``dx_i = sum_m w[K-1-m] dpre_(i+m)``."""
+    check_backward_cache(cache, tuple, "causal_conv_forward", 3)
     xp, w, pre = cache
     K, L = w.shape[0], pre.shape[1]
     dpre = silu_backward(dy, pre)  # [B, L, ch]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._checks import check_backward_cache, check_norm_input, check_overflow
+
 
 def sigmoid(x):
     # tanh form: one transcendental, no overflow for large |x|; in place
@@ -25,8 +27,11 @@ def softplus(x):
 def l2norm_forward(x, eps=1e-6):
     """``x / sqrt(sum(x^2) + eps)`` over the last axis (the ``l2norm`` of
     FLA and Hugging Face, ``eps`` inside the root)."""
+    x, eps = check_norm_input(x, "x", eps)
     # [..., d] . [..., d] -> [..., 1]
-    r = np.einsum("...d,...d->...", x, x)[..., None]
+    with np.errstate(over="ignore"):  # checked below
+        r = np.einsum("...d,...d->...", x, x)[..., None]
+    check_overflow(r, "sum(x^2) in l2norm", "x is too large for the dtype")
     r += eps
     np.sqrt(r, out=r)
     np.divide(1.0, r, out=r)
@@ -36,6 +41,7 @@ def l2norm_forward(x, eps=1e-6):
 
 def l2norm_backward(dy, cache):
     """``dx = r (dy - y (y . dy))``."""
+    check_backward_cache(cache, tuple, "l2norm_forward", 2)
     y, r = cache
     yd = np.einsum("...d,...d->...", y, dy)[..., None]  # [..., 1]
     dx = y * yd

@@ -295,6 +295,7 @@ class GatedDeltaNet:
             ],
             dtype=np.result_type(x3.dtype, self.params["W_q"].dtype),
         )
+        kv_cache.check_owner(self)
         if kv_cache.state is None:
             return (None, None, None), None
         # [B, n_v, d_k, d_v] -> [B, n_k, G, d_k, d_v]

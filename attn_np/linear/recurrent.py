@@ -13,6 +13,7 @@ import numpy as np
 
 from .._checks import (
     as_float_array,
+    check_backward_cache,
     check_finite,
     check_upstream,
 )
@@ -44,6 +45,17 @@ def check_delta_inputs(q, k, v, g, beta, initial_state):
         )
     check_finite(g, "g")
     check_finite(beta, "beta")
+    if g.size and g.max() > 0:
+        raise ValueError(
+            "g must be log decays, g <= 0 (the decay exp(g) lies in (0, "
+            f"1]), got a largest g of {g.max():.6g}"
+        )
+    if beta.size and not (beta.min() >= 0 and beta.max() <= 2):
+        raise ValueError(
+            "beta must be write strengths in [0, 2] (the delta rule's "
+            "step; 2 allows negative eigenvalues), got values from "
+            f"{beta.min():.6g} to {beta.max():.6g}"
+        )
     dtype = np.result_type(q, g, beta)
     if initial_state is None:
         S0 = np.zeros((*lead, d_k, d_v), dtype=dtype)
@@ -139,6 +151,9 @@ def gated_delta_recurrent_backward(do, cache: RecurrentCache, dstate=None):
         dS' = dS - k_t dv_t^T     dk_t -= S'_t dv_t
         dg_t = alpha_t sum(dS' * S_{t-1})     dS = alpha_t dS'
     """
+    check_backward_cache(
+        cache, RecurrentCache, "gated_delta_recurrent_forward"
+    )
     c = cache
     T = c.q.shape[0]
     lead_shape = c.states.shape[1:]

@@ -129,6 +129,38 @@ class GGUFCheckpoint:
             )
         return value
 
+    def size_field(self, key, default=None) -> int:
+        """Metadata ``key`` as a positive integer (``default`` if absent,
+        required when no default), or a ``ValueError`` naming it."""
+        value = self.require(key) if default is None else self.field(key)
+        value = default if value is None else value
+        if isinstance(value, bool) or not isinstance(
+            value, (int, np.integer)
+        ):
+            ok = False
+        else:
+            ok = int(value) >= 1
+        if not ok:
+            raise ValueError(
+                f"path {str(self.path)!r}: metadata {key!r} must be a "
+                f"positive integer, got {value!r}"
+            )
+        return int(value)
+
+    def number_field(self, key, default=None) -> float:
+        """Metadata ``key`` as a positive finite number."""
+        value = self.require(key) if default is None else self.field(key)
+        value = default if value is None else value
+        ok = not isinstance(value, bool) and isinstance(
+            value, (int, float, np.integer, np.floating)
+        )
+        if not ok or not (np.isfinite(value) and value > 0):
+            raise ValueError(
+                f"path {str(self.path)!r}: metadata {key!r} must be a "
+                f"positive number, got {value!r}"
+            )
+        return float(value)
+
     def tensor_type(self, name) -> str:
         return self.tensors[name].tensor_type.name
 
@@ -175,24 +207,26 @@ class GGUFCheckpoint:
                 f"path {str(self.path)!r} holds a {arch!r} model; this "
                 f"loader builds {', '.join(ARCHITECTURES)}"
             )
-        g = lambda k: self.require(f"llama.{k}")  # noqa: E731
-        d = int(g("embedding_length"))
-        h = int(g("attention.head_count"))
-        n_kv = int(self.field("llama.attention.head_count_kv", h))
-        d_k = int(self.field("llama.rope.dimension_count", d // h))
+        g = lambda k: self.size_field(f"llama.{k}")  # noqa: E731
+        d = g("embedding_length")
+        h = g("attention.head_count")
+        n_kv = self.size_field("llama.attention.head_count_kv", h)
+        d_k = self.size_field("llama.rope.dimension_count", d // h)
         tokens = self.field("tokenizer.ggml.tokens")
         vocab = self.field("llama.vocab_size")
         vocab = int(vocab if vocab is not None else len(tokens or ()))
         return LlamaConfig(
             vocab_size=vocab,
             d_model=d,
-            n_layers=int(g("block_count")),
+            n_layers=g("block_count"),
             n_heads=h,
             n_kv_heads=n_kv,
             d_k=d_k,
-            d_ff=int(g("feed_forward_length")),
-            rope_base=float(self.field("llama.rope.freq_base", 10000.0)),
-            rms_eps=float(g("attention.layer_norm_rms_epsilon")),
+            d_ff=g("feed_forward_length"),
+            rope_base=self.number_field("llama.rope.freq_base", 10000.0),
+            rms_eps=self.number_field(
+                "llama.attention.layer_norm_rms_epsilon"
+            ),
             context_length=int(self.field("llama.context_length", 0)),
             tied_embeddings="output.weight" not in self.tensors,
         )

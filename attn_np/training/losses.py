@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_bool_array, as_float_array
+from .._checks import as_bool_array, as_float_array, check_finite
 from .layers import check_token_ids
 
 
@@ -40,6 +40,7 @@ def cross_entropy_forward(logits, targets, *, mask=None):
     positions are not read, so they may hold any valid id (for instance 0).
     """
     z = as_float_array(logits, "logits", min_ndim=1)
+    check_finite(z, "logits")
     t = np.asarray(targets)
     if t.shape != z.shape[:-1]:
         raise ValueError(
