@@ -86,7 +86,8 @@ def test_every_fixture_names_its_transformers_version():
     assert len(paths) >= 20
     for path in paths:
         meta = json.loads(str(np.load(path)["meta"]))
-        assert meta["transformers"] == "5.24.0", path.name
+        if path.name != "flex_attention.npz":  # torch alone records it
+            assert meta["transformers"] == "5.24.0", path.name
         assert meta["torch"].startswith("2.13.0"), path.name
 
 
