@@ -484,6 +484,36 @@ class GatedOutput:
 
 
 # ------------------------------------------------------------ the layer
+def _check_sizes(
+    d_model, n_heads, n_kv_heads, head_dim, score_mods, window, chunk
+):
+    """RefinedAttention's sizes (defaults filled in), its score mods a
+    sequence, and a window or chunks, not both."""
+    d_model = check_count(d_model, "d_model")
+    n_heads = check_count(n_heads, "n_heads")
+    n_kv_heads = (
+        n_heads
+        if n_kv_heads is None
+        else check_count(n_kv_heads, "n_kv_heads")
+    )
+    head_dim = (
+        d_model // n_heads
+        if head_dim is None
+        else check_count(head_dim, "head_dim")
+    )
+    if not isinstance(score_mods, (tuple, list)):
+        raise TypeError(
+            "score_mods must be a tuple of score mods, got "
+            f"{type(score_mods).__name__}"
+        )
+    if window is not None and chunk is not None:
+        raise ValueError(
+            "pass window= (a sliding window) or chunk= (Llama 4's "
+            f"chunks), not both: got window={window!r} and chunk={chunk!r}"
+        )
+    return d_model, n_heads, n_kv_heads, head_dim
+
+
 class RefinedAttention(GroupedQueryAttention):
     """Chapter 3's layer with the details of released layers: a recipe
     that assembles the one layer (:class:`~attn_np.GroupedQueryAttention`)
@@ -539,29 +569,9 @@ class RefinedAttention(GroupedQueryAttention):
         seed=0,
         dtype=np.float64,
     ):
-        d_model = check_count(d_model, "d_model")
-        n_heads = check_count(n_heads, "n_heads")
-        n_kv_heads = (
-            n_heads
-            if n_kv_heads is None
-            else check_count(n_kv_heads, "n_kv_heads")
+        d_model, n_heads, n_kv_heads, head_dim = _check_sizes(
+            d_model, n_heads, n_kv_heads, head_dim, score_mods, window, chunk
         )
-        head_dim = (
-            d_model // n_heads
-            if head_dim is None
-            else check_count(head_dim, "head_dim")
-        )
-        if not isinstance(score_mods, (tuple, list)):
-            raise TypeError(
-                "score_mods must be a tuple of score mods, got "
-                f"{type(score_mods).__name__}"
-            )
-        if window is not None and chunk is not None:
-            raise ValueError(
-                "pass window= (a sliding window) or chunk= (Llama 4's "
-                f"chunks), not both: got window={window!r} and "
-                f"chunk={chunk!r}"
-            )
         kw = _check_refined(
             biases=biases,
             qk_norm=qk_norm,
