@@ -241,7 +241,13 @@ def main(argv: list[str]) -> int:
         for n in chosen:
             status |= run(n, rest)
         return status
-    except (ValueError, TypeError, MemoryError, OverflowError) as err:
+    except (
+        ValueError,
+        TypeError,
+        MemoryError,
+        OverflowError,
+        OSError,
+    ) as err:
         return _error(err)
 
 
