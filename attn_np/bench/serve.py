@@ -45,11 +45,13 @@ from attn_np.instruments.serving_lab import (
 )
 from attn_np.pretrained import load_gguf
 
+from ._help import description as _description
+
 
 def parse(argv):
     p = argparse.ArgumentParser(
         prog="python -m attn_np.bench serve",
-        description=__doc__.split("\n")[0],
+        description=_description(__doc__),
     )
     p.add_argument(
         "--batch", type=int, default=8, help="sequences decoded together"
@@ -101,8 +103,8 @@ def throughput(model, batch, context, rounds):
         "rounds",
         f"  streaming read {np.median(stream) / 1e9:.1f} GB/s, matmul "
         f"{np.median(matmul) / 1e9:.1f} GFLOP/s (medians)",
-        f"  {'batch':>5} {'step ms':>8} {'tokens/s':>9} {'roofline':>9}"
-        f" {'bound':>7}",
+        f"  {'batch':>5} {'step ms':>8} {'tokens/s':>9} {'at roof':>9}"
+        f" {'bound':>7}  (at roof: tokens/s at the roofline)",
     ]
     for b, name in ((1, "1"), (batch, "B")):
         by_bytes = step_bytes(model, b, context) / stream
