@@ -104,7 +104,7 @@ def throughput(model, batch, context, rounds):
         f"  streaming read {np.median(stream) / 1e9:.1f} GB/s, matmul "
         f"{np.median(matmul) / 1e9:.1f} GFLOP/s (medians)",
         f"  {'batch':>5} {'step ms':>8} {'tokens/s':>9} {'at roof':>9}"
-        f" {'bound':>7}  (at roof: tokens/s at the roofline)",
+        f" {'bound':>7}  (at roof: the roofline's)",
     ]
     for b, name in ((1, "1"), (batch, "B")):
         by_bytes = step_bytes(model, b, context) / stream
