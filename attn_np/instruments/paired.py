@@ -79,7 +79,7 @@ class Paired:
         below, above = words or ("faster", "slower")
         _, low, high = self.ratio(name, over)
         _, f_low, f_high = self.floor
-        wide = f" (a wide floor, {self.spread:.0%})" if self.noisy else ""
+        wide = f" (wide floor, {self.spread:.0%})" if self.noisy else ""
         if high < expect * f_low:
             return f"{below} beyond the noise{wide}"
         if low > expect * f_high:
