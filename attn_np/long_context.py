@@ -1,18 +1,10 @@
 """Long context: RoPE scaling, NoPE layers, chunked attention (chapter 11).
 
 Plain RoPE (chapter 6) turns pair ``i`` by ``theta_i = base^(-2i/r)``
-radians per position. Past the trained context ``L`` the slow pairs reach
-angles never seen in training. Every method changes ``theta`` (and
-sometimes the softmax temperature) as a function of the model's config,
-spelled as Hugging Face spells ``rope_scaling``::
-
-    linear (PI)  theta_i / s                     Chen et al. 2023
-    ntk          base' = base s^(r/(r-2))        bloc97 2023
-    dynamic      ntk with s' = s n/L - (s - 1)   emozilla 2023, n > L
-    llama3       keep fast, divide slow by s,    Llama 3.1
-                 smooth the band between
-    yarn         ramp between the two by pair,   Peng et al. 2023
-                 temperature 0.1 ln s + 1
+radians per position; past the trained context the slow pairs reach angles
+never seen in training. :mod:`attn_np.rope_scaling` holds the methods that
+change ``theta`` (its docstring has their table), as Hugging Face spells
+``rope_scaling``.
 
 The chapter's parts live where a layer takes them, each in one module:
 the scalings and the position part :class:`ScaledRotary` in
