@@ -13,7 +13,7 @@ from attn_np.instruments.blas import (
 )
 from attn_np.instruments.gradcheck import TOLERANCE, check_layer_gradients
 from attn_np.multihead import GroupedQueryAttention
-from attn_np.training.loop import evaluate, lr_at, train
+from attn_np.training.loop import evaluate, lr_at, train, train_many
 from attn_np.training.tasks import AssociativeRecall
 from attn_np.training.transformer import Block, Transformer
 
@@ -217,6 +217,51 @@ def test_short_training_lowers_the_loss(family):
     first, last = np.mean(log.losses[:10]), np.mean(log.losses[-10:])
     assert first > 1.0  # about log(3): guessing among the values
     assert last < 0.75 * first, (first, last)
+
+
+def _tiny_run(n_kv, seed, steps):
+    task = AssociativeRecall(n_pairs=3, n_queries=3, n_keys=4, n_values=3)
+    model = Transformer(
+        vocab_size=task.vocab_size,
+        d_model=8,
+        n_layers=1,
+        n_heads=4,
+        n_kv_heads=n_kv,
+        d_ff=16,
+        max_len=task.seq_len,
+        seed=seed,
+        dtype=np.float32,
+    )
+    kwargs = dict(
+        steps=steps, batch_size=8, lr=1e-2, seed=seed, log_at=(steps,)
+    )
+    return model, task, kwargs
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_train_many_is_train_run_by_run_bit_for_bit(workers, capsys):
+    runs = [_tiny_run(4, 0, 12), _tiny_run(1, 1, 20), _tiny_run(2, 2, 6)]
+    alone = [_tiny_run(4, 0, 12), _tiny_run(1, 1, 20), _tiny_run(2, 2, 6)]
+    with blas_threads(1):
+        got = train_many(runs, workers=workers)
+        logs = [train(m, t, **k) for m, t, k in alone]
+    capsys.readouterr()  # what train printed for the runs alone
+    assert len(got) == 3
+    for (model, log, printed), (ref, _, k), ref_log in zip(got, alone, logs):
+        assert log.losses == ref_log.losses
+        assert model.params.keys() == ref.params.keys()
+        for key, p in ref.params.items():
+            np.testing.assert_array_equal(model.params[key], p)
+        assert (
+            printed == f"step {k['steps']:4d}  loss {log.losses[-1]:.3f}\n"
+        )
+
+
+def test_train_many_refuses_bad_runs():
+    with pytest.raises(TypeError, match="runs must be a list"):
+        train_many([_tiny_run(1, 0, 2)[:2]])
+    with pytest.raises(ValueError, match="workers"):
+        train_many([_tiny_run(1, 0, 2)], workers=0)
 
 
 def test_mean_pool_conversion_then_training_runs_on_the_model():

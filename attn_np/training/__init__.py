@@ -29,7 +29,7 @@ from .layers import (
     rmsnorm_forward,
     sinusoidal_positions,
 )
-from .loop import TrainLog, evaluate, lr_at, train
+from .loop import TrainLog, evaluate, lr_at, train, train_many
 from .losses import accuracy, cross_entropy_backward, cross_entropy_forward
 from .optim import Adam, clip_grad_norm
 from .tasks import AssociativeRecall, RecallBatch
@@ -63,4 +63,5 @@ __all__ = [
     "rmsnorm_forward",
     "sinusoidal_positions",
     "train",
+    "train_many",
 ]

@@ -8,7 +8,12 @@ warm-up then cosine decay of the learning rate.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from .._checks import check_count
@@ -85,6 +90,59 @@ def train(
         if s + 1 in log_at:
             print(f"{label}step {s + 1:4d}  loss {loss:.3f}")
     return log
+
+
+def train_many(runs, *, workers=None):
+    """Train independent runs side by side, one process per core: ``runs``
+    is a list of ``(model, task, kwargs)``, ``kwargs`` the keywords of
+    :func:`train`. Returns ``[(model, log, printed)]`` in the order of
+    ``runs``: the trained model (a copy, sent back from its process), its
+    :class:`TrainLog` and what :func:`train` printed.
+
+    A run depends only on its model and its own seeds, never on another
+    run, so the numbers are those of calling :func:`train` on each run in
+    turn, bit for bit (the tests check it). ``workers`` is the number of
+    processes (default: the cores, at most one per run); ``workers=1``
+    trains the runs here, one after the other. The longest runs start
+    first, so that the processes end together.
+    """
+    if not isinstance(runs, (list, tuple)) or not all(
+        isinstance(r, tuple) and len(r) == 3 and isinstance(r[2], dict)
+        for r in runs
+    ):
+        raise TypeError(
+            "runs must be a list of (model, task, kwargs) tuples with "
+            f"kwargs a dict, got {type(runs).__name__} {runs!r:.80}"
+        )
+    cores = os.cpu_count() or 1
+    if workers is None:
+        workers = cores
+    workers = min(check_count(workers, "workers", minimum=1), len(runs) or 1)
+    if workers == 1:
+        return [_train_one(r) for r in runs]
+    # longest first: a run's cost is its steps times its batch size
+    order = sorted(
+        range(len(runs)),
+        key=lambda i: (
+            -runs[i][2].get("steps", 0) * runs[i][2].get("batch_size", 0)
+        ),
+    )
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context(
+        "fork" if "fork" in methods else "spawn"
+    )
+    with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        futures = {i: pool.submit(_train_one, runs[i]) for i in order}
+        return [futures[i].result() for i in range(len(runs))]
+
+
+def _train_one(run):
+    """One run of :func:`train_many`: ``(model, log, printed)``."""
+    model, task, kwargs = run
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        log = train(model, task, **kwargs)
+    return model, log, out.getvalue()
 
 
 def evaluate(model, batch, *, chunk: int = 256) -> float:
