@@ -227,3 +227,40 @@ def test_hybrid_max_context_counts_the_state():
     budget = state + 1000 * per_token
     assert max_context(cfg, budget) == 1000
     assert max_context(cfg, state - 1) == 0  # not even the state fits
+
+
+def test_values_narrower_than_keys_are_sized_by_v_head_dim():
+    # MiMo-V2-Flash's attention shapes (transformers' MiMoV2FlashConfig
+    # defaults: head_dim 192 for queries and keys, v_head_dim 128 for
+    # values, 4 key/value heads), written as a plain Llama-style config:
+    # per token and layer 4 * (192 + 128) = 1,280 numbers, 2,560 bytes.
+    cfg = {
+        "model_type": "llama",
+        "num_hidden_layers": 48,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 4,
+        "hidden_size": 4096,
+        "head_dim": 192,
+        "v_head_dim": 128,
+    }
+    assert kv_bytes_per_token(from_hf_config(cfg)) == 48 * 2_560
+    assert kv_cache_bytes(from_hf_config(cfg), 10) == 10 * 48 * 2_560
+    # without v_head_dim the values are as wide as the keys
+    del cfg["v_head_dim"]
+    assert kv_bytes_per_token(from_hf_config(cfg)) == 48 * 4 * 384 * 2
+
+
+def test_mimo_v2_flash_is_refused_naming_its_window_heads():
+    # its sliding-window layers cache 2 * num_key_value_heads heads, a
+    # rule of the modelling code that no config key states
+    cfg = {
+        "model_type": "mimo_v2_flash",
+        "num_hidden_layers": 8,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 4,
+        "hidden_size": 4096,
+        "head_dim": 192,
+        "v_head_dim": 128,
+    }
+    with pytest.raises(ValueError, match="mimo_v2_flash.*twice"):
+        from_hf_config(cfg)

@@ -38,6 +38,12 @@ _UNMODELLED = {
     "hybrid_override_pattern": "state-space (Mamba) layers",
     "attn_layer_period": "state-space (Mamba) layers",
 }
+# Model types whose cache follows a rule of the modelling code that no
+# config key states.
+_UNMODELLED_TYPES = {
+    "mimo_v2_flash": "its sliding-window layers cache twice "
+    "num_key_value_heads (transformers' MiMoV2FlashAttention)",
+}
 _STATE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
@@ -131,7 +137,8 @@ def from_hf_config(config, name: str | None = None) -> ModelConfig:
     * ``num_hidden_layers``, ``num_attention_heads``, ``hidden_size``;
       ``num_key_value_heads`` (absent: MHA; Falcon's ``multi_query`` and
       ``num_kv_heads`` too); ``head_dim`` (absent: ``hidden_size //
-      num_attention_heads``);
+      num_attention_heads``); ``v_head_dim``, the values' (absent:
+      ``head_dim``);
     * a multimodal config's ``text_config``, which holds the language
       model;
     * ``kv_lora_rank`` and ``qk_rope_head_dim`` (MLA): a latent cache;
@@ -176,13 +183,19 @@ def _from_dict(data: dict, name: str, source: str) -> ModelConfig:
     n_heads = count(cfg, "num_attention_heads")
     d_model = count(cfg, "hidden_size")
     n_kv = kv_heads(cfg, n_heads)
+    if cfg.get("model_type") in _UNMODELLED_TYPES:
+        raise ValueError(
+            f"config model_type={cfg['model_type']!r}: "
+            f"{_UNMODELLED_TYPES[cfg['model_type']]}, which this "
+            "calculator does not model"
+        )
+    d_head_v = count(cfg, "v_head_dim", required=False)  # None: head_dim
     latent = {}
     if cfg.get("kv_lora_rank") is not None:
         latent = dict(
             d_latent_kv=count(cfg, "kv_lora_rank"),
             d_rope=count(cfg, "qk_rope_head_dim"),
             d_latent_q=count(cfg, "q_lora_rank", required=False),
-            d_head_v=count(cfg, "v_head_dim", required=False),
         )
         head_dim = count(cfg, "qk_nope_head_dim")
     elif cfg.get("qk_rope_head_dim") is not None:
@@ -211,6 +224,7 @@ def _from_dict(data: dict, name: str, source: str) -> ModelConfig:
         n_heads=n_heads,
         n_kv_heads=n_kv,
         head_dim=head_dim,
+        d_head_v=d_head_v,
         d_model=d_model,
         n_params=None,
         source=source,

@@ -6,6 +6,7 @@ and as many for the values, in each of ``n_layers`` layers::
 
     kv_bytes_per_token = n_layers * n_kv_heads * (d_k + d_v) * bytes
                        = 2 * n_layers * n_kv_heads * head_dim * bytes
+                         (when d_k = d_v = head_dim)
     kv_cache_bytes     = kv_bytes_per_token * seq_len * batch
 
 (``bytes`` per element: 2 for float16 and bfloat16.)
@@ -182,10 +183,14 @@ class ModelConfig:
     :class:`LinearState`). Without ``layer_types`` every layer is full, or
     has the window when ``sliding_window`` is given.
 
+    ``d_head_v`` is the per-head dimension of the values (``None``:
+    ``head_dim``, as in most models; MiMo-V2-Flash's values are narrower
+    than its keys, 128 against 192).
+
     Latent cache (MLA): ``d_latent_kv`` and ``d_rope`` are what a token
     leaves in each layer's cache; ``head_dim`` is then the per-head
     dimension of the keys rebuilt from the latent, ``d_head_v`` that of the
-    values (``None``: ``head_dim``) and ``d_latent_q`` the query latent
+    values, and ``d_latent_q`` the query latent
     (``None``: queries are not compressed). ``indexer`` is DeepSeek-V3.2's
     (an :class:`Indexer`, in every attention layer).
 
@@ -322,12 +327,14 @@ class ModelConfig:
 
     @property
     def kv_numbers_per_layer(self) -> int:
-        """Numbers one token adds to one attention layer's cache: ``2 *
-        n_kv_heads * head_dim`` (a key and a value), or ``d_latent_kv +
-        d_rope``."""
+        """Numbers one token adds to one attention layer's cache:
+        ``n_kv_heads * (head_dim + d_head_v)`` (a key and a value; ``2 *
+        n_kv_heads * head_dim`` when the values are as wide as the keys),
+        or ``d_latent_kv + d_rope``."""
         if self.d_latent_kv is not None:
             return self.d_latent_kv + self.d_rope
-        return 2 * self.n_kv_heads * self.head_dim
+        d_v = self.head_dim if self.d_head_v is None else self.d_head_v
+        return self.n_kv_heads * (self.head_dim + d_v)
 
     def window_of(self, layer_type: str) -> int | None:
         """The most positions a layer of ``layer_type`` holds (``None``:
@@ -457,9 +464,9 @@ def kv_bytes_per_token(config, bytes_per_element: int = 2) -> int:
     """Bytes the cache grows by for each token, in every attention layer:
     ``n_attention_layers * kv_numbers_per_layer * bytes``.
 
-    That is ``n_layers * n_kv_heads * (d_k + d_v) * bytes``, which is
-    ``2 * n_layers * n_kv_heads * head_dim * bytes`` when keys and values
-    share ``head_dim = d_k = d_v``, or
+    That is ``n_layers * n_kv_heads * (d_k + d_v) * bytes`` (``d_k =
+    head_dim``, ``d_v = d_head_v``), which is ``2 * n_layers * n_kv_heads *
+    head_dim * bytes`` when keys and values share ``head_dim``, or
     ``n_layers * (d_latent_kv + d_rope) * bytes`` for a latent cache. A
     window or chunked layer stops growing once its window is full: this is
     the rate before then. Linear-attention layers do not grow at all.
