@@ -32,6 +32,7 @@ from ._checks import (
     check_upstream,
 )
 from .heads import side_by_side, still_side_by_side
+from .softmax import sigmoid
 
 
 class SwiGLUCache(NamedTuple):
@@ -60,12 +61,6 @@ def _check_weights(x, W_gate, W_up, W_down):
             f"[d_ff, d]; got x {x.shape}, W_gate {W_gate.shape}, W_up "
             f"{W_up.shape}, W_down {W_down.shape}"
         )
-
-
-def sigmoid(a):
-    """``1 / (1 + e^-a)`` without overflow for large ``|a|``."""
-    e = np.exp(-np.abs(a))  # in (0, 1]
-    return np.where(a >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 def swiglu_forward(x, W_gate, W_up, W_down):

@@ -70,6 +70,7 @@ from .masks import ChunkedMask, chunked_mask, position_mask
 from .multihead import GroupedQueryAttention
 from .norms import qk_norm_backward, qk_norm_forward
 from .rope_scaling import ScaledRotary, read_rope_scaling
+from .softmax import sigmoid
 
 # chapter 10's name of the chunked rule (one rule: attn_np.masks)
 chunk_mask = chunked_mask
@@ -315,8 +316,7 @@ def gate_forward(o, g):
 
 def _gate(o, g):
     """:func:`gate_forward` without its checks (the layer's)."""
-    with np.errstate(over="ignore"):  # exp(-g) = inf: the gate is 0
-        sg = 1.0 / (1.0 + np.exp(-g))
+    sg = sigmoid(g)
     return o * sg, (o, sg)
 
 

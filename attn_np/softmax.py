@@ -187,6 +187,29 @@ def sink_softmax(
     return s, e_sink / denom
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """``1 / (1 + e^-x)``, the softmax of ``[x, 0]``, in ``x``'s dtype:
+    ``e^min(x, 0) / (1 + e^-|x|)``.
+
+    No exponent is positive, so nothing overflows, and each side is the
+    accurate form for its sign: ``1 / (1 + e^-x)`` for ``x >= 0``,
+    ``e^x / (1 + e^x)`` for ``x < 0`` (where ``1 / (1 + e^-x)`` would
+    overflow and ``(1 + tanh(x/2)) / 2`` would lose the small values to
+    cancellation). Two exponentials over the whole array and no
+    ``np.where``: on a ``[128, 1536]`` float32 array (SwiGLU's gate at a
+    prefill of 128 tokens) that was several times faster here than taking
+    both branches and selecting, with the same numbers.
+    """
+    num = np.minimum(x, 0)  # x for x < 0, else 0
+    np.exp(num, out=num)  # e^x, or 1
+    den = np.abs(x)
+    np.negative(den, out=den)
+    np.exp(den, out=den)  # e^-|x| in (0, 1]
+    den += 1.0
+    num /= den
+    return num
+
+
 # Rows up to this long have their maxima taken column by column.
 SHORT_ROWS = 32
 

@@ -68,6 +68,7 @@ The modules:
 Qwen3-Next's state dict is read by :mod:`attn_np.hf.weights`.
 """
 
+from ..softmax import sigmoid
 from .attention import (
     LinearAttentionCache,
     elu_feature_map,
@@ -85,7 +86,7 @@ from .chunked import (
     unit_lower_inverse,
 )
 from .conv import causal_conv_backward, causal_conv_forward, silu
-from .gates import l2norm_backward, l2norm_forward, sigmoid, softplus
+from .gates import l2norm_backward, l2norm_forward, softplus
 from .layers import KERNELS, GatedDeltaNet, KimiDeltaAttention
 from .recurrent import (
     RecurrentCache,

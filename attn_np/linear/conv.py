@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._checks import as_float_array, check_backward_cache, check_finite
-from .gates import sigmoid
+from ..softmax import sigmoid
 
 
 def silu(x):

@@ -9,16 +9,6 @@ import numpy as np
 from .._checks import check_backward_cache, check_norm_input, check_overflow
 
 
-def sigmoid(x):
-    # tanh form: one transcendental, no overflow for large |x|; in place
-    # on one new array, in x's dtype
-    s = np.multiply(x, 0.5)
-    np.tanh(s, out=s)
-    s *= 0.5
-    s += 0.5
-    return s
-
-
 def softplus(x):
     """``log(1 + e^x)``, computed without overflow."""
     return np.logaddexp(0.0, x)

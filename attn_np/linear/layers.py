@@ -24,6 +24,7 @@ from .._checks import (
     check_positive_int,
     check_upstream,
 )
+from ..softmax import sigmoid
 from ..training.layers import rmsnorm_backward, rmsnorm_forward
 from ..training.transformer import register_layer_kind
 from .cache import StateCache, check_head_groups, state_bytes
@@ -37,7 +38,7 @@ from .conv import (
     silu,
     silu_backward,
 )
-from .gates import l2norm_backward, l2norm_forward, sigmoid, softplus
+from .gates import l2norm_backward, l2norm_forward, softplus
 from .recurrent import (
     gated_delta_recurrent_backward,
     gated_delta_recurrent_forward,
