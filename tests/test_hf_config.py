@@ -264,3 +264,20 @@ def test_mimo_v2_flash_is_refused_naming_its_window_heads():
     }
     with pytest.raises(ValueError, match="mimo_v2_flash.*twice"):
         from_hf_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "model_type, named",
+    [("minimax", "lightning"), ("bailing_hybrid", "Ling")],
+)
+def test_other_linear_layers_are_refused_by_what_they_are(model_type, named):
+    cfg = {
+        "model_type": model_type,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "hidden_size": 512,
+        "layer_types": ["linear_attention", "full_attention"] * 2,
+    }
+    with pytest.raises(ValueError, match=f"{model_type}.*{named}"):
+        from_hf_config(cfg)

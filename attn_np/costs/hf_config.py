@@ -38,6 +38,14 @@ _UNMODELLED = {
     "hybrid_override_pattern": "state-space (Mamba) layers",
     "attn_layer_period": "state-space (Mamba) layers",
 }
+# Model types whose linear_attention layers are neither Gated DeltaNet nor
+# Kimi Delta Attention (transformers' modelling code)
+_OTHER_LINEAR = {
+    "minimax": "MiniMax's lightning attention (MiniMaxLightningAttention)",
+    "bailing_hybrid": "Ling's delta-rule attention "
+    "(BailingHybridDeltaAttention, sized from num_attention_heads, "
+    "head_dim and short_conv_kernel_size by its config class)",
+}
 # Model types whose cache follows a rule of the modelling code that no
 # config key states.
 _UNMODELLED_TYPES = {
@@ -68,6 +76,13 @@ def _linear_state(cfg: dict) -> LinearState:
     ``linear_attn_config`` (one head count for q, k and v, each with its own
     convolution), or Qwen3-Next's ``linear_*`` keys (q and k share the key
     heads; the convolution runs over q, k and v together)."""
+    model_type = cfg.get("model_type")
+    if model_type in _OTHER_LINEAR:
+        raise ValueError(
+            f"config model_type={model_type!r}: its linear_attention "
+            f"layers are {_OTHER_LINEAR[model_type]}, whose state this "
+            "calculator does not size"
+        )
     dtype, nbytes = _state_dtype(cfg)
     lin = cfg.get("linear_attn_config")
     if lin is None and cfg.get("model_type") == "kimi_linear":
