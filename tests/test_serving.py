@@ -21,6 +21,7 @@ from attn_np.serving import (
     generate_alone,
     page_hashes,
     paged_attention,
+    paged_attention_by_page,
 )
 
 FIXTURE = Path(__file__).parent / "fixtures" / "smollm2_batch.npz"
@@ -244,6 +245,19 @@ def test_sinusoidal_positions(refs):
         assert np.array_equal(got[j], generate_alone(m, p, n)[0])
 
 
+def dense(q, k, v, window=None):
+    """One sequence: ``q [n_kv, G, L, d]`` the last of ``k``'s positions."""
+    L, n = q.shape[2], k.shape[1]
+    s = q @ k[:, None].swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    behind = (n - L + np.arange(L))[:, None] - np.arange(n)
+    seen = behind >= 0
+    if window is not None:
+        seen &= behind < window
+    s = np.where(seen, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v[:, None]
+
+
 def test_paged_attention_page_by_page_equals_the_gather():
     rng = np.random.default_rng(0)
     c = PagedKVCache(10, 4, n_layers=1, n_kv_heads=2, d_k=8, d_v=6)
@@ -255,13 +269,53 @@ def test_paged_attention_page_by_page_equals_the_gather():
     K, V = c.gather(0, "s", 0, 13)
     assert np.array_equal(K, k) and np.array_equal(V, v)
     q = rng.standard_normal((2, 3, 5, 8))  # the last 5 positions
-    o = paged_attention(q, c.k[0], c.v[0], c.table("s"), 13)
-    s = q @ k[:, None].swapaxes(-1, -2) / np.sqrt(8)  # [2, 3, 5, 13]
-    seen = np.arange(13) <= (8 + np.arange(5))[:, None]
-    s = np.where(seen, s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    want = (p / p.sum(-1, keepdims=True)) @ v[:, None]
+    want = dense(q, k, v)
+    o = paged_attention_by_page(q, c.k[0], c.v[0], c.table("s"), 13)
     assert np.abs(o - want).max() < 1e-12
+    o = paged_attention(q[None], c.k[0], c.v[0], [c.table("s")], [13])
+    assert np.abs(o[0] - want).max() < 1e-12
+
+
+@pytest.mark.parametrize("window", [None, 1, 5])
+@pytest.mark.parametrize("L", [1, 3])
+def test_paged_attention_over_a_ragged_batch(window, L):
+    """Sequences of different lengths in one call, each over its own
+    pages (interleaved in the pool), equal each alone."""
+    rng = np.random.default_rng(1)
+    c = PagedKVCache(40, 3, n_layers=1, n_kv_heads=2, d_k=4, d_v=5)
+    lengths = [7, 3, 12, 4]
+    kv = {}
+    for pos in range(max(lengths)):  # pages taken in turn
+        for b, n in enumerate(lengths):
+            if pos < n:
+                c.reserve(b, 1)
+                c.advance(b, 1)
+    for b, n in enumerate(lengths):
+        kv[b] = (
+            rng.standard_normal((2, n, 4)),
+            rng.standard_normal((2, n, 5)),
+        )
+        c.write(0, b, 0, *kv[b])
+    q = rng.standard_normal((4, 2, 3, L, 4))
+    tables = [c.table(b) for b in range(4)]
+    o = paged_attention(q, c.k[0], c.v[0], tables, lengths, window=window)
+    for b in range(4):
+        want = dense(q[b], *kv[b], window=window)
+        assert np.abs(o[b] - want).max() < 1e-12
+
+
+def test_paged_attention_bad_input_names_the_argument():
+    c = PagedKVCache(4, 2, n_layers=1, n_kv_heads=1, d_k=2)
+    c.reserve("a", 3)
+    q = np.zeros((1, 1, 1, 1, 2))
+    with pytest.raises(ValueError, match="q must be"):
+        paged_attention(q[0], c.k[0], c.v[0], [c.table("a")], [3])
+    with pytest.raises(ValueError, match="lengths"):
+        paged_attention(q, c.k[0], c.v[0], [c.table("a")], [5])
+    with pytest.raises(ValueError, match="tables and lengths"):
+        paged_attention(q, c.k[0], c.v[0], [c.table("a")] * 2, [3, 3])
+    with pytest.raises(ValueError, match="k_pages"):
+        paged_attention(q, c.k[0, :, :, :, :1], c.v[0], [[0]], [1])
 
 
 @settings(max_examples=25, deadline=None)
