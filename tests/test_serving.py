@@ -222,6 +222,19 @@ def test_sliding_window_frees_pages():
         assert np.abs(logits[j] - lg).max() < 1e-12
 
 
+def test_prefix_caching_with_a_sliding_window():
+    m = tiny(window=6, seed=4)
+    prompts, news = workload(6, n=5, prefix=16)
+    eng, got, logits = serve(
+        m, prompts, news, page_size=2, n_pages=80, max_batch_tokens=10
+    )
+    assert eng.prefix_caching and eng.stats["cached"] > 0
+    for j, (p, n) in enumerate(zip(prompts, news)):
+        ids, lg = generate_alone(m, p, n)
+        assert np.array_equal(got[j], ids)
+        assert np.abs(logits[j] - lg).max() < 1e-12
+
+
 def test_hybrid_linear_layers_keep_a_state_per_sequence():
     m = tiny(layer_pattern=("linear", "full"), n_layers=2, seed=5)
     prompts, news = workload(4, n=4)

@@ -28,13 +28,13 @@ A linear-attention layer (chapter 12) keeps one state per sequence (its
 ``new_cache()``) instead of pages. When every attention layer has a window
 (chapter 8), pages wholly behind the widest window are freed.
 
-Prefix caching is used only when the model has no linear layer and no
-window. A linear layer's state sums the whole past into one array per
-sequence: there is no page of it to share. In a window model, the pages
-of a long shared prompt are freed behind the window once a request reads
-on, and a later request cannot use them; only a prefix still inside the
-window could be shared, and the engine does not track which pages are
-behind which request's window. Sharing stays exact where it is used.
+Prefix caching is used unless the model has a linear layer: its state
+sums a sequence's whole past into one array, and there is no page of it
+to share. With windows it is exact as it is: a page a request frees
+behind its window is only dropped from its table (a named page stays
+cached for others until evicted), and a request that finds a prompt's
+pages takes them from the first on, so it holds every page its queries
+can see.
 """
 
 from __future__ import annotations
@@ -206,11 +206,8 @@ class Engine:
                 "prefix_caching must be True or False, got "
                 f"{prefix_caching!r}"
             )
-        # a linear layer's state or a window's freed pages cannot be
-        # shared from pages: no prefix caching then
-        self.prefix_caching = (
-            prefix_caching and not parts.stateful and parts.window is None
-        )
+        # a linear layer's state is not in pages: nothing to share
+        self.prefix_caching = prefix_caching and not parts.stateful
         a = parts.attn[0] if parts.attn else None
         self.cache = PagedKVCache(
             n_pages,
