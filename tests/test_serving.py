@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attn_np import Transformer
+from attn_np.latent import MultiHeadLatentAttention
 from attn_np.serving import (
     Engine,
     PagedKVCache,
@@ -246,6 +247,40 @@ def test_hybrid_linear_layers_keep_a_state_per_sequence():
         ids, lg = generate_alone(m, p, n)
         assert np.array_equal(got[j], ids)
         assert np.abs(logits[j] - lg).max() < 1e-12
+
+
+def mla_model(pattern, seed=7):
+    """A chapter-5 model whose attention layers in ``pattern`` ("mla")
+    are chapter 7's MLA: a block takes any layer of the protocol."""
+    m = tiny(seed=seed, n_layers=len(pattern))
+    for i, (blk, kind) in enumerate(zip(m.blocks, pattern)):
+        if kind == "mla":
+            blk.attn = MultiHeadLatentAttention(
+                32, 4, 8, 12, 4, d_latent_q=16, seed=seed + i
+            )
+    return m
+
+
+@pytest.mark.parametrize("pattern", [("mla", "mla"), ("full", "mla")])
+def test_mla_pages_its_latent(pattern):
+    m = mla_model(pattern)
+    prompts, news = workload(7, n=5, prefix=9)
+    runs = {}
+    for pages in (80, 14):  # plenty, and few: preemptions
+        eng, got, logits = serve(
+            m, prompts, news, page_size=3, n_pages=pages, max_batch_tokens=9
+        )
+        runs[pages] = eng
+        for j, (p, n) in enumerate(zip(prompts, news)):
+            ids, lg = generate_alone(m, p, n)
+            assert np.array_equal(got[j], ids)
+            assert np.abs(logits[j] - lg).max() < 1e-12
+    assert runs[80].prefix_caching and runs[80].stats["cached"] > 0
+    assert runs[14].stats["preemptions"] > 0
+    c = runs[80].cache
+    assert c.latent.shape == (pattern.count("mla"), 80, 3, 1, 16)
+    per_pos = 16 * pattern.count("mla") + 2 * 2 * 8 * pattern.count("full")
+    assert c.bytes_per_page == 3 * per_pos * 8
 
 
 def test_sinusoidal_positions(refs):

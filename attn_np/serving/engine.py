@@ -46,6 +46,7 @@ import numpy as np
 
 from .._checks import check_count, check_positive_int
 from ..ffn import SwiGLU
+from ..latent import MultiHeadLatentAttention
 from ..multihead import GroupedQueryAttention
 from ..pretrained.sampling import sampler
 from .paged import PagedKVCache, padded_tables, page_hashes, paged_attention
@@ -117,7 +118,8 @@ class ModelParts:
     """What the engine reads of a model of the book (chapter 14's
     :class:`~attn_np.pretrained.CausalLM`, chapter 5's
     :class:`~attn_np.Transformer`): embedding, blocks, final norm, head,
-    and which blocks attend (pages) and which keep a state."""
+    and which blocks keep keys and values in pages, which MLA's latent
+    rows (chapter 7) in pages, and which a state of their own."""
 
     def __init__(self, model):
         blocks = getattr(model, "blocks", None)
@@ -137,10 +139,29 @@ class ModelParts:
                 self.page_layer[i] = len(self.page_layer)
         attn = [b.attn for b, p in zip(blocks, self.paged) if p]
         self.attn = attn
+        self.latent = [
+            isinstance(b.attn, MultiHeadLatentAttention) for b in blocks
+        ]
+        self.latent_layer = {}  # block -> its layer in the latent pool
+        for i, latent in enumerate(self.latent):
+            if latent:
+                self.latent_layer[i] = len(self.latent_layer)
+        self.mla = [b.attn for b, m in zip(blocks, self.latent) if m]
+        widths = {a.d_latent_kv + a.d_rope for a in self.mla}
+        if len(widths) > 1:
+            raise ValueError(
+                "model's MLA layers must keep rows of one width "
+                f"(d_latent_kv + d_rope) to share pages, got {widths}"
+            )
+        self.d_latent = widths.pop() if widths else 1
         # pages behind every layer's window are freed: behind the widest
-        windows = [a.window for a in attn]
+        # (an MLA layer has no window: it reads every page)
+        windows = [a.window for a in attn] + [None] * len(self.mla)
         self.window = max(windows) if attn and None not in windows else None
-        self.stateful = not all(self.paged)
+        self.pages = bool(attn or self.mla)  # does any layer keep pages
+        self.stateful = not all(
+            p or m for p, m in zip(self.paged, self.latent)
+        )
         self.dtype = np.dtype(model.embed.params["W"].dtype)
         self.vocab_size = model.vocab_size
         table = getattr(model, "positions", None)
@@ -217,6 +238,8 @@ class Engine:
             d_k=a.d_k if a else 1,
             d_v=a.d_v if a else 1,
             dtype=parts.dtype,
+            n_latent_layers=len(parts.mla),
+            d_latent=parts.d_latent,
         )
         self.requests = {}  # id -> Request, until finished
         self.waiting = deque()
@@ -504,6 +527,10 @@ class Engine:
             h = blk.norm1.forward(x)  # [1, T, d]
             if parts.paged[i]:
                 a = self.attention(blk.attn, parts.page_layer[i], h, batch)
+            elif parts.latent[i]:
+                a = self.latent_attention(
+                    blk.attn, parts.latent_layer[i], h, batch
+                )
             else:
                 a = self.stateful(blk.attn, i, h, plan)
             x = x + a  # [1, T, d]
@@ -528,7 +555,7 @@ class Engine:
             if s + n == r.known
         ]
         batch = Layout(ids, pos, ends)
-        if not self.parts.attn:
+        if not self.parts.pages:
             return batch
         tables = self.cache.tables
         for r, s, n in plan:  # written by the end of the step
@@ -575,6 +602,35 @@ class Engine:
         y, _ = layer.output(o, h)  # [1, T, d]
         return y
 
+    def latent_attention(self, layer, li, h, batch) -> np.ndarray:
+        """An MLA layer (chapter 7) over the packed rows ``h [1, T, d]``:
+        its pages hold the rows ``[c_KV ; k_R]``, and its absorbed step
+        is multi-query attention whose one key is the row and whose one
+        value is ``c_KV``, so :func:`~attn_np.serving.paged_attention`
+        gathers rows as it gathers keys."""
+        # [1, 1, h, T, d_c + d_R], [1, T, d_c + d_R]
+        q, lat = layer.project_latent(h, batch.pos)
+        self.cache.store_latent(li, batch.slots, lat[0])
+        pool = self.cache.latent[li]  # [pages, P, 1, d_c + d_R]
+        pool = pool, pool[..., : layer.d_latent_kv]  # keys, values
+        o = np.empty((*q.shape[:-1], layer.d_latent_kv), q.dtype)
+
+        def attend(qs, k, v, mask, positions):
+            return layer.attend_latent(qs, k, v, mask)
+
+        for rows, tables, lengths in batch.groups:
+            if isinstance(rows, slice):  # a chunk: [1, 1, h, n, d]
+                o[..., rows, :] = paged_attention(
+                    q[..., rows, :], *pool, tables, lengths, attend=attend
+                )
+            else:  # a row of each of B sequences: [B, 1, h, 1, d]
+                qs = q[0][:, :, rows, None].transpose(2, 0, 1, 3, 4)
+                ob = paged_attention(
+                    qs, *pool, tables, lengths, attend=attend
+                )
+                o[0][:, :, rows] = ob[:, :, :, 0].transpose(1, 2, 0, 3)
+        return layer.output_latent(o)  # [1, T, d]
+
     def stateful(self, layer, i, h, plan) -> np.ndarray:
         """A layer that keeps a state per sequence (chapter 12's linear
         attention): each segment through its request's own cache."""
@@ -585,7 +641,7 @@ class Engine:
             y = layer.forward(h[:, off : off + n], kv_cache=req.states[i])
             outs.append(y)
             off += n
-        if not self.parts.attn:
+        if not self.parts.pages:
             for req, start, n in plan:
                 self.cache.reserve(req.id, 0)
                 self.cache.lengths[req.id] = start + n

@@ -55,6 +55,12 @@ class PagedKVCache:
     its next positions, :meth:`write` stores a layer's keys and values,
     :meth:`gather` reads them back in order, :meth:`release` returns its
     pages.
+
+    MLA layers (chapter 7) keep no keys and values but one row per
+    position, ``[c_KV ; k_R]`` of ``d_latent`` numbers: ``n_latent_layers``
+    of them are a third array, ``latent [latent layers, pages, P, 1,
+    d_latent]``, in the same pages (a page id holds a position of every
+    layer, whatever its kind).
     """
 
     def __init__(
@@ -67,6 +73,8 @@ class PagedKVCache:
         d_k=64,
         d_v=None,
         dtype=np.float64,
+        n_latent_layers=0,
+        d_latent=1,
     ):
         self.n_pages = check_positive_int(n_pages, "n_pages")
         self.page_size = check_positive_int(page_size, "page_size")
@@ -81,6 +89,10 @@ class PagedKVCache:
         # [layers, pages, P, n_kv, d]
         self.k = np.zeros((n_layers, n_pages, P, n_kv, self.d_k), dtype)
         self.v = np.zeros((n_layers, n_pages, P, n_kv, self.d_v), dtype)
+        n_lat = check_count(n_latent_layers, "n_latent_layers", minimum=0)
+        self.d_latent = check_positive_int(d_latent, "d_latent")
+        # MLA's rows [c_KV ; k_R]: one "head" of d_latent numbers
+        self.latent = np.zeros((n_lat, n_pages, P, 1, self.d_latent), dtype)
         self.refs = np.zeros(n_pages, dtype=np.int64)  # holders per page
         self.free = list(range(n_pages - 1, -1, -1))  # never named: pop()
         self.cached = OrderedDict()  # unreferenced named pages, LRU first
@@ -94,6 +106,7 @@ class PagedKVCache:
         return (
             f"PagedKVCache(n_pages={self.n_pages}, "
             f"page_size={self.page_size}, layers={self.n_layers}, "
+            f"latent layers={len(self.latent)}, "
             f"in use={self.pages_in_use}, cached={len(self.cached)}, "
             f"free={len(self.free)})"
         )
@@ -111,9 +124,10 @@ class PagedKVCache:
 
     @property
     def bytes_per_page(self) -> int:
-        """Keys and values of one page in every layer."""
-        per_pos = self.n_kv_heads * (self.d_k + self.d_v)
-        return self.n_layers * self.page_size * per_pos * self.dtype.itemsize
+        """Keys and values (and MLA's rows) of one page in every layer."""
+        per_pos = self.n_layers * self.n_kv_heads * (self.d_k + self.d_v)
+        per_pos += len(self.latent) * self.d_latent
+        return self.page_size * per_pos * self.dtype.itemsize
 
     def pages_for(self, n_positions) -> int:
         """Pages that hold ``n_positions`` positions: ``ceil(n / P)``."""
@@ -242,6 +256,12 @@ class PagedKVCache:
         vf = self.v[layer].reshape(self.n_pages * P, *self.v.shape[3:])
         kf[slots] = k.swapaxes(0, 1)  # [T, n_kv, d_k]
         vf[slots] = v.swapaxes(0, 1)  # [T, n_kv, d_v]
+
+    def store_latent(self, layer, slots, rows) -> None:
+        """Store MLA's rows ``[c_KV ; k_R]`` ``[T, d_latent]`` at ``slots
+        [T]`` of latent ``layer``."""
+        flat = self.latent[layer].reshape(-1, self.d_latent)  # [pages*P, d]
+        flat[slots] = rows
 
     def write(self, layer, seq, start, k, v) -> None:
         """Store keys ``k [n_kv, L, d_k]`` and values ``v [n_kv, L, d_v]``
