@@ -223,6 +223,27 @@ def test_sliding_window_frees_pages():
         assert np.abs(logits[j] - lg).max() < 1e-12
 
 
+@pytest.mark.parametrize("flash", [False, True])
+def test_layers_of_different_windows(flash):
+    """Pages are freed behind the widest window (the narrower layer still
+    sees only its own); a tiled layer takes no mask, so each padded row
+    attends alone: the same tokens and logits as alone."""
+    m = tiny(window=6, seed=8)
+    m.blocks[1].attn.window = 3
+    for blk in m.blocks:
+        blk.attn.flash = flash
+    prompts, news = workload(8, n=4)
+    news = [12, 9, 11, 7]
+    eng, got, logits = serve(
+        m, prompts, news, page_size=2, n_pages=60, max_batch_tokens=10
+    )
+    assert eng.parts.window == 6
+    for j, (p, n) in enumerate(zip(prompts, news)):
+        ids, lg = generate_alone(m, p, n)
+        assert np.array_equal(got[j], ids)
+        assert np.abs(logits[j] - lg).max() < 1e-12
+
+
 def test_prefix_caching_with_a_sliding_window():
     m = tiny(window=6, seed=4)
     prompts, news = workload(6, n=5, prefix=16)
