@@ -9,8 +9,8 @@ Three measurements, each ratio taken in one run:
   its bytes at the streaming-read rate and its FLOPs at the matmul rate,
   both probed in the same rounds), with the A/A noise floor; and the
   same ratio for the step's products with the weights alone (every
-  matrix of the blocks and the head, on random rows): the most batching
-  can give while those products cost what they cost here;
+  matrix of the blocks and the head, on random rows): where it is close
+  to the step's, the weights set the step's ratio;
 * memory: a random workload of ``--requests`` requests (prompts and
   outputs of 8 to 96 tokens), positions reserved over positions used,
   paged and contiguous (every running request preallocated to the
@@ -160,8 +160,7 @@ def throughput(model, batch, context, rounds):
     )
     wb = ratio_spread(batch * np.asarray(t["W 1"]), t["W B"])
     lines.append(
-        f"  the weight products alone, {batch} rows / 1 (a ceiling): "
-        f"{spread_text(wb)}"
+        f"  the weight products alone, {batch} rows / 1: {spread_text(wb)}"
     )
     return lines
 
