@@ -396,10 +396,12 @@ def test_paged_attention_bad_input_names_the_argument():
     budget=st.integers(1, 40),
     prefix=st.integers(0, 12),
     adds=st.integers(0, 3),
+    kind=st.sampled_from(["gqa", "window", "mla"]),
 )
 def test_random_workloads_never_leak_or_share_a_written_page(
-    model, seed, n, page, pages, budget, prefix, adds
+    model, seed, n, page, pages, budget, prefix, adds, kind
 ):
+    model = {"gqa": model, "window": WINDOW, "mla": MLA}[kind]
     rng = np.random.default_rng(seed)
     shared = rng.integers(40, size=prefix)
     prompts = [
@@ -429,6 +431,10 @@ def test_random_workloads_never_leak_or_share_a_written_page(
         ids, lg = generate_alone(model, prompts[j], news[j])
         assert np.array_equal(got[j], ids)
         assert np.abs(logits[j] - lg).max() < 1e-12
+
+
+WINDOW = tiny(window=5, seed=9)
+MLA = mla_model(("full", "mla"), seed=10)
 
 
 def test_bad_input_names_the_argument(model):
