@@ -383,6 +383,8 @@ def test_paged_attention_bad_input_names_the_argument():
         paged_attention(q, c.k[0], c.v[0], [c.table("a")], [5])
     with pytest.raises(ValueError, match="tables and lengths"):
         paged_attention(q, c.k[0], c.v[0], [c.table("a")] * 2, [3, 3])
+    with pytest.raises(ValueError, match="window"):
+        paged_attention(q, c.k[0], c.v[0], [c.table("a")], [3], window=0)
     with pytest.raises(ValueError, match="k_pages"):
         paged_attention(q, c.k[0, :, :, :, :1], c.v[0], [[0]], [1])
 

@@ -29,7 +29,12 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .._checks import check_count, check_float_dtype, check_positive_int
+from .._checks import (
+    check_count,
+    check_float_dtype,
+    check_positive_int,
+    check_window,
+)
 
 
 def page_hashes(tokens, page_size, parent=None) -> list[int]:
@@ -373,6 +378,7 @@ def paged_attention(
     sinks, score mods).
     """
     tables, lengths, L = _check_batch(q, k_pages, v_pages, tables, lengths)
+    window = check_window(window)
     P = k_pages.shape[1]
     first = np.zeros_like(lengths)  # the first key a query can see
     if window is not None:
