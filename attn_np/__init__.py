@@ -50,8 +50,8 @@ ch  chapter                              modules
 13  sparse attention on the latent       :mod:`.sparse`,
     cache (DSA's lightning indexer,      :mod:`.costs.sparse`
     top-k, block selection)
-14  a real model: SmolLM2-135M from a    :mod:`.pretrained`, :mod:`.ffn`
-    GGUF file through the book's layers
+14  a real model: SmolLM2-135M from a    :mod:`.pretrained`, :mod:`.ffn`,
+    GGUF file through the book's layers  :mod:`.pretrained.sampling`
 15  serving many requests: a paged KV    :mod:`.serving` (:mod:`.serving.
     cache, continuous batching, chunked  paged`, :mod:`.serving.engine`)
     prefill, prefix caching

@@ -386,6 +386,40 @@ class MultiHeadLatentAttention:
         o = o_lat[:, 0] @ w_uv  # [B, h, L, d_c] @ [h, d_c, d_v] -> [.., d_v]
         return o, att
 
+    # ------------------------------- the absorbed step, part by part
+    # (a paged cache keeps the rows in its pages: chapter 15's engine)
+    def project_latent(self, x3, positions):
+        """``x [B, L, d_model]`` at ``positions [L]`` -> ``(q, rows)``:
+        the absorbed queries ``q [B, 1, h, L, d_c + d_R]`` (one group of
+        ``h`` heads over one key) and the rows a cache keeps, ``[c_KV ;
+        k_R]`` ``[B, L, d_c + d_R]``."""
+        q_c, q_r, _ = self._queries(x3, positions)  # [B, h, L, d_h|d_R]
+        c_kv, k_r, _ = self._latents(x3, positions)  # [B, L, d_c|d_R]
+        w_uk, _ = self._absorbed_weights()
+        q_lat = q_c @ w_uk  # [B, h, L, d_h] @ [h, d_h, d_c] -> [.., d_c]
+        q = np.concatenate([q_lat, q_r], axis=-1)  # [B, h, L, d_c + d_R]
+        return q[:, None], np.concatenate([c_kv, k_r], axis=-1)
+
+    def attend_latent(self, q, k, v, mask=None):
+        """The absorbed core: ``q [B, 1, h, L, d_c + d_R]`` over the rows
+        ``k [B, 1, L_k, d_c + d_R]`` (the last query at the last row),
+        values ``v = k[..., :d_c]``, where ``mask`` (broadcasting to ``[B,
+        h, L, L_k]``) allows; the latent outputs ``[B, 1, h, L, d_c]``."""
+        B, _, h, L, _ = q.shape
+        allowed = group_mask(mask, B, h, 1, L, k.shape[2])
+        o_lat, _ = grouped_attention_forward(
+            q, k, v, causal=True, allowed=allowed, scale=self.scale,
+            check_finite=False,
+        )  # fmt: skip
+        return o_lat
+
+    def output_latent(self, o_lat):
+        """``o_lat [B, 1, h, L, d_c]`` -> ``y [B, L, d_model]``: each
+        head's ``W_uv``, the heads side by side, ``W_o``."""
+        _, w_uv = self._absorbed_weights()
+        o = o_lat[:, 0] @ w_uv  # [B, h, L, d_c] @ [h, d_c, d_v] -> [.., d_v]
+        return merge_heads(o) @ self.params["W_o"]  # [B, L, d_model]
+
     def step_parts(self, x_chunk, kv_cache) -> dict:
         """The parts of this layer's absorbed decode step of ``x_chunk [B,
         L, d_model]`` over ``kv_cache``, to be timed alone (the decode

@@ -15,12 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attn_np import Transformer
+from attn_np.latent import MultiHeadLatentAttention
 from attn_np.serving import (
     Engine,
     PagedKVCache,
     generate_alone,
     page_hashes,
     paged_attention,
+    paged_attention_by_page,
 )
 
 FIXTURE = Path(__file__).parent / "fixtures" / "smollm2_batch.npz"
@@ -221,6 +223,40 @@ def test_sliding_window_frees_pages():
         assert np.abs(logits[j] - lg).max() < 1e-12
 
 
+@pytest.mark.parametrize("flash", [False, True])
+def test_layers_of_different_windows(flash):
+    """Pages are freed behind the widest window (the narrower layer still
+    sees only its own); a tiled layer takes no mask, so each padded row
+    attends alone: the same tokens and logits as alone."""
+    m = tiny(window=6, seed=8)
+    m.blocks[1].attn.window = 3
+    for blk in m.blocks:
+        blk.attn.flash = flash
+    prompts, news = workload(8, n=4)
+    news = [12, 9, 11, 7]
+    eng, got, logits = serve(
+        m, prompts, news, page_size=2, n_pages=60, max_batch_tokens=10
+    )
+    assert eng.parts.window == 6
+    for j, (p, n) in enumerate(zip(prompts, news)):
+        ids, lg = generate_alone(m, p, n)
+        assert np.array_equal(got[j], ids)
+        assert np.abs(logits[j] - lg).max() < 1e-12
+
+
+def test_prefix_caching_with_a_sliding_window():
+    m = tiny(window=6, seed=4)
+    prompts, news = workload(6, n=5, prefix=16)
+    eng, got, logits = serve(
+        m, prompts, news, page_size=2, n_pages=80, max_batch_tokens=10
+    )
+    assert eng.prefix_caching and eng.stats["cached"] > 0
+    for j, (p, n) in enumerate(zip(prompts, news)):
+        ids, lg = generate_alone(m, p, n)
+        assert np.array_equal(got[j], ids)
+        assert np.abs(logits[j] - lg).max() < 1e-12
+
+
 def test_hybrid_linear_layers_keep_a_state_per_sequence():
     m = tiny(layer_pattern=("linear", "full"), n_layers=2, seed=5)
     prompts, news = workload(4, n=4)
@@ -234,6 +270,40 @@ def test_hybrid_linear_layers_keep_a_state_per_sequence():
         assert np.abs(logits[j] - lg).max() < 1e-12
 
 
+def mla_model(pattern, seed=7):
+    """A chapter-5 model whose attention layers in ``pattern`` ("mla")
+    are chapter 7's MLA: a block takes any layer of the protocol."""
+    m = tiny(seed=seed, n_layers=len(pattern))
+    for i, (blk, kind) in enumerate(zip(m.blocks, pattern)):
+        if kind == "mla":
+            blk.attn = MultiHeadLatentAttention(
+                32, 4, 8, 12, 4, d_latent_q=16, seed=seed + i
+            )
+    return m
+
+
+@pytest.mark.parametrize("pattern", [("mla", "mla"), ("full", "mla")])
+def test_mla_pages_its_latent(pattern):
+    m = mla_model(pattern)
+    prompts, news = workload(7, n=5, prefix=9)
+    runs = {}
+    for pages in (80, 14):  # plenty, and few: preemptions
+        eng, got, logits = serve(
+            m, prompts, news, page_size=3, n_pages=pages, max_batch_tokens=9
+        )
+        runs[pages] = eng
+        for j, (p, n) in enumerate(zip(prompts, news)):
+            ids, lg = generate_alone(m, p, n)
+            assert np.array_equal(got[j], ids)
+            assert np.abs(logits[j] - lg).max() < 1e-12
+    assert runs[80].prefix_caching and runs[80].stats["cached"] > 0
+    assert runs[14].stats["preemptions"] > 0
+    c = runs[80].cache
+    assert c.latent.shape == (pattern.count("mla"), 80, 3, 1, 16)
+    per_pos = 16 * pattern.count("mla") + 2 * 2 * 8 * pattern.count("full")
+    assert c.bytes_per_page == 3 * per_pos * 8
+
+
 def test_sinusoidal_positions(refs):
     m = tiny(positions="sinusoidal", seed=6)
     prompts, news, _ = refs
@@ -242,6 +312,19 @@ def test_sinusoidal_positions(refs):
     )
     for j, (p, n) in enumerate(zip(prompts, news)):
         assert np.array_equal(got[j], generate_alone(m, p, n)[0])
+
+
+def dense(q, k, v, window=None):
+    """One sequence: ``q [n_kv, G, L, d]`` the last of ``k``'s positions."""
+    L, n = q.shape[2], k.shape[1]
+    s = q @ k[:, None].swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    behind = (n - L + np.arange(L))[:, None] - np.arange(n)
+    seen = behind >= 0
+    if window is not None:
+        seen &= behind < window
+    s = np.where(seen, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v[:, None]
 
 
 def test_paged_attention_page_by_page_equals_the_gather():
@@ -255,13 +338,55 @@ def test_paged_attention_page_by_page_equals_the_gather():
     K, V = c.gather(0, "s", 0, 13)
     assert np.array_equal(K, k) and np.array_equal(V, v)
     q = rng.standard_normal((2, 3, 5, 8))  # the last 5 positions
-    o = paged_attention(q, c.k[0], c.v[0], c.table("s"), 13)
-    s = q @ k[:, None].swapaxes(-1, -2) / np.sqrt(8)  # [2, 3, 5, 13]
-    seen = np.arange(13) <= (8 + np.arange(5))[:, None]
-    s = np.where(seen, s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    want = (p / p.sum(-1, keepdims=True)) @ v[:, None]
+    want = dense(q, k, v)
+    o = paged_attention_by_page(q, c.k[0], c.v[0], c.table("s"), 13)
     assert np.abs(o - want).max() < 1e-12
+    o = paged_attention(q[None], c.k[0], c.v[0], [c.table("s")], [13])
+    assert np.abs(o[0] - want).max() < 1e-12
+
+
+@pytest.mark.parametrize("window", [None, 1, 5])
+@pytest.mark.parametrize("L", [1, 3])
+def test_paged_attention_over_a_ragged_batch(window, L):
+    """Sequences of different lengths in one call, each over its own
+    pages (interleaved in the pool), equal each alone."""
+    rng = np.random.default_rng(1)
+    c = PagedKVCache(40, 3, n_layers=1, n_kv_heads=2, d_k=4, d_v=5)
+    lengths = [7, 3, 12, 4]
+    kv = {}
+    for pos in range(max(lengths)):  # pages taken in turn
+        for b, n in enumerate(lengths):
+            if pos < n:
+                c.reserve(b, 1)
+                c.advance(b, 1)
+    for b, n in enumerate(lengths):
+        kv[b] = (
+            rng.standard_normal((2, n, 4)),
+            rng.standard_normal((2, n, 5)),
+        )
+        c.write(0, b, 0, *kv[b])
+    q = rng.standard_normal((4, 2, 3, L, 4))
+    tables = [c.table(b) for b in range(4)]
+    o = paged_attention(q, c.k[0], c.v[0], tables, lengths, window=window)
+    for b in range(4):
+        want = dense(q[b], *kv[b], window=window)
+        assert np.abs(o[b] - want).max() < 1e-12
+
+
+def test_paged_attention_bad_input_names_the_argument():
+    c = PagedKVCache(4, 2, n_layers=1, n_kv_heads=1, d_k=2)
+    c.reserve("a", 3)
+    q = np.zeros((1, 1, 1, 1, 2))
+    with pytest.raises(ValueError, match="q must be"):
+        paged_attention(q[0], c.k[0], c.v[0], [c.table("a")], [3])
+    with pytest.raises(ValueError, match="lengths"):
+        paged_attention(q, c.k[0], c.v[0], [c.table("a")], [5])
+    with pytest.raises(ValueError, match="tables and lengths"):
+        paged_attention(q, c.k[0], c.v[0], [c.table("a")] * 2, [3, 3])
+    with pytest.raises(ValueError, match="window"):
+        paged_attention(q, c.k[0], c.v[0], [c.table("a")], [3], window=0)
+    with pytest.raises(ValueError, match="k_pages"):
+        paged_attention(q, c.k[0, :, :, :, :1], c.v[0], [[0]], [1])
 
 
 @settings(max_examples=25, deadline=None)
@@ -273,10 +398,12 @@ def test_paged_attention_page_by_page_equals_the_gather():
     budget=st.integers(1, 40),
     prefix=st.integers(0, 12),
     adds=st.integers(0, 3),
+    kind=st.sampled_from(["gqa", "window", "mla"]),
 )
 def test_random_workloads_never_leak_or_share_a_written_page(
-    model, seed, n, page, pages, budget, prefix, adds
+    model, seed, n, page, pages, budget, prefix, adds, kind
 ):
+    model = {"gqa": model, "window": WINDOW, "mla": MLA}[kind]
     rng = np.random.default_rng(seed)
     shared = rng.integers(40, size=prefix)
     prompts = [
@@ -306,6 +433,10 @@ def test_random_workloads_never_leak_or_share_a_written_page(
         ids, lg = generate_alone(model, prompts[j], news[j])
         assert np.array_equal(got[j], ids)
         assert np.abs(logits[j] - lg).max() < 1e-12
+
+
+WINDOW = tiny(window=5, seed=9)
+MLA = mla_model(("full", "mla"), seed=10)
 
 
 def test_bad_input_names_the_argument(model):

@@ -7,7 +7,10 @@ Three measurements, each ratio taken in one run:
   one, both at ``--context`` cached positions, in alternating rounds;
   tokens per second of each beside the step's roofline (the larger of
   its bytes at the streaming-read rate and its FLOPs at the matmul rate,
-  both probed in the same rounds), with the A/A noise floor;
+  both probed in the same rounds), with the A/A noise floor; and the
+  same ratio for the step's products with the weights alone (every
+  matrix of the blocks and the head, on random rows): where it is close
+  to the step's, the weights set the step's ratio;
 * memory: a random workload of ``--requests`` requests (prompts and
   outputs of 8 to 96 tokens), positions reserved over positions used,
   paged and contiguous (every running request preallocated to the
@@ -86,6 +89,31 @@ def parse(argv):
     return p.parse_args(argv)
 
 
+def weight_products(model, batch, seed=0):
+    """A function that makes a decode step's products with the weights
+    for ``batch`` random rows: every matrix of every block (as the layers
+    hold them: packed where packed) and the head, nothing else."""
+    rng = np.random.default_rng(seed)
+    mats = []
+    for blk in model.blocks:
+        for layer in (blk.attn, blk.ffn):
+            packed = getattr(layer, "_packed", None)
+            views = [] if packed is None else [id(v) for v in packed[1]]
+            mats += [packed[0]] if packed is not None else []
+            mats += [w for w in layer.params.values() if id(w) not in views]
+    mats = [w for w in mats if w.ndim == 2] + [model.head_weight.T]
+    rows = {
+        n: rng.standard_normal((batch, n)).astype(model.dtype)
+        for n in {w.shape[0] for w in mats}
+    }
+
+    def products():
+        for w in mats:
+            rows[w.shape[0]] @ w  # [batch, in] @ [in, out]
+
+    return products
+
+
 def throughput(model, batch, context, rounds):
     """Lines on tokens per second at ``batch`` against 1."""
     _, one = decoding_engine(model, 1, context)
@@ -93,6 +121,8 @@ def throughput(model, batch, context, rounds):
     probes = read_probes()
     mm, mm_flops = matmul_probe()
     fns = {"1": one, "B": many, "1 (A/A)": one, "matmul": mm}
+    fns["W 1"] = weight_products(model, 1)
+    fns["W B"] = weight_products(model, batch)
     fns.update({name: fn for name, (fn, _) in probes.items()})
     t = alternating_times(fns, rounds=rounds)
     stream = np.max([b / t[n] for n, (_, b) in probes.items()], axis=0)
@@ -127,6 +157,10 @@ def throughput(model, batch, context, rounds):
     lines.append(
         "  noise floor (batch 1 / itself, A/A): "
         f"{spread_text(ratio_spread(t['1 (A/A)'], t['1']))}"
+    )
+    wb = ratio_spread(batch * np.asarray(t["W 1"]), t["W B"])
+    lines.append(
+        f"  the weight products alone, {batch} rows / 1: {spread_text(wb)}"
     )
     return lines
 

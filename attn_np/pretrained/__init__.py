@@ -7,7 +7,10 @@ from the book's parts: chapter 3's :class:`~attn_np.GroupedQueryAttention`
 with chapter 6's RoPE, chapter 5's RMSNorm and embedding, the SwiGLU
 feed-forward of :mod:`attn_np.ffn`, and a head tied to the embedding. Its
 tokenizer and chat template come from the same file
-(:mod:`.tokenizer`).
+(:mod:`.tokenizer`). The next token is chosen from the logits by
+:func:`sample_next` (:mod:`.sampling`: greedy, or temperature, top-k and
+top-p with a seeded generator), the one sampler of the book: chapter 15's
+engine uses it too.
 
 The RoPE layout. llama.cpp's converter permutes the rows of ``attn_q``
 and ``attn_k`` (the columns of our ``W_q`` and ``W_k``) so that the pairs
@@ -32,6 +35,7 @@ from .gguf_file import (
     smollm2_path,
 )
 from .model import CausalLM, DecoderBlock, ModelCache
+from .sampling import sample_next, sampler
 from .tokenizer import GGUFTokenizer, tokenizer_from_gguf
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -184,6 +188,8 @@ __all__ = [
     "LlamaConfig",
     "ModelCache",
     "load_gguf",
+    "sample_next",
+    "sampler",
     "smollm2_path",
     "tokenizer_from_gguf",
 ]

@@ -38,6 +38,7 @@ from ..kv_cache import KVCache
 from ..multihead import GroupedQueryAttention
 from ..rope import rope_permutation
 from ..training.layers import Composite, Embedding, RMSNorm
+from .sampling import sampler
 
 
 class DecoderBlock(Composite):
@@ -360,7 +361,9 @@ class CausalLM(Composite):
         """
         ids = self.check_ids(ids)
         n = check_count(max_new_tokens, "max_new_tokens", minimum=0)
-        sample = _sampler(temperature, top_k, top_p, seed, self.vocab_size)
+        sample = sampler(
+            temperature, top_k, top_p, seed, vocab=self.vocab_size
+        )
         out = np.empty((ids.shape[0], ids.shape[1] + n), dtype=np.int64)
         out[:, : ids.shape[1]] = ids
         if n == 0:
@@ -417,48 +420,3 @@ class CausalLM(Composite):
             a.grads = {k: np.zeros_like(p) for k, p in a.params.items()}
             a.rope_layout = "half"
         return self
-
-
-def _sampler(temperature, top_k, top_p, seed, vocab):
-    """A function ``logits [B, V] -> ids [B]`` for :meth:`generate`."""
-    if isinstance(temperature, bool) or not isinstance(
-        temperature, (int, float, np.floating, np.integer)
-    ):
-        raise TypeError(
-            f"temperature must be a number, got {type(temperature).__name__}"
-        )
-    if not np.isfinite(temperature) or temperature < 0:
-        raise ValueError(
-            f"temperature must be finite and >= 0, got {temperature!r}"
-        )
-    if top_k is not None:
-        top_k = check_positive_int(top_k, "top_k")
-        top_k = min(top_k, vocab)
-    if top_p is not None:
-        ok = isinstance(top_p, (int, float, np.floating)) and not isinstance(
-            top_p, bool
-        )
-        if not ok or not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    if temperature == 0:
-        return lambda logits: np.argmax(logits, axis=-1)
-    rng = np.random.default_rng(seed)
-
-    def sample(logits):
-        z = logits.astype(np.float64) / temperature  # [B, V]
-        if top_k is not None:  # below the k-th largest: out
-            kth = np.partition(z, -top_k, axis=-1)[:, -top_k, None]
-            z = np.where(z >= kth, z, -np.inf)
-        p = np.exp(z - z.max(axis=-1, keepdims=True))
-        p /= p.sum(axis=-1, keepdims=True)  # [B, V]
-        if top_p is not None:  # the smallest set reaching top_p
-            order = np.argsort(-p, axis=-1, kind="stable")
-            sorted_p = np.take_along_axis(p, order, axis=-1)
-            before = np.cumsum(sorted_p, axis=-1) - sorted_p
-            keep = np.zeros_like(p, dtype=bool)
-            np.put_along_axis(keep, order, before < top_p, axis=-1)
-            p = np.where(keep, p, 0.0)
-            p /= p.sum(axis=-1, keepdims=True)
-        return np.array([rng.choice(len(r), p=r) for r in p])
-
-    return sample

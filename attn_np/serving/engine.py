@@ -13,18 +13,28 @@ A step of :class:`Engine`:
    sequence, packed into one ``[1, T, d_model]`` array with offsets. The
    projections, norms and feed-forwards are one product each for all
    ``T`` rows (the weights are read once per step, not once per
-   sequence); attention is per sequence, each over its own pages. The
-   attention layer is the book's one layer, driven step by step: its
-   ``project``, ``position``, ``attend`` and ``output``.
+   sequence). The cache takes every row's keys and values in one write
+   (their slots are worked out once per step), and attention is one
+   :func:`~attn_np.serving.paged_attention` call for all the sequences
+   that add one token (the decodes), each over its own pages, and one per
+   prefill chunk. The attention layer is the book's one layer, driven
+   step by step: its ``project``, ``position``, ``attend`` and
+   ``output``.
 3. **Sample** the sequences whose chunk reached their last known token,
    retire the finished ones (their pages are freed) and admit others in
    the next step, mid-flight.
 
 A linear-attention layer (chapter 12) keeps one state per sequence (its
 ``new_cache()``) instead of pages. When every attention layer has a window
-(chapter 8), pages wholly behind it are freed. Prefix caching needs every
-layer's past in pages, so it is used only when the model has no linear
-layer and no window.
+(chapter 8), pages wholly behind the widest window are freed.
+
+Prefix caching is used unless the model has a linear layer: its state
+sums a sequence's whole past into one array, and there is no page of it
+to share. With windows it is exact as it is: a page a request frees
+behind its window is only dropped from its table (a named page stays
+cached for others until evicted), and a request that finds a prompt's
+pages takes them from the first on, so it holds every page its queries
+can see.
 """
 
 from __future__ import annotations
@@ -36,9 +46,10 @@ import numpy as np
 
 from .._checks import check_count, check_positive_int
 from ..ffn import SwiGLU
+from ..latent import MultiHeadLatentAttention
 from ..multihead import GroupedQueryAttention
-from ..pretrained.model import _sampler
-from .paged import PagedKVCache, page_hashes
+from ..pretrained.sampling import sampler
+from .paged import PagedKVCache, padded_tables, page_hashes, paged_attention
 
 
 @dataclass(eq=False)
@@ -64,11 +75,51 @@ class Request:
         return len(self.prompt) + len(self.out)
 
 
+@dataclass(eq=False)
+class Layout:
+    """A step's packed rows (:meth:`Engine.layout`): ``ids [T]``, ``pos
+    [T]`` absolute positions, ``ends`` the rows sampled, ``slots [T]``
+    where their keys and values go, and ``groups`` the attention calls,
+    ``(rows, tables, lengths)`` each."""
+
+    ids: np.ndarray
+    pos: np.ndarray
+    ends: list
+    slots: np.ndarray = None
+    groups: list = field(default_factory=list)
+
+
+def layer_step(layer):
+    """``attend(q, k, v, mask, positions) -> o`` for
+    :func:`~attn_np.serving.paged_attention`: the layer's own attention
+    step on the gathered keys, so that its window, sinks and score mods
+    apply as they do alone. A part that reads absolute positions (a mask
+    rule such as chapter 11's chunks), or tiled kernels (``flash=True``,
+    which take no mask), get one sequence at a time without its padding,
+    at its own positions."""
+
+    def attend(q, k, v, mask, positions):
+        if layer.mask_rule is None and (mask is None or not layer.flash):
+            return layer.attend(q, k, v, mask=mask, causal=True)[0]
+        outs, L = [], q.shape[3]
+        for b in range(q.shape[0]):
+            n = k.shape[2] if mask is None else int(mask[b].sum())
+            k_pos = positions[b, -n:]  # [n]
+            where = dict(q_positions=k_pos[-L:], k_positions=k_pos)
+            kb, vb = k[b : b + 1, :, -n:], v[b : b + 1, :, -n:]
+            o, _ = layer.attend(q[b : b + 1], kb, vb, causal=True, **where)
+            outs.append(o)  # [1, n_kv, G, L, d_v]
+        return np.concatenate(outs)
+
+    return attend
+
+
 class ModelParts:
     """What the engine reads of a model of the book (chapter 14's
     :class:`~attn_np.pretrained.CausalLM`, chapter 5's
     :class:`~attn_np.Transformer`): embedding, blocks, final norm, head,
-    and which blocks attend (pages) and which keep a state."""
+    and which blocks keep keys and values in pages, which MLA's latent
+    rows (chapter 7) in pages, and which a state of their own."""
 
     def __init__(self, model):
         blocks = getattr(model, "blocks", None)
@@ -88,9 +139,29 @@ class ModelParts:
                 self.page_layer[i] = len(self.page_layer)
         attn = [b.attn for b, p in zip(blocks, self.paged) if p]
         self.attn = attn
-        windows = [a.window for a in attn]
-        self.window = min(windows) if attn and None not in windows else None
-        self.stateful = not all(self.paged)
+        self.latent = [
+            isinstance(b.attn, MultiHeadLatentAttention) for b in blocks
+        ]
+        self.latent_layer = {}  # block -> its layer in the latent pool
+        for i, latent in enumerate(self.latent):
+            if latent:
+                self.latent_layer[i] = len(self.latent_layer)
+        self.mla = [b.attn for b, m in zip(blocks, self.latent) if m]
+        widths = {a.d_latent_kv + a.d_rope for a in self.mla}
+        if len(widths) > 1:
+            raise ValueError(
+                "model's MLA layers must keep rows of one width "
+                f"(d_latent_kv + d_rope) to share pages, got {widths}"
+            )
+        self.d_latent = widths.pop() if widths else 1
+        # pages behind every layer's window are freed: behind the widest
+        # (an MLA layer has no window: it reads every page)
+        windows = [a.window for a in attn] + [None] * len(self.mla)
+        self.window = max(windows) if attn and None not in windows else None
+        self.pages = bool(attn or self.mla)  # does any layer keep pages
+        self.stateful = not all(
+            p or m for p, m in zip(self.paged, self.latent)
+        )
         self.dtype = np.dtype(model.embed.params["W"].dtype)
         self.vocab_size = model.vocab_size
         table = getattr(model, "positions", None)
@@ -156,11 +227,8 @@ class Engine:
                 "prefix_caching must be True or False, got "
                 f"{prefix_caching!r}"
             )
-        # a linear layer's state or a window's freed pages cannot be
-        # shared from pages: no prefix caching then
-        self.prefix_caching = (
-            prefix_caching and not parts.stateful and parts.window is None
-        )
+        # a linear layer's state is not in pages: nothing to share
+        self.prefix_caching = prefix_caching and not parts.stateful
         a = parts.attn[0] if parts.attn else None
         self.cache = PagedKVCache(
             n_pages,
@@ -170,6 +238,8 @@ class Engine:
             d_k=a.d_k if a else 1,
             d_v=a.d_v if a else 1,
             dtype=parts.dtype,
+            n_latent_layers=len(parts.mla),
+            d_latent=parts.d_latent,
         )
         self.requests = {}  # id -> Request, until finished
         self.waiting = deque()
@@ -237,7 +307,7 @@ class Engine:
                 f"need {positions} positions; the model's position table "
                 f"holds max_len={len(table)}"
             )
-        sample = _sampler(temperature, top_k, top_p, seed, V)
+        sample = sampler(temperature, top_k, top_p, seed, vocab=V)
         rid = self._next_id
         self._next_id += 1
         req = Request(rid, ids.astype(np.int64), n, sample)
@@ -283,25 +353,21 @@ class Engine:
         if not plan:
             return []
         logits = self.forward(plan)  # [sampled, vocab]
-        done, row = [], 0
+        sampled, P = [], self.page_size
         for req, start, n in plan:
             req.computed = start + n
-            if self.prefix_caching:
-                self._name(req)
-            if start + n < req.known:  # a prefill chunk, more to come
-                continue
-            req.out.append(int(req.sample(logits[row : row + 1])[0]))
+            if self.prefix_caching and (start + n) // P > start // P:
+                self._name(req)  # it filled a page: name it
+            if start + n == req.known:  # not a prefill chunk with more
+                sampled.append(req)
+        done = []
+        tokens = self.sample(sampled, logits)
+        for req, token, row in zip(sampled, tokens, logits):
+            req.out.append(int(token))
             if self.keep_logits:
-                self.logits.setdefault(req.id, []).append(logits[row])
-            row += 1
+                self.logits.setdefault(req.id, []).append(row)
             if len(req.out) == req.max_new_tokens:
-                self.running.remove(req)
-                self.cache.release(req.id)
-                del self.requests[req.id]
-                done.append((req.id, req.tokens))
-                self.finished[req.id] = req.tokens
-                if self.keep_logits:
-                    self.logits[req.id] = np.stack(self.logits[req.id])
+                done.append(self._retire(req))
             elif self.parts.window is not None:
                 self._forget(req)
         self.stats["steps"] += 1
@@ -311,6 +377,27 @@ class Engine:
         self.history.append((tokens, len(plan), reserved, used))
         self.plans.append([(r.id, s, n) for r, s, n in plan])
         return done
+
+    @staticmethod
+    def sample(reqs, logits) -> np.ndarray:
+        """The next token of each request, ``logits [len(reqs), vocab]``:
+        the greedy ones in one ``argmax``, the others each with its own
+        seeded sampler (:func:`~attn_np.pretrained.sampler`)."""
+        tokens = np.argmax(logits, axis=-1)  # [len(reqs)]
+        for j, req in enumerate(reqs):
+            if not req.sample.greedy:
+                tokens[j] = req.sample(logits[j : j + 1])[0]
+        return tokens
+
+    def _retire(self, req):
+        """Free a finished request's pages; ``(request_id, ids)``."""
+        self.running.remove(req)
+        self.cache.release(req.id)
+        del self.requests[req.id]
+        self.finished[req.id] = req.tokens
+        if self.keep_logits:
+            self.logits[req.id] = np.stack(self.logits[req.id])
+        return req.id, req.tokens
 
     def _names(self, req) -> list:
         """``req.names`` grown to every full page of its known tokens."""
@@ -434,61 +521,115 @@ class Engine:
         ``(request, start, n)`` that reaches its request's last known
         token; writes every segment's keys and values."""
         parts = self.parts
-        ids = np.concatenate(
-            [r.tokens[s : s + n] for r, s, n in plan]
-        )  # [T]
-        pos = np.concatenate([np.arange(s, s + n) for _, s, n in plan])
-        x = parts.embed(ids, pos)[None]  # [1, T, d]
+        batch = self.layout(plan)
+        x = parts.embed(batch.ids, batch.pos)[None]  # [1, T, d]
         for i, blk in enumerate(parts.blocks):
             h = blk.norm1.forward(x)  # [1, T, d]
             if parts.paged[i]:
-                a = self.attention(blk.attn, parts.page_layer[i], h, plan)
+                a = self.attention(blk.attn, parts.page_layer[i], h, batch)
+            elif parts.latent[i]:
+                a = self.latent_attention(
+                    blk.attn, parts.latent_layer[i], h, batch
+                )
             else:
                 a = self.stateful(blk.attn, i, h, plan)
             x = x + a  # [1, T, d]
             x = x + parts.ffn(blk, x)
-        ends, off = [], 0
-        for r, s, n in plan:
-            off += n
-            if s + n == r.known:
-                ends.append(off - 1)
         for r, s, n in plan:
             self.stats["computed"] += n
             self.stats["prefill"] += min(n, max(0, len(r.prompt) - s))
-        return parts.logits(x[:, ends])  # [sampled, vocab]
+        return parts.logits(x[:, batch.ends])  # [sampled, vocab]
 
-    def attention(self, layer, li, h, plan) -> np.ndarray:
+    def layout(self, plan) -> Layout:
+        """The step's packed rows: token ids, positions, the slots their
+        keys and values go to, the rows sampled, and the attention calls:
+        one for every segment of one row (the decodes), one per longer
+        segment (a prefill chunk). Worked out once, for every layer."""
+        sizes = [n for _, _, n in plan]
+        offs = np.concatenate([[0], np.cumsum(sizes)])  # [segments + 1]
+        ids = np.concatenate([r.tokens[s : s + n] for r, s, n in plan])
+        pos = np.concatenate([np.arange(s, s + n) for _, s, n in plan])
+        ends = [
+            offs[j + 1] - 1
+            for j, (r, s, n) in enumerate(plan)
+            if s + n == r.known
+        ]
+        batch = Layout(ids, pos, ends)
+        if not self.parts.pages:
+            return batch
+        tables = self.cache.tables
+        for r, s, n in plan:  # written by the end of the step
+            self.cache.lengths[r.id] = s + n
+        batch.slots = np.concatenate(
+            [self.cache.slots(r.id, s, s + n) for r, s, n in plan]
+        )  # [T]
+        one = [j for j, n in enumerate(sizes) if n == 1]
+        if one:  # one query of each: [B] rows, tables, lengths
+            rows = offs[one]
+            seqs = [tables[plan[j][0].id] for j in one]
+            batch.groups.append((rows, padded_tables(seqs), pos[rows] + 1))
+        for j, (r, s, n) in enumerate(plan):
+            if n > 1:  # a chunk: its rows, its table, its length
+                rows = slice(offs[j], offs[j + 1])
+                batch.groups.append(
+                    (rows, padded_tables([tables[r.id]]), [s + n])
+                )
+        return batch
+
+    def attention(self, layer, li, h, batch) -> np.ndarray:
         """One attention layer over the packed rows ``h [1, T, d]``: one
-        projection for all rows, then each sequence's queries over its
-        own pages, then one output projection."""
+        projection for all rows, one write of their keys and values into
+        the pool, one :func:`~attn_np.serving.paged_attention` for the
+        decodes and one per prefill chunk, one output projection."""
         q, k, v = layer.project(h)  # [1, n_kv, G, T, d_k], [1, n_kv, T, d]
         # every row turned by its own absolute position, in one call
-        pos_all = np.concatenate([np.arange(s, s + n) for _, s, n in plan])
-        q, k, _ = layer.position(q, k, pos_all)
-        outs, off = [], 0
-        W = self.parts.window
-        for req, start, n in plan:
-            rows = slice(off, off + n)
-            pos = pos_all[rows]  # absolute positions [n]
-            qs, ks = q[..., rows, :], k[:, :, rows]
-            self.cache.write(li, req.id, start, ks[0], v[0, :, rows])
-            # keys from the first position the chunk's first query sees
-            lo = 0 if W is None else max(0, start + 1 - W)
-            K, V = self.cache.gather(li, req.id, lo, start + n)
-            where = {"causal": True}
-            if lo:
-                where.update(
-                    q_positions=pos, k_positions=np.arange(lo, start + n)
+        q, k, _ = layer.position(q, k, batch.pos)
+        self.cache.store(li, batch.slots, k[0], v[0])
+        pool = self.cache.k[li], self.cache.v[li]  # [pages, P, n_kv, d]
+        kw = dict(window=layer.window, attend=layer_step(layer))
+        o = np.empty((*q.shape[:-1], v.shape[-1]), q.dtype)
+        for rows, tables, lengths in batch.groups:
+            if isinstance(rows, slice):  # a chunk: [1, n_kv, G, n, d_k]
+                qs = q[..., rows, :]
+                o[..., rows, :] = paged_attention(
+                    qs, *pool, tables, lengths, **kw
                 )
-            o, _ = layer.attend(qs, K[None], V[None], **where)
-            outs.append(o)  # [1, n_kv, G, n, d_v]
-            off += n
-        if li == 0:
-            for req, start, n in plan:
-                self.cache.lengths[req.id] = start + n
-        o = np.concatenate(outs, axis=3)  # [1, n_kv, G, T, d_v]
+            else:  # a row of each of B sequences: [B, n_kv, G, 1, d_k]
+                qs = q[0][:, :, rows, None].transpose(2, 0, 1, 3, 4)
+                ob = paged_attention(qs, *pool, tables, lengths, **kw)
+                # [B, n_kv, G, d_v] -> [n_kv, G, B, d_v]
+                o[0][:, :, rows] = ob[:, :, :, 0].transpose(1, 2, 0, 3)
         y, _ = layer.output(o, h)  # [1, T, d]
         return y
+
+    def latent_attention(self, layer, li, h, batch) -> np.ndarray:
+        """An MLA layer (chapter 7) over the packed rows ``h [1, T, d]``:
+        its pages hold the rows ``[c_KV ; k_R]``, and its absorbed step
+        is multi-query attention whose one key is the row and whose one
+        value is ``c_KV``, so :func:`~attn_np.serving.paged_attention`
+        gathers rows as it gathers keys."""
+        # [1, 1, h, T, d_c + d_R], [1, T, d_c + d_R]
+        q, lat = layer.project_latent(h, batch.pos)
+        self.cache.store_latent(li, batch.slots, lat[0])
+        pool = self.cache.latent[li]  # [pages, P, 1, d_c + d_R]
+        pool = pool, pool[..., : layer.d_latent_kv]  # keys, values
+        o = np.empty((*q.shape[:-1], layer.d_latent_kv), q.dtype)
+
+        def attend(qs, k, v, mask, positions):
+            return layer.attend_latent(qs, k, v, mask)
+
+        for rows, tables, lengths in batch.groups:
+            if isinstance(rows, slice):  # a chunk: [1, 1, h, n, d]
+                o[..., rows, :] = paged_attention(
+                    q[..., rows, :], *pool, tables, lengths, attend=attend
+                )
+            else:  # a row of each of B sequences: [B, 1, h, 1, d]
+                qs = q[0][:, :, rows, None].transpose(2, 0, 1, 3, 4)
+                ob = paged_attention(
+                    qs, *pool, tables, lengths, attend=attend
+                )
+                o[0][:, :, rows] = ob[:, :, :, 0].transpose(1, 2, 0, 3)
+        return layer.output_latent(o)  # [1, T, d]
 
     def stateful(self, layer, i, h, plan) -> np.ndarray:
         """A layer that keeps a state per sequence (chapter 12's linear
@@ -500,7 +641,7 @@ class Engine:
             y = layer.forward(h[:, off : off + n], kv_cache=req.states[i])
             outs.append(y)
             off += n
-        if not self.parts.attn:
+        if not self.parts.pages:
             for req, start, n in plan:
                 self.cache.reserve(req.id, 0)
                 self.cache.lengths[req.id] = start + n
@@ -519,12 +660,12 @@ def generate_alone(
     parts = ModelParts(model)
     ids = [int(t) for t in np.asarray(prompt_ids)]
     n = check_count(max_new_tokens, "max_new_tokens")
-    sample = _sampler(
+    sample = sampler(
         sampling.get("temperature", 0.0),
         sampling.get("top_k"),
         sampling.get("top_p"),
         sampling.get("seed", 0),
-        parts.vocab_size,
+        vocab=parts.vocab_size,
     )
     caches = [blk.attn.new_cache() for blk in parts.blocks]
     chunk = len(ids) if chunk is None else check_positive_int(chunk, "chunk")

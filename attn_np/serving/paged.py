@@ -29,7 +29,12 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .._checks import check_count, check_float_dtype, check_positive_int
+from .._checks import (
+    check_count,
+    check_float_dtype,
+    check_positive_int,
+    check_window,
+)
 
 
 def page_hashes(tokens, page_size, parent=None) -> list[int]:
@@ -55,6 +60,12 @@ class PagedKVCache:
     its next positions, :meth:`write` stores a layer's keys and values,
     :meth:`gather` reads them back in order, :meth:`release` returns its
     pages.
+
+    MLA layers (chapter 7) keep no keys and values but one row per
+    position, ``[c_KV ; k_R]`` of ``d_latent`` numbers: ``n_latent_layers``
+    of them are a third array, ``latent [latent layers, pages, P, 1,
+    d_latent]``, in the same pages (a page id holds a position of every
+    layer, whatever its kind).
     """
 
     def __init__(
@@ -67,6 +78,8 @@ class PagedKVCache:
         d_k=64,
         d_v=None,
         dtype=np.float64,
+        n_latent_layers=0,
+        d_latent=1,
     ):
         self.n_pages = check_positive_int(n_pages, "n_pages")
         self.page_size = check_positive_int(page_size, "page_size")
@@ -81,6 +94,10 @@ class PagedKVCache:
         # [layers, pages, P, n_kv, d]
         self.k = np.zeros((n_layers, n_pages, P, n_kv, self.d_k), dtype)
         self.v = np.zeros((n_layers, n_pages, P, n_kv, self.d_v), dtype)
+        n_lat = check_count(n_latent_layers, "n_latent_layers", minimum=0)
+        self.d_latent = check_positive_int(d_latent, "d_latent")
+        # MLA's rows [c_KV ; k_R]: one "head" of d_latent numbers
+        self.latent = np.zeros((n_lat, n_pages, P, 1, self.d_latent), dtype)
         self.refs = np.zeros(n_pages, dtype=np.int64)  # holders per page
         self.free = list(range(n_pages - 1, -1, -1))  # never named: pop()
         self.cached = OrderedDict()  # unreferenced named pages, LRU first
@@ -94,6 +111,7 @@ class PagedKVCache:
         return (
             f"PagedKVCache(n_pages={self.n_pages}, "
             f"page_size={self.page_size}, layers={self.n_layers}, "
+            f"latent layers={len(self.latent)}, "
             f"in use={self.pages_in_use}, cached={len(self.cached)}, "
             f"free={len(self.free)})"
         )
@@ -111,9 +129,10 @@ class PagedKVCache:
 
     @property
     def bytes_per_page(self) -> int:
-        """Keys and values of one page in every layer."""
-        per_pos = self.n_kv_heads * (self.d_k + self.d_v)
-        return self.n_layers * self.page_size * per_pos * self.dtype.itemsize
+        """Keys and values (and MLA's rows) of one page in every layer."""
+        per_pos = self.n_layers * self.n_kv_heads * (self.d_k + self.d_v)
+        per_pos += len(self.latent) * self.d_latent
+        return self.page_size * per_pos * self.dtype.itemsize
 
     def pages_for(self, n_positions) -> int:
         """Pages that hold ``n_positions`` positions: ``ceil(n / P)``."""
@@ -233,15 +252,26 @@ class PagedKVCache:
             self.name[page], self.by_hash[h] = h, page
 
     # -- keys and values -------------------------------------------------
-    def write(self, layer, seq, start, k, v) -> None:
-        """Store keys ``k [n_kv, L, d_k]`` and values ``v [n_kv, L, d_v]``
-        of positions ``start ... start+L-1`` of ``seq`` in ``layer``."""
-        slots = self.slots(seq, start, start + k.shape[1])  # [L]
+    def store(self, layer, slots, k, v) -> None:
+        """Store keys ``k [n_kv, T, d_k]`` and values ``v [n_kv, T, d_v]``
+        at ``slots [T]`` of ``layer`` (:meth:`slots`): the rows of many
+        sequences in one write."""
         P = self.page_size
         kf = self.k[layer].reshape(self.n_pages * P, *self.k.shape[3:])
         vf = self.v[layer].reshape(self.n_pages * P, *self.v.shape[3:])
-        kf[slots] = k.swapaxes(0, 1)  # [L, n_kv, d_k]
-        vf[slots] = v.swapaxes(0, 1)  # [L, n_kv, d_v]
+        kf[slots] = k.swapaxes(0, 1)  # [T, n_kv, d_k]
+        vf[slots] = v.swapaxes(0, 1)  # [T, n_kv, d_v]
+
+    def store_latent(self, layer, slots, rows) -> None:
+        """Store MLA's rows ``[c_KV ; k_R]`` ``[T, d_latent]`` at ``slots
+        [T]`` of latent ``layer``."""
+        flat = self.latent[layer].reshape(-1, self.d_latent)  # [pages*P, d]
+        flat[slots] = rows
+
+    def write(self, layer, seq, start, k, v) -> None:
+        """Store keys ``k [n_kv, L, d_k]`` and values ``v [n_kv, L, d_v]``
+        of positions ``start ... start+L-1`` of ``seq`` in ``layer``."""
+        self.store(layer, self.slots(seq, start, start + k.shape[1]), k, v)
 
     def gather(self, layer, seq, start, stop):
         """Keys ``[n_kv, n, d_k]`` and values ``[n_kv, n, d_v]`` of
@@ -295,9 +325,145 @@ class PagedKVCache:
             assert n_written <= len(table)
 
 
-def paged_attention(q, k_pages, v_pages, table, length, *, scale=None):
-    """One sequence's causal attention read page by page (Kwon et al.
-    2023), with chapter 9's online softmax: ``q [n_kv, G, L, d_k]``, the
+def padded_tables(tables) -> np.ndarray:
+    """``[B, m]`` page ids of ``B`` block tables (lists), the shorter ones
+    padded with ``-1`` (no page), as a page freed behind a window is."""
+    m = max((len(t) for t in tables), default=0)
+    out = np.full((len(tables), max(m, 1)), -1, dtype=np.int64)
+    for b, t in enumerate(tables):
+        out[b, : len(t)] = t
+    return out
+
+
+def gather_batch(pages, slots, width):
+    """Keys (or values) ``[B, n_kv, n, d]`` at ``slots [B, n]`` of one
+    layer's pool ``pages [pages, P, n_kv, d]``: one gather for every
+    sequence, laid out as chapter 4's cache lays out one (each head's
+    features in rows of ``width >= n`` positions), the ``n`` asked for a
+    view of them."""
+    flat = pages.reshape(-1, *pages.shape[2:])  # [pages*P, n_kv, d]
+    rows = flat[slots]  # [B, n, n_kv, d]
+    B, n, n_kv, d = rows.shape
+    out = np.empty((B, n_kv, d, width), dtype=pages.dtype)
+    out[..., :n] = rows.transpose(0, 2, 3, 1)  # [B, n_kv, d, n]
+    return out[..., :n].swapaxes(-1, -2)  # [B, n_kv, n, d]
+
+
+def paged_attention(
+    q, k_pages, v_pages, tables, lengths, *, window=None, scale=None,
+    attend=None,
+):  # fmt: skip
+    """Causal attention of ``B`` sequences, each over its own pages, in
+    one call: ``q [B, n_kv, G, L, d_k]``, the last ``L`` of each
+    sequence's ``lengths[b]`` positions (``L = 1``: a decode step of
+    every sequence); ``k_pages [pages, P, n_kv, d_k]``, ``v_pages
+    [pages, P, n_kv, d_v]`` one layer's pool; ``tables`` the sequences'
+    block tables (lists, or :func:`padded_tables`). Returns ``o [B, n_kv,
+    G, L, d_v]``.
+
+    The dense gather, for a ragged batch: every sequence's keys and
+    values are copied from its pages into one padded array ``[B, n_kv,
+    L_k, d]``, **right-aligned** (each sequence's last position in the
+    last column), and a mask ``[B, 1, 1, L_k]`` hides the columns before
+    its first key. Aligned so, the causal rule (the last query at the
+    last key) and a ``window`` (keys less than ``window`` positions
+    behind the query) hold for every row as they hold for one
+    sequence alone, and the batch is one product and one softmax. With a
+    ``window``, only the keys some query can still see are gathered.
+
+    ``attend(q, k, v, mask, positions) -> o`` does the attention on the
+    gathered keys (``positions [B, L_k]``: each column's absolute
+    position): by default :func:`masked_attention` (``scale``:
+    ``1/sqrt(d_k)``); the engine passes its layer's own step (its window,
+    sinks, score mods).
+    """
+    tables, lengths, L = _check_batch(q, k_pages, v_pages, tables, lengths)
+    window = check_window(window)
+    P = k_pages.shape[1]
+    first = np.zeros_like(lengths)  # the first key a query can see
+    if window is not None:
+        first = np.maximum(0, lengths - L + 1 - window)
+    L_k = int((lengths - first).max())
+    # right-aligned: column c of row b holds position c + lengths[b] - L_k
+    pos = np.arange(L_k) + (lengths - L_k)[:, None]  # [B, L_k]
+    seen = pos >= first[:, None]  # [B, L_k]: False in the padding
+    pos = np.where(seen, pos, first[:, None])  # a held position, hidden
+    pages = np.take_along_axis(tables, pos // P, axis=1)  # [B, L_k]
+    slots = pages * P + pos % P
+    width = -(-L_k // P) * P  # rows of whole pages, as one gather has
+    k = gather_batch(k_pages, slots, width)  # [B, n_kv, L_k, d_k]
+    v = gather_batch(v_pages, slots, width)  # [B, n_kv, L_k, d_v]
+    mask = None if seen.all() else seen[:, None, None, :]  # [B, 1, 1, L_k]
+    if attend is None:
+        return masked_attention(q, k, v, mask, window=window, scale=scale)
+    return attend(q, k, v, mask, pos)
+
+
+def masked_attention(q, k, v, mask, *, window=None, scale=None):
+    """``q [B, n_kv, G, L, d_k]`` over ``k [B, n_kv, L_k, d_k]``, ``v [B,
+    n_kv, L_k, d_v]``: causal (the last query at the last key), within
+    ``window``, and where ``mask`` (``[B, 1, 1, L_k]`` bool, or None)
+    allows; ``o [B, n_kv, G, L, d_v]``. One softmax for the batch."""
+    L, L_k = q.shape[3], k.shape[2]
+    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    # [B, n_kv, G, L, d_k] @ [B, n_kv, 1, d_k, L_k] -> [B, n_kv, G, L, L_k]
+    s = q @ k[:, :, None].swapaxes(-1, -2) * scale
+    q_col = L_k - L + np.arange(L)  # [L]
+    behind = q_col[:, None] - np.arange(L_k)  # [L, L_k]
+    seen = behind >= 0
+    if window is not None:
+        seen &= behind < window
+    if mask is not None:
+        seen = seen & mask[:, :, None]  # [B, 1, 1, L, L_k]
+    s = np.where(seen, s, -np.inf)  # every row sees its own key
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return p @ v[:, :, None]  # [B, n_kv, G, L, d_v]
+
+
+def _check_batch(q, k_pages, v_pages, tables, lengths):
+    """``(tables [B, m], lengths [B], L)``, checked against ``q``."""
+    q_shape = getattr(q, "shape", None)
+    if q_shape is None or len(q_shape) != 5:
+        raise ValueError(
+            f"q must be [B, n_kv, G, L, d_k], got shape {q_shape}"
+        )
+    B, n_kv, _, L, d_k = q.shape
+    for name, a in (("k_pages", k_pages), ("v_pages", v_pages)):
+        if (
+            a.ndim != 4
+            or a.shape[2] != n_kv
+            or (name == "k_pages" and a.shape[3] != d_k)
+        ):
+            raise ValueError(
+                f"{name} must be [pages, P, n_kv={n_kv}, d] (d = d_k = "
+                f"{d_k} for keys) to meet q {q.shape}, got {a.shape}"
+            )
+    if not isinstance(tables, np.ndarray):
+        tables = padded_tables(tables)
+    lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+    P = k_pages.shape[1]
+    if tables.ndim != 2 or len(tables) != B or lengths.shape != (B,):
+        raise ValueError(
+            f"tables and lengths must hold one entry per sequence of q "
+            f"(B={B}), got tables {tables.shape}, lengths {lengths.shape}"
+        )
+    held = (tables >= 0).sum(axis=1) * P
+    if (lengths < L).any() or (lengths > tables.shape[1] * P).any():
+        raise ValueError(
+            f"lengths must be at least L={L} (the queries are the last L "
+            f"positions) and fit the tables' pages ({held.tolist()} "
+            f"positions), got {lengths.tolist()}"
+        )
+    return tables, lengths, L
+
+
+def paged_attention_by_page(
+    q, k_pages, v_pages, table, length, *, scale=None
+):
+    """One sequence's causal attention read page by page, as
+    PagedAttention's GPU kernel reads it (Kwon et al. 2023), with chapter
+    9's online softmax: ``q [n_kv, G, L, d_k]``, the
     last ``L`` of ``length`` positions; ``k_pages [pages, P, n_kv, d_k]``,
     ``v_pages [pages, P, n_kv, d_v]`` one layer's pool; ``table`` the
     sequence's pages. Returns ``o [n_kv, G, L, d_v]``.
