@@ -9,7 +9,8 @@ Llama 4's chunked attention (chapter 11) is :func:`chunked_mask`, and
 ANDed into the layer's mask.
 Chapter 16 writes masks as functions, as PyTorch's FlexAttention does: a
 ``mask_mod(b, h, q_idx, kv_idx) -> bool`` per rule (causal, window, chunk,
-sinks, padding, prefix-LM, packed documents), composed with
+sinks, padding, prefix-LM, packed documents, a drafted tree), composed
+with
 :func:`and_masks` and :func:`or_masks` and evaluated on the grid by
 :func:`create_mask`; an attention call takes one where it takes a mask.
 Masks are boolean, True where a query may attend a key. A query whose
@@ -44,6 +45,9 @@ __all__ = [
     "position_mask",
     "prefix_mod",
     "sink_mod",
+    "tree_ancestors",
+    "tree_depths",
+    "tree_mod",
     "window_mod",
 ]
 
@@ -335,6 +339,68 @@ def document_mod(cu_seqlens):
                 f"at {ids.size}), the attention call has more"
             )
         return ids[q_idx] == ids[kv_idx]
+
+    return mask_mod
+
+
+def check_parents(parents) -> np.ndarray:
+    """A tree given by parent indices: ``[N]`` ints, ``parents[i]`` an
+    earlier node (``0 <= parents[i] < i``) or ``-1`` for a root."""
+    p = np.asarray(parents)
+    if p.ndim != 1 or (p.size and not np.issubdtype(p.dtype, np.integer)):
+        raise ValueError(
+            f"parents must be [N] ints (node i's parent index, -1 for a "
+            f"root), got {p.dtype} of shape {p.shape}"
+        )
+    bad = np.flatnonzero((p < -1) | (p >= np.arange(p.size)))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"parents[{i}] must be an earlier node (0 ... {i - 1}) or -1 "
+            f"(a root), got {int(p[i])}: a tree lists a parent before "
+            "its children"
+        )
+    return p.astype(np.int64)
+
+
+def tree_ancestors(parents) -> np.ndarray:
+    """``[N, N]`` bool for a tree of ``N`` nodes given by parent indices:
+    ``[i, j]`` True where node ``j`` is node ``i`` or one of its
+    ancestors."""
+    p = check_parents(parents)
+    anc = np.eye(p.size, dtype=bool)  # [N, N]
+    for i in range(p.size):  # parents come first: their rows are done
+        if p[i] >= 0:
+            anc[i] |= anc[p[i]]
+    return anc
+
+
+def tree_depths(parents) -> np.ndarray:
+    """``[N]`` ints: each node's depth (0 for a root)."""
+    return tree_ancestors(parents).sum(axis=1) - 1  # ancestors, not self
+
+
+def tree_mod(parents, start=0):
+    """A drafted tree of ``N`` nodes (parent indices) at positions
+    ``start ... start + N - 1`` after ``start`` cached ones: a node sees
+    every cached key, its ancestors and itself, never a sibling's branch
+    (Medusa's tree mask, Cai et al. 2024)."""
+    anc = tree_ancestors(parents)  # [N, N]
+    s = check_count(start, "start", minimum=0)
+    N = anc.shape[0]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        i, j = q_idx - s, kv_idx - s  # indices in the tree (j < 0: cached)
+        if (
+            i.min(initial=0) < 0
+            or max(i.max(initial=-1), j.max(initial=-1)) >= N
+        ):
+            raise ValueError(
+                f"tree_mod covers {s} cached positions and {N} nodes, "
+                "the attention call has other queries or more keys"
+            )
+        inside = anc[np.clip(i, 0, None), np.clip(j, 0, None)]
+        return (j < 0) | inside
 
     return mask_mod
 
