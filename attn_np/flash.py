@@ -201,15 +201,9 @@ def flash_attention_forward(
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     L_q, L_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     dt = np.result_type(q, k, v)
+    where = dict(causal=causal, window=window, mask=mask)
     tiles = Tiles(
-        L_q,
-        L_k,
-        block_q,
-        block_k,
-        causal=causal,
-        window=window,
-        mask=mask,
-        block_sparse=block_sparse,
+        L_q, L_k, block_q, block_k, **where, block_sparse=block_sparse
     )
     out = _output_array(out, batch + (L_q, d_v), dt, "out")
     lse2 = np.full(batch + (L_q,), -np.inf, dt)  # [..., L_q], base 2
@@ -221,20 +215,9 @@ def flash_attention_forward(
 
     in_parallel(share, batch, tiles.pairs * (q.shape[-1] + d_v))
     cache = FlashCache(
-        q,
-        k,
-        v,
-        out,
-        lse2 * LN2,
-        scale,
-        causal,
-        window,
-        block_q,
-        block_k,
-        lse2,
-        mask,
-        block_sparse,
-    )
+        q, k, v, out, lse2 * LN2, scale, causal, window, block_q, block_k,
+        lse2, mask, block_sparse,
+    )  # fmt: skip
     return out, cache
 
 

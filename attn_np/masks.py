@@ -39,6 +39,7 @@ __all__ = [
     "document_ids",
     "document_mod",
     "document_positions",
+    "evaluate_mask",
     "mask_for",
     "or_masks",
     "padding_mod",
@@ -178,6 +179,15 @@ def create_mask(mask_mod, B, H, L_q, L_k) -> np.ndarray:
     query ``i`` sits at position ``i + L_k - L_q``. It must return booleans
     of that shape, or of one that broadcasts to it.
     """
+    out = evaluate_mask(mask_mod, B, H, L_q, L_k)
+    return np.broadcast_to(out, (B, H, L_q, L_k)).copy()
+
+
+def evaluate_mask(mask_mod, B, H, L_q, L_k) -> np.ndarray:
+    """What ``mask_mod`` returns on :func:`create_mask`'s index arrays,
+    checked (booleans that broadcast to ``[B, H, L_q, L_k]``) but not
+    broadcast: a function that never reads ``b`` or ``h`` answers with
+    leading axes of 1, one mask for every batch row and head."""
     if not callable(mask_mod):
         raise TypeError(
             f"mask_mod must be a function (b, h, q_idx, kv_idx) -> bool, "
@@ -198,12 +208,15 @@ def create_mask(mask_mod, B, H, L_q, L_k) -> np.ndarray:
         )
     shape = (B, H, L_q, L_k)
     try:
-        return np.broadcast_to(out, shape).copy()  # [B, H, L_q, L_k]
+        fits = np.broadcast_shapes(out.shape, shape) == shape
     except ValueError:
+        fits = False
+    if not fits:
         raise ValueError(
             f"mask_mod returned shape {out.shape}, which does not "
             f"broadcast to [B, H, L_q, L_k] = {list(shape)}"
-        ) from None
+        )
+    return out
 
 
 def mask_for(mask_mod, q_shape, L_k) -> np.ndarray:
