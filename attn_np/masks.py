@@ -9,8 +9,8 @@ Llama 4's chunked attention (chapter 11) is :func:`chunked_mask`, and
 ANDed into the layer's mask.
 Chapter 16 writes masks as functions, as PyTorch's FlexAttention does: a
 ``mask_mod(b, h, q_idx, kv_idx) -> bool`` per rule (causal, window, chunk,
-sinks, padding, prefix-LM, packed documents, a drafted tree), composed
-with
+sinks, padding, prefix-LM, packed documents, image blocks, a
+bidirectional window, a drafted tree), composed with
 :func:`and_masks` and :func:`or_masks` and evaluated on the grid by
 :func:`create_mask`; an attention call takes one where it takes a mask.
 Masks are boolean, True where a query may attend a key. A query whose
@@ -40,12 +40,15 @@ __all__ = [
     "document_mod",
     "document_positions",
     "evaluate_mask",
+    "image_block_ids",
+    "image_block_mod",
     "mask_for",
     "or_masks",
     "padding_mod",
     "position_mask",
     "prefix_mod",
     "sink_mod",
+    "symmetric_window_mod",
     "tree_ancestors",
     "tree_depths",
     "tree_mod",
@@ -318,6 +321,55 @@ def prefix_mod(prefix_length):
 
     def mask_mod(b, h, q_idx, kv_idx):
         return kv_idx < P
+
+    return mask_mod
+
+
+def symmetric_window_mod(window):
+    """A bidirectional window: keys fewer than ``window`` positions away
+    on either side, ``|i - j| < W`` (EmbeddingGemma's sliding layers with
+    ``use_bidirectional_attention``, Schechter Vera et al. 2025)."""
+    W = check_positive_int(window, "window")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return np.abs(q_idx - kv_idx) < W
+
+    return mask_mod
+
+
+def image_block_ids(token_type_ids) -> np.ndarray:
+    """``[B, L]`` ints from ``token_type_ids [B, L]`` (1: an image token,
+    0: text): each run of image tokens numbered ``0, 1, ...`` along its
+    row, text ``-1`` (Gemma 3's blocks)."""
+    t = np.asarray(token_type_ids)
+    if t.ndim != 2 or not np.issubdtype(t.dtype, np.integer):
+        raise ValueError(
+            "token_type_ids must be [B, L] ints (1: image, 0: text), got "
+            f"{t.dtype} of shape {t.shape}"
+        )
+    image = t == 1
+    before = np.pad(image, ((0, 0), (1, 0)))[:, :-1]  # the token before
+    starts = image & ~before  # [B, L]: where a run of image tokens starts
+    return np.where(image, np.cumsum(starts, axis=1) - 1, -1)
+
+
+def image_block_mod(token_type_ids):
+    """Gemma 3's image tokens (Gemma Team 2025): a query sees every key of
+    its own run of image tokens, before or after it. ORed with
+    :func:`causal_mod`, text is causal and each image is bidirectional."""
+    ids = image_block_ids(token_type_ids)  # [B, L]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        if (
+            max(q_idx.max(initial=-1), kv_idx.max(initial=-1))
+            >= ids.shape[1]
+        ):
+            raise ValueError(
+                f"image_block_mod covers {ids.shape[1]} tokens, the "
+                "attention call has more"
+            )
+        q_block, kv_block = ids[b, q_idx], ids[b, kv_idx]
+        return (q_block == kv_block) & (q_block >= 0)
 
     return mask_mod
 
