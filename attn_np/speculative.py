@@ -93,7 +93,9 @@ def prompt_lookup_tree(ids, k, branches=3, *, ngram=3):
 @dataclass
 class SpeculativeStats:
     """What a run did: ``forwards`` (calls of the model after the prompt),
-    ``drafted`` and ``accepted`` tokens, ``generated`` tokens."""
+    ``drafted`` and ``accepted`` tokens, ``generated`` tokens. A tree
+    drafts every branch and keeps at most one, so its share kept is lower
+    than a chain's for the same tokens per forward."""
 
     forwards: int = 0
     drafted: int = 0
