@@ -143,3 +143,57 @@ def test_keep_needs_a_cache_of_every_position():
     cache.append(np.zeros((1, 1, 3, 2)), np.zeros((1, 1, 3, 2)))
     with pytest.raises(ValueError, match="every position"):
         cache.keep(0, np.array([0]))
+
+
+def _tiny_lm(seed=0, vocab=11):
+    """A random two-layer Llama in float64 (chapter 14's CausalLM)."""
+    from attn_np.pretrained import LlamaConfig
+    from attn_np.pretrained.model import CausalLM
+
+    c = LlamaConfig(vocab, 16, 2, 4, 2, 4, 24, 100.0, 1e-6, 64, True)
+    m = CausalLM(c)
+    rng = np.random.default_rng(seed)
+    m.embed.params["W"] = rng.standard_normal((vocab, 16))
+    for name, p in m.params.items():
+        if name.endswith(".g"):
+            p[:] = 1 + 0.3 * rng.standard_normal(p.shape)
+    return m
+
+
+def test_a_model_forward_takes_positions_and_a_mask():
+    m = _tiny_lm()
+    ids = np.array([[1, 4, 2, 9, 3]])
+    plain = m.forward(ids)
+    assert np.array_equal(plain, m.forward(ids, positions=np.arange(5)))
+    # a shift of every position leaves RoPE's logits (to rounding)
+    far = m.forward(ids, positions=np.arange(5) + 17)
+    assert np.abs(far - plain).max() < 1e-12
+
+
+def test_verify_tree_keeps_the_greedy_branch_and_its_cache():
+    """The greedy continuation drafted as the second branch, with a wrong
+    sibling before its second token: the walk keeps it, the next token is
+    greedy's, and the cache, its slots moved together, holds what feeding
+    the greedy tokens one by one gives (float64, to rounding)."""
+    from attn_np.speculative import verify_tree
+
+    m, V = _tiny_lm(1), 11
+    prompt = np.array([[3, 1, 4, 1, 5, 9]])
+    ref = m.new_cache(32)
+    logits = m.forward(prompt, kv_cache=ref)[0, -1]
+    greedy = []
+    for _ in range(4):  # the root, then three greedy tokens
+        greedy.append(int(np.argmax(logits)))
+        logits = m.forward(np.array([[greedy[-1]]]), kv_cache=ref)[0, -1]
+    root, g1, g2, g3 = greedy
+    tokens = [(g1 + 1) % V, g1, (g2 + 1) % V, g2]
+    parents = [-1, -1, 1, 1]  # a wrong root, then g1 -> (wrong, g2)
+    cache = m.new_cache(32)
+    m.forward(prompt, kv_cache=cache)
+    path, nxt = verify_tree(m, cache, root, tokens, parents)
+    assert path == [1, 3] and nxt == g3
+    assert len(cache) == len(ref) - 1  # g3 is not fed yet
+    for a, b in zip(cache.caches, ref.caches):
+        n = len(cache)
+        assert np.abs(a.keys - b.keys[:, :, :n]).max() < 1e-12
+        assert np.abs(a.values - b.values[:, :, :n]).max() < 1e-12
