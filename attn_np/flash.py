@@ -72,6 +72,7 @@ class FlashCache:
     block_k: int
     lse2: np.ndarray | None = None  # lse in base 2, as the kernels use it
     mask: np.ndarray | None = None  # [L_q, L_k] bool (chapter 16), or None
+    block_sparse: bool = True  # tiles planned from the mask (chapter 16)
 
 
 def block_plan(L_q, L_k, block_q, block_k, *, causal=False, window=None):
@@ -163,6 +164,7 @@ def flash_attention_forward(
     check_finite=True,
     out=None,
     mask=None,
+    block_sparse=True,
 ):
     """Attention by tiles with an online softmax; ``(out, cache)``.
 
@@ -182,7 +184,9 @@ def flash_attention_forward(
     and batch row, ANDed with ``causal`` and ``window``; a tile it hides
     entirely is skipped, a tile it shows entirely needs no mask arithmetic
     (block sparsity: a packed row of documents computes only the tiles of
-    each document).
+    each document). ``block_sparse=False`` computes every tile with the
+    mask applied, as a kernel that takes a dense mask and never looks at
+    it tile by tile (the benchmark's reference).
     """
     q, k, v, _, scale = _check_inputs(
         q, k, v, None, False, scale, check_finite
@@ -191,13 +195,15 @@ def flash_attention_forward(
         q.shape[-2], k.shape[-2], block_q, block_k, causal, window
     )
     mask = tile_mask_of(mask, q.shape[-2], k.shape[-2])
+    check_flag(block_sparse, "block_sparse")
     if check_finite:  # the caller's own call (the core checks its output)
         _check_score_bound(q, k, scale)
     batch = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     L_q, L_k, d_v = q.shape[-2], k.shape[-2], v.shape[-1]
     dt = np.result_type(q, k, v)
+    where = dict(causal=causal, window=window, mask=mask)
     tiles = Tiles(
-        L_q, L_k, block_q, block_k, causal=causal, window=window, mask=mask
+        L_q, L_k, block_q, block_k, **where, block_sparse=block_sparse
     )
     out = _output_array(out, batch + (L_q, d_v), dt, "out")
     lse2 = np.full(batch + (L_q,), -np.inf, dt)  # [..., L_q], base 2
@@ -209,19 +215,9 @@ def flash_attention_forward(
 
     in_parallel(share, batch, tiles.pairs * (q.shape[-1] + d_v))
     cache = FlashCache(
-        q,
-        k,
-        v,
-        out,
-        lse2 * LN2,
-        scale,
-        causal,
-        window,
-        block_q,
-        block_k,
-        lse2,
-        mask,
-    )
+        q, k, v, out, lse2 * LN2, scale, causal, window, block_q, block_k,
+        lse2, mask, block_sparse,
+    )  # fmt: skip
     return out, cache
 
 
@@ -361,6 +357,7 @@ def backward_into(dout, cache: FlashCache, D, grads):
         causal=c.causal,
         window=c.window,
         mask=c.mask,
+        block_sparse=c.block_sparse,
     )
     lock = threading.Lock()
 
@@ -477,7 +474,16 @@ class Tiles:
     (:func:`block_plan`), and the mask of each masked one, made once."""
 
     def __init__(
-        self, L_q, L_k, block_q, block_k, *, causal, window, mask=None
+        self,
+        L_q,
+        L_k,
+        block_q,
+        block_k,
+        *,
+        causal,
+        window,
+        mask=None,
+        block_sparse=True,
     ):
         self.plan = block_plan(
             L_q, L_k, block_q, block_k, causal=causal, window=window
@@ -496,7 +502,10 @@ class Tiles:
         # same distance from the diagonal share one
         self._hidden, self._blocks, made = {}, {}, {}
         if mask is not None:  # chapter 16: the mask decides every tile
-            self._from_mask(mask, L_q, L_k, causal, window, n_q, n_k)
+            self._from_mask(mask, L_q, L_k, causal, window, block_sparse)
+            self.pairs = int(
+                np.sum((self.plan != SKIP) * np.outer(n_q, n_k))
+            )
             return
         for i, j in zip(*np.nonzero(self.plan == MASKED)):
             (r0, r1), (c0, c1) = self.rows[i], self.cols[j]
@@ -506,17 +515,22 @@ class Tiles:
                 made[key] = hidden, _parts(hidden)
             self._hidden[i, j], self._blocks[i, j] = made[key]
 
-    def _from_mask(self, mask, L_q, L_k, causal, window, n_q, n_k):
+    def _from_mask(self, mask, L_q, L_k, causal, window, sparse=True):
         """Plan and masks from a ``[L_q, L_k]`` bool mask (ANDed with the
         causal rule): a tile with no True is skipped, one with no False
-        is full, the rest are masked."""
+        is full, the rest are masked. ``sparse=False``: every tile is
+        computed whole, its mask applied (no tile skipped or spared)."""
         if causal:
             pos = np.arange(L_k)
             mask = mask & position_mask(pos[L_k - L_q :], pos, window=window)
         for i, (r0, r1) in enumerate(self.rows):
             for j, (c0, c1) in enumerate(self.cols):
                 tile = mask[r0:r1, c0:c1]
-                if not tile.any():
+                if not sparse:  # one part, the whole tile, masked
+                    self.plan[i, j] = MASKED
+                    self._hidden[i, j] = hidden = ~tile
+                    self._blocks[i, j] = ((0, r1 - r0, 0, c1 - c0, hidden),)
+                elif not tile.any():
                     self.plan[i, j] = SKIP
                 elif tile.all():
                     self.plan[i, j] = FULL
@@ -525,7 +539,6 @@ class Tiles:
                     hidden = ~tile
                     self._hidden[i, j] = hidden
                     self._blocks[i, j] = _parts(hidden)
-        self.pairs = int(np.sum((self.plan != SKIP) * np.outer(n_q, n_k)))
 
     def in_row(self, i):
         """The key tiles computed for query tile ``i``."""

@@ -57,7 +57,7 @@ from .flash import (
     backward_into,
     flash_attention_forward,
 )
-from .masks import create_mask, position_mask
+from .masks import create_mask, evaluate_mask, position_mask
 from .softmax import masked_softmax, sink_softmax
 
 # a group stacks its G * L_q query rows into one product from this many
@@ -134,7 +134,9 @@ def grouped_attention_forward(
     ``sinks`` (broadcastable to ``[B, n_kv, G, L_q, 1]``) are sink logits.
     ``score_mods`` change the scaled scores (module docstring).
     ``tiled=True`` runs FlashAttention's kernels: no weights kept, and only
-    ``causal``, ``window`` and ``sinks`` (no mask or mods). ``check_finite``
+    ``causal``, ``window``, ``sinks`` and a mask that is the same for
+    every batch row and head (an array or a mask function; its empty
+    tiles are skipped, chapter 16), no mods. ``check_finite``
     refuses NaN or inf in ``q``, ``k`` and ``v``; a layer checks its input
     once and passes False (a decode step would re-read its whole cache).
     A query with no key to attend gets zeros (with a sink: all mass on it).
@@ -144,7 +146,10 @@ def grouped_attention_forward(
     """
     finite = check_flag(check_finite, "check_finite")
     q, k, v, scale = _check_qkv(q, k, v, scale, finite)
-    if callable(allowed):  # a mask function (chapter 16): on the grid
+    tiled = check_flag(tiled, "tiled")
+    if allowed is not None and tiled:  # one mask for the kernels
+        allowed = shared_mask(allowed, q.shape, k.shape[2])
+    elif callable(allowed):  # a mask function (chapter 16): on the grid
         B, n_kv, G, L_q = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
         allowed = create_mask(allowed, B, n_kv * G, L_q, k.shape[2])
         allowed = allowed.reshape(B, n_kv, G, L_q, k.shape[2])
@@ -219,7 +224,7 @@ def _forward(
                 sinks, (B, n_kv, G, L_q, 1), "[B, n_kv, G, L_q, 1]"
             )
         return grouped_tiled_forward(
-            q, k, v, causal, window, scale, block_q, block_k, sinks
+            q, k, v, causal, window, scale, block_q, block_k, sinks, allowed
         )
     full = (B, n_kv, G, L_q, L_k)
     if allowed is not None:
@@ -518,7 +523,8 @@ def _weighted_values(p, v, per_head):
 def check_tiled(allowed, score_mods, sink_tokens, positions):
     """Refuse what the tiled kernels cannot do, naming it."""
     unsupported = {
-        "mask": allowed is not None,
+        "a mask other than one [L_q, L_k] bool array": allowed is not None
+        and np.ndim(allowed) != 2,
         "score_mods": len(score_mods) > 0,
         "sink_tokens (a StreamingLLM cache)": sink_tokens != 0,
         "positions that skip (keys) or end elsewhere (queries)": (
@@ -530,12 +536,12 @@ def check_tiled(allowed, score_mods, sink_tokens, positions):
             raise ValueError(
                 f"{what} is not supported with flash=True (the core's "
                 "tiled=True): the tiled kernels take causal=True/False, "
-                "a window and sinks only"
+                "a window, sinks and one mask for every row and head only"
             )
 
 
 def grouped_tiled_forward(
-    q, k, v, causal, window, scale, block_q, block_k, sinks=None
+    q, k, v, causal, window, scale, block_q, block_k, sinks=None, mask=None
 ):
     """Chapter 9's kernels on the grouped layout: ``q [B, n_kv, G, L_q,
     d_k]`` against ``k, v [B, n_kv, 1, L_k, d]`` (views, no copy).
@@ -543,7 +549,8 @@ def grouped_tiled_forward(
     With ``sinks`` (logits ``a`` broadcasting to ``[B, n_kv, G, L_q, 1]``)
     no new kernel: a row's keys hold ``e^lse`` of its softmax's mass and
     the sink ``e^a``, so the sink layer's output is the tiled output times
-    ``w = e^lse / (e^lse + e^a) = sigmoid(lse - a)``.
+    ``w = e^lse / (e^lse + e^a) = sigmoid(lse - a)``. ``mask``: one
+    ``[L_q, L_k]`` bool array for every batch row and head (chapter 16).
 
     The output is written in the layout the layer merges heads in,
     ``[B, L_q, n_kv, G, d_v]`` (``o`` is a view of it): the layer's
@@ -560,12 +567,36 @@ def grouped_tiled_forward(
         block_k=block_k,
         check_finite=False,
         out=o,
+        mask=mask,
     )  # [B, n_kv, G, L_q, d_v]
     if sinks is None:
         return o, GroupedCache(q, k, v, o, None, scale, tiled=fc)
     w, p_sink = _sink_split(fc.lse, sinks)  # [B, n_kv, G, L_q, 1] each
     o *= w  # O' = w O, in place: the backward reads O' (its D, below)
     return o, GroupedCache(q, k, v, o, None, scale, sinks, p_sink, tiled=fc)
+
+
+def shared_mask(allowed, q_shape, L_k):
+    """The one ``[L_q, L_k]`` bool mask the tiled kernels take, from a
+    mask function or an array that broadcasts to ``[B, n_kv, G, L_q,
+    L_k]``; a ``ValueError`` if it differs between batch rows or heads."""
+    B, n_kv, G, L_q = q_shape[:4]
+    full = (B, n_kv, G, L_q, L_k)
+    if callable(allowed):  # its own answer: leading axes of 1 if shared
+        m = evaluate_mask(allowed, B, n_kv * G, L_q, L_k)
+        m = m.reshape((1,) * (4 - m.ndim) + m.shape)  # [B|1, H|1, ..]
+    else:
+        m = check_mask(allowed, full, "[B, n_kv, G, L_q, L_k]")
+    m = m.reshape((1,) * max(0, 2 - m.ndim) + m.shape)  # at least 2-D
+    m = np.broadcast_to(m, m.shape[:-2] + (L_q, L_k))
+    flat = m.reshape(-1, L_q, L_k)  # [rows x heads, L_q, L_k]
+    if flat.shape[0] > 1 and (flat[1:] != flat[:1]).any():
+        raise ValueError(
+            "mask must be the same for every batch row and head with "
+            "tiled=True (flash=True): the tiled kernels take one [L_q, "
+            f"L_k] mask; got one of shape {m.shape} that differs"
+        )
+    return np.ascontiguousarray(flat[0])  # [L_q, L_k]
 
 
 def _merged(shape, dtype):

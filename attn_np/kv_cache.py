@@ -273,6 +273,42 @@ class CacheBuffer:
         self._len -= self._seen - int(length)
         self._seen = int(length)
 
+    def keep(self, start, offsets) -> None:
+        """Of the positions from ``start`` on, keep only ``start +
+        offsets[i]``, moved to ``start + i`` (``offsets`` strictly
+        increasing): chapter 16's accepted path through a drafted tree,
+        whose nodes need not be neighbours in the cache. A cache that
+        holds every position only (not a rolling one)."""
+        if self.window is not None:
+            raise ValueError(
+                f"keep needs a cache that holds every position, got {self!r}"
+            )
+        if (
+            isinstance(start, bool)
+            or not isinstance(start, (int, np.integer))
+            or not 0 <= start <= self._seen
+        ):
+            raise ValueError(
+                f"start must be an integer in [0, {self._seen}], got "
+                f"{start!r}"
+            )
+        off = np.asarray(offsets)
+        if off.size and (
+            off.ndim != 1
+            or not np.issubdtype(off.dtype, np.integer)
+            or off[0] < 0
+            or (np.diff(off) <= 0).any()
+            or start + off[-1] >= self._seen
+        ):
+            raise ValueError(
+                "offsets must be strictly increasing ints in [0, "
+                f"{self._seen - start}), got {off.tolist()}"
+            )
+        if off.size:  # [*lead, width, n] -> the columns start ... start+n-1
+            cols = self._buf[..., start + off]  # a copy: overlap is safe
+            self._buf[..., start : start + off.size] = cols
+        self._len = self._seen = int(start) + off.size
+
     def _describe(self) -> str:
         if self._buf is None:
             return "empty"

@@ -9,7 +9,8 @@ Llama 4's chunked attention (chapter 11) is :func:`chunked_mask`, and
 ANDed into the layer's mask.
 Chapter 16 writes masks as functions, as PyTorch's FlexAttention does: a
 ``mask_mod(b, h, q_idx, kv_idx) -> bool`` per rule (causal, window, chunk,
-sinks, padding, prefix-LM, packed documents), composed with
+sinks, padding, prefix-LM, packed documents, image blocks, a
+bidirectional window, a drafted tree), composed with
 :func:`and_masks` and :func:`or_masks` and evaluated on the grid by
 :func:`create_mask`; an attention call takes one where it takes a mask.
 Masks are boolean, True where a query may attend a key. A query whose
@@ -38,12 +39,19 @@ __all__ = [
     "document_ids",
     "document_mod",
     "document_positions",
+    "evaluate_mask",
+    "image_block_ids",
+    "image_block_mod",
     "mask_for",
     "or_masks",
     "padding_mod",
     "position_mask",
     "prefix_mod",
     "sink_mod",
+    "symmetric_window_mod",
+    "tree_ancestors",
+    "tree_depths",
+    "tree_mod",
     "window_mod",
 ]
 
@@ -174,6 +182,15 @@ def create_mask(mask_mod, B, H, L_q, L_k) -> np.ndarray:
     query ``i`` sits at position ``i + L_k - L_q``. It must return booleans
     of that shape, or of one that broadcasts to it.
     """
+    out = evaluate_mask(mask_mod, B, H, L_q, L_k)
+    return np.broadcast_to(out, (B, H, L_q, L_k)).copy()
+
+
+def evaluate_mask(mask_mod, B, H, L_q, L_k) -> np.ndarray:
+    """What ``mask_mod`` returns on :func:`create_mask`'s index arrays,
+    checked (booleans that broadcast to ``[B, H, L_q, L_k]``) but not
+    broadcast: a function that never reads ``b`` or ``h`` answers with
+    leading axes of 1, one mask for every batch row and head."""
     if not callable(mask_mod):
         raise TypeError(
             f"mask_mod must be a function (b, h, q_idx, kv_idx) -> bool, "
@@ -194,12 +211,15 @@ def create_mask(mask_mod, B, H, L_q, L_k) -> np.ndarray:
         )
     shape = (B, H, L_q, L_k)
     try:
-        return np.broadcast_to(out, shape).copy()  # [B, H, L_q, L_k]
+        fits = np.broadcast_shapes(out.shape, shape) == shape
     except ValueError:
+        fits = False
+    if not fits:
         raise ValueError(
             f"mask_mod returned shape {out.shape}, which does not "
             f"broadcast to [B, H, L_q, L_k] = {list(shape)}"
-        ) from None
+        )
+    return out
 
 
 def mask_for(mask_mod, q_shape, L_k) -> np.ndarray:
@@ -305,6 +325,55 @@ def prefix_mod(prefix_length):
     return mask_mod
 
 
+def symmetric_window_mod(window):
+    """A bidirectional window: keys fewer than ``window`` positions away
+    on either side, ``|i - j| < W`` (EmbeddingGemma's sliding layers with
+    ``use_bidirectional_attention``, Schechter Vera et al. 2025)."""
+    W = check_positive_int(window, "window")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return np.abs(q_idx - kv_idx) < W
+
+    return mask_mod
+
+
+def image_block_ids(token_type_ids) -> np.ndarray:
+    """``[B, L]`` ints from ``token_type_ids [B, L]`` (1: an image token,
+    0: text): each run of image tokens numbered ``0, 1, ...`` along its
+    row, text ``-1`` (Gemma 3's blocks)."""
+    t = np.asarray(token_type_ids)
+    if t.ndim != 2 or not np.issubdtype(t.dtype, np.integer):
+        raise ValueError(
+            "token_type_ids must be [B, L] ints (1: image, 0: text), got "
+            f"{t.dtype} of shape {t.shape}"
+        )
+    image = t == 1
+    before = np.pad(image, ((0, 0), (1, 0)))[:, :-1]  # the token before
+    starts = image & ~before  # [B, L]: where a run of image tokens starts
+    return np.where(image, np.cumsum(starts, axis=1) - 1, -1)
+
+
+def image_block_mod(token_type_ids):
+    """Gemma 3's image tokens (Gemma Team 2025): a query sees every key of
+    its own run of image tokens, before or after it. ORed with
+    :func:`causal_mod`, text is causal and each image is bidirectional."""
+    ids = image_block_ids(token_type_ids)  # [B, L]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        if (
+            max(q_idx.max(initial=-1), kv_idx.max(initial=-1))
+            >= ids.shape[1]
+        ):
+            raise ValueError(
+                f"image_block_mod covers {ids.shape[1]} tokens, the "
+                "attention call has more"
+            )
+        q_block, kv_block = ids[b, q_idx], ids[b, kv_idx]
+        return (q_block == kv_block) & (q_block >= 0)
+
+    return mask_mod
+
+
 def document_ids(cu_seqlens) -> np.ndarray:
     """The document of each token of a packed row: ``cu_seqlens = [0, n_1,
     n_1 + n_2, ..., L]`` (FlashAttention's offsets) -> ``[L]`` ints."""
@@ -335,6 +404,68 @@ def document_mod(cu_seqlens):
                 f"at {ids.size}), the attention call has more"
             )
         return ids[q_idx] == ids[kv_idx]
+
+    return mask_mod
+
+
+def check_parents(parents) -> np.ndarray:
+    """A tree given by parent indices: ``[N]`` ints, ``parents[i]`` an
+    earlier node (``0 <= parents[i] < i``) or ``-1`` for a root."""
+    p = np.asarray(parents)
+    if p.ndim != 1 or (p.size and not np.issubdtype(p.dtype, np.integer)):
+        raise ValueError(
+            f"parents must be [N] ints (node i's parent index, -1 for a "
+            f"root), got {p.dtype} of shape {p.shape}"
+        )
+    bad = np.flatnonzero((p < -1) | (p >= np.arange(p.size)))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"parents[{i}] must be an earlier node (0 ... {i - 1}) or -1 "
+            f"(a root), got {int(p[i])}: a tree lists a parent before "
+            "its children"
+        )
+    return p.astype(np.int64)
+
+
+def tree_ancestors(parents) -> np.ndarray:
+    """``[N, N]`` bool for a tree of ``N`` nodes given by parent indices:
+    ``[i, j]`` True where node ``j`` is node ``i`` or one of its
+    ancestors."""
+    p = check_parents(parents)
+    anc = np.eye(p.size, dtype=bool)  # [N, N]
+    for i in range(p.size):  # parents come first: their rows are done
+        if p[i] >= 0:
+            anc[i] |= anc[p[i]]
+    return anc
+
+
+def tree_depths(parents) -> np.ndarray:
+    """``[N]`` ints: each node's depth (0 for a root)."""
+    return tree_ancestors(parents).sum(axis=1) - 1  # ancestors, not self
+
+
+def tree_mod(parents, start=0):
+    """A drafted tree of ``N`` nodes (parent indices) at positions
+    ``start ... start + N - 1`` after ``start`` cached ones: a node sees
+    every cached key, its ancestors and itself, never a sibling's branch
+    (Medusa's tree mask, Cai et al. 2024)."""
+    anc = tree_ancestors(parents)  # [N, N]
+    s = check_count(start, "start", minimum=0)
+    N = anc.shape[0]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        i, j = q_idx - s, kv_idx - s  # indices in the tree (j < 0: cached)
+        if (
+            i.min(initial=0) < 0
+            or max(i.max(initial=-1), j.max(initial=-1)) >= N
+        ):
+            raise ValueError(
+                f"tree_mod covers {s} cached positions and {N} nodes, "
+                "the attention call has other queries or more keys"
+            )
+        inside = anc[np.clip(i, 0, None), np.clip(j, 0, None)]
+        return (j < 0) | inside
 
     return mask_mod
 

@@ -274,15 +274,26 @@ class GroupedQueryAttention:
 
     # ------------------------------------------------------------------
     # forward
-    def forward(self, x, *, causal: bool = False, mask=None, kv_cache=None):
+    def forward(
+        self,
+        x,
+        *,
+        causal: bool = False,
+        mask=None,
+        kv_cache=None,
+        positions=None,
+    ):
         """``x`` is ``[L, d_model]`` or ``[B, L, d_model]``; returns ``y`` of
         the same shape.
 
-        ``mask`` (bool, True where a query may attend a key) broadcasts to
-        ``[B, n_heads, L_q, L_k]``. With ``kv_cache`` (a
-        :class:`~attn_np.KVCache`), ``x`` is the next chunk: it attends
-        causally over every cached position plus itself, and its keys and
-        values are added to the cache.
+        ``mask`` (bool, True where a query may attend a key, or a mask
+        function) broadcasts to ``[B, n_heads, L_q, L_k]``. With
+        ``kv_cache`` (a :class:`~attn_np.KVCache`), ``x`` is the next
+        chunk: it attends causally over every cached position plus
+        itself, and its keys and values are added to the cache.
+        ``positions`` (``[L]`` ints) are the positions RoPE rotates by
+        instead of ``0 ...`` (or the cache's next ones): a drafted tree's
+        nodes sit at the cache's length plus their depth (chapter 16).
 
         Finite inputs whose scores or output overflow the dtype raise a
         ``ValueError``. The layer keeps ``x`` itself for the backward (no
@@ -294,12 +305,17 @@ class GroupedQueryAttention:
         self.check_cache(kv_cache, x3)
         # [B, n_kv, G, L, d_k], [B, n_kv, L, d_k], [B, n_kv, L, d_v]
         q, k, v = self.project(x3)
-        rope = None
+        rope, rotary = None, self.rotary
+        pos = check_positions(positions, x3.shape[1], kv_cache)
         if kv_cache is None:  # one whole sequence, positions 0 ... L-1
-            q, k, rope = self.position(q, k, np.arange(x3.shape[1]))
+            pos = np.arange(x3.shape[1]) if pos is None else pos
+            q, k, rope = self.position(q, k, pos)
             where = {"causal": causal}
         else:  # chapter 4: the next chunk, over every cached position
-            q, k, v, where = kv_cache.step(q, k, v, self.rotary)
+            if pos is not None:  # rotated here, cached as they are
+                q, k, _ = self.position(q, k, pos)
+                rotary = None
+            q, k, v, where = kv_cache.step(q, k, v, rotary)
         # [B, n_kv, G, L, d_v]
         o, self._att = self.attend(q, k, v, mask=mask, **where)
         with np.errstate(over="ignore", invalid="ignore"):  # checked:
@@ -684,6 +700,27 @@ def check_step_parts(*parts):
                 f"forward and backward, got {part!r}"
             )
     return [p for p in parts if p is not None]
+
+
+def check_positions(positions, L, kv_cache):
+    """A forward's ``positions``: None, or ``[L]`` non-negative ints
+    (over a plain cache, not a rolling one)."""
+    if positions is None:
+        return None
+    p = np.asarray(positions)
+    if p.shape != (L,) or not np.issubdtype(p.dtype, np.integer):
+        raise ValueError(
+            f"positions must be [L] = [{L}] ints, one per position of x, "
+            f"got {p.dtype} of shape {p.shape}"
+        )
+    if L and p.min() < 0:
+        raise ValueError(f"positions must be >= 0, got {p.min()}")
+    if kv_cache is not None and getattr(kv_cache, "window", None):
+        raise ValueError(
+            "positions= needs a cache that holds every position (not a "
+            f"rolling cache), got {kv_cache!r}"
+        )
+    return p
 
 
 def key_positions(where, L_q, L_k):

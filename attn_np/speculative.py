@@ -16,6 +16,16 @@ at the first disagreement the model's token is taken instead and the
 cache is cut back to what was kept (``truncate``). The output is what
 greedy decoding gives, token for token, up to ties that floating-point
 rounding decides differently in a chunked forward and a one-token one.
+
+A tree of drafts (SpecInfer, Miao et al. 2024; Medusa, Cai et al. 2024)
+verifies several candidates in the same forward: with ``tree=`` the draft
+returns tokens and parent indices (:func:`prompt_lookup_tree` merges the
+continuations of several earlier matches into a trie); every node is fed
+at the position ``len(cache) + depth`` under a tree mask
+(:func:`~attn_np.masks.tree_mod`: a node sees the cache, its ancestors and
+itself), the longest path the model agrees with is kept, and its keys and
+values, which need not be neighbours in the cache, are moved together
+(:meth:`~attn_np.KVCache.keep`) before the rest is forgotten.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import check_count, check_positive_int
+from .masks import check_parents, tree_depths, tree_mod
 
 
 def prompt_lookup_draft(ids, k, *, ngram=3):
@@ -45,10 +56,46 @@ def prompt_lookup_draft(ids, k, *, ngram=3):
     return seq[:0].copy()
 
 
+def prompt_lookup_tree(ids, k, branches=3, *, ngram=3):
+    """A tree of drafts for the 1-D sequence ``ids``: ``(tokens [N],
+    parents [N])``, the continuations (up to ``k`` tokens each) of up to
+    ``branches`` earlier occurrences of the text's last ``ngram`` tokens
+    (then shorter n-grams), latest first, merged into a trie. ``parents[i]``
+    is an earlier node, or -1: the node follows the last token of
+    ``ids``."""
+    seq = np.asarray(ids).reshape(-1)
+    k = check_count(k, "k", minimum=0)
+    branches = check_positive_int(branches, "branches")
+    n_max = check_positive_int(ngram, "ngram")
+    conts = []  # distinct continuations, as tuples
+    for n in range(min(n_max, seq.size - 1), 0, -1):
+        tail = seq[-n:]
+        for start in range(seq.size - n - 1, -1, -1):
+            if len(conts) == branches or k == 0:
+                break
+            if np.array_equal(seq[start : start + n], tail):
+                c = tuple(seq[start + n : start + n + k].tolist())
+                if c and c not in conts:
+                    conts.append(c)
+    tokens, parents, node = [], [], {}  # node: prefix -> index
+    for c in conts:
+        for d in range(len(c)):
+            if c[: d + 1] not in node:
+                node[c[: d + 1]] = len(tokens)
+                tokens.append(c[d])
+                parents.append(node[c[:d]] if d else -1)
+    return (
+        np.array(tokens, dtype=seq.dtype),
+        np.array(parents, dtype=np.int64),
+    )
+
+
 @dataclass
 class SpeculativeStats:
     """What a run did: ``forwards`` (calls of the model after the prompt),
-    ``drafted`` and ``accepted`` tokens, ``generated`` tokens."""
+    ``drafted`` and ``accepted`` tokens, ``generated`` tokens. A tree
+    drafts every branch and keeps at most one, so its share kept is lower
+    than a chain's for the same tokens per forward."""
 
     forwards: int = 0
     drafted: int = 0
@@ -77,21 +124,20 @@ def generate(
 ):
     """``ids [1, L + max_new_tokens]``, what ``model.generate(ids,
     max_new_tokens)`` gives greedily, made with drafted tokens verified
-    ``k`` at a time.
+    ``k`` deep at a time.
 
-    ``model`` is a language model with ``forward(ids, kv_cache=...)`` and
-    ``new_cache(capacity)`` (chapter 14's ``CausalLM``); ``draft(seq,
-    k)`` proposes up to ``k`` next tokens for the 1-D sequence so far
-    (default :func:`prompt_lookup_draft`). ``tree``: a drafted tree of
-    candidates is not built here; the draft is one chain. ``stats`` (a
-    :class:`SpeculativeStats`) is filled in when given.
+    ``model`` is a language model with ``forward(ids, kv_cache=...,
+    mask=..., positions=...)`` and ``new_cache(capacity)`` (chapter 14's
+    ``CausalLM``). Without ``tree``, ``draft(seq, k)`` proposes a chain of
+    up to ``k`` next tokens for the 1-D sequence so far (default
+    :func:`prompt_lookup_draft`). With ``tree`` (an int, the branches),
+    ``draft(seq, k, tree)`` returns a tree ``(tokens, parents)`` at most
+    ``k`` deep (default :func:`prompt_lookup_tree`), verified in one
+    forward. ``stats`` (a :class:`SpeculativeStats`) is filled in when
+    given.
     """
     if tree is not None:
-        raise ValueError(
-            "tree= drafts (several candidates verified with a tree mask) "
-            "are not built; pass tree=None to verify one chain, got "
-            f"{tree!r}"
-        )
+        tree = check_positive_int(tree, "tree")
     ids = model.check_ids(ids)
     if ids.shape[0] != 1:
         raise ValueError(
@@ -100,7 +146,8 @@ def generate(
         )
     n = check_count(max_new_tokens, "max_new_tokens", minimum=0)
     k = check_count(k, "k", minimum=0)
-    draft = prompt_lookup_draft if draft is None else draft
+    if draft is None:
+        draft = prompt_lookup_draft if tree is None else prompt_lookup_tree
     if not callable(draft):
         raise TypeError(
             f"draft must be a function (seq, k) -> tokens, got {draft!r}"
@@ -118,25 +165,54 @@ def generate(
         if len(seq) >= end:
             break
         room = min(k, end - len(seq))  # never draft past the end
-        proposal = _checked_draft(draft(np.array(seq), room), room, model)
-        held = len(cache)
-        chunk = np.array([[nxt, *proposal]], dtype=np.int64)  # [1, 1 + d]
-        logits = model.forward(chunk, kv_cache=cache)[0]  # [1 + d, V]
-        preds = np.argmax(logits, axis=-1)  # the model's token after each
-        j = 0
-        while j < len(proposal) and proposal[j] == preds[j]:
-            j += 1
+        if tree is None:
+            tokens = _checked_draft(draft(np.array(seq), room), room, model)
+            parents = np.arange(len(tokens)) - 1  # a chain
+        else:
+            got = draft(np.array(seq), room, tree)
+            tokens, parents = _checked_tree(got, room, model)
+        path, nxt = verify_tree(model, cache, nxt, tokens, parents)
         stats.forwards += 1
-        stats.drafted += len(proposal)
-        stats.accepted += j
-        seq.extend(proposal[:j])
-        cache.truncate(held + 1 + j)  # keep nxt and the accepted tokens
-        nxt = int(preds[j])
+        stats.drafted += len(tokens)
+        stats.accepted += len(path)
+        seq.extend(tokens[i] for i in path)
         if len(seq) >= end:
             break
     out = np.array([seq[:end]], dtype=np.int64)
     stats.generated += n
     return out
+
+
+def verify_tree(model, cache, token, tokens, parents):
+    """One forward of ``token`` (the next one, not yet cached) and the
+    drafted tree after it (``tokens``, ``parents``: -1 for a child of
+    ``token``) over ``cache``; returns ``(path, next)``: the drafted
+    nodes the model agrees with, root to leaf, and its own token after
+    them. The cache then holds ``token`` and the path's tokens only."""
+    held, N = len(cache), len(tokens)
+    # node 0 is token, the drafted nodes 1 ... N: parents shifted by one
+    par = np.concatenate([[-1], np.asarray(parents, np.int64) + 1])
+    chunk = np.array([[token, *tokens]], dtype=np.int64)  # [1, 1 + N]
+    if np.array_equal(par, np.arange(N + 1) - 1):  # a chain: causal
+        logits = model.forward(chunk, kv_cache=cache)[0]  # [1 + N, V]
+    else:  # a node sees the cache, its ancestors and itself
+        logits = model.forward(
+            chunk,
+            kv_cache=cache,
+            mask=tree_mod(par, held),
+            positions=held + tree_depths(par),  # [1 + N]
+        )[0]
+    preds = np.argmax(logits, axis=-1)  # the model's token after each node
+    path, cur = [], 0
+    while True:  # down the child whose token the model predicts
+        kids = np.flatnonzero((par == cur) & (chunk[0] == preds[cur]))
+        if kids.size == 0:
+            break
+        cur = int(kids[0])
+        path.append(cur)
+    for c in cache.caches:  # token and the path, moved together
+        c.keep(held, np.array([0, *path]))
+    return [i - 1 for i in path], int(preds[cur])
 
 
 def _checked_draft(tokens, room, model):
@@ -157,3 +233,26 @@ def _checked_draft(tokens, room, model):
             f"{t.min()}..{t.max()}"
         )
     return [int(x) for x in t]
+
+
+def _checked_tree(got, room, model):
+    """A tree draft ``(tokens, parents)`` as lists, at most ``room``
+    deep."""
+    if not (isinstance(got, tuple) and len(got) == 2):
+        raise ValueError(
+            "a tree draft must return (tokens, parents), got "
+            f"{type(got).__name__}"
+        )
+    parents = check_parents(got[1])
+    tokens = _checked_draft(got[0], max(room, np.size(got[0])), model)
+    if len(tokens) != parents.size:
+        raise ValueError(
+            f"a tree draft's tokens ({len(tokens)}) and parents "
+            f"({parents.size}) must have one entry per node"
+        )
+    depth = int(tree_depths(parents).max(initial=-1)) + 1
+    if depth > room:
+        raise ValueError(
+            f"the tree is {depth} tokens deep, at most {room} were asked"
+        )
+    return tokens, parents

@@ -397,6 +397,25 @@ def families():
         ),
     )
     yield (
+        "embeddinggemma",
+        lambda: record(
+            "embeddinggemma",
+            cfg(
+                t.Gemma3TextConfig,
+                query_pre_attn_scalar=24,
+                sliding_window=4,
+                layer_types=two_types,
+                rope_parameters=gemma3_rope,
+                use_bidirectional_attention=True,
+            ),
+            [0, 1],
+            "EmbeddingGemma: Gemma 3 with use_bidirectional_attention, "
+            "layer 0 a symmetric window |i - j| < 4, layer 1 every key; "
+            "its decode is one chunk of the whole input (an encoder)",
+            chunks=(L,),
+        ),
+    )
+    yield (
         "olmo2",
         lambda: record(
             "olmo2",

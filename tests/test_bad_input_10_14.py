@@ -92,13 +92,19 @@ def test_no_rope_layers_of_wrong_length_or_kind(flags):
         attention_from_hf(cfg, 0)
 
 
-def test_embeddinggemma_bidirectional_is_refused_by_name():
+def test_bidirectional_is_built_for_gemma3_only():
     cfg, _ = fixture("gemma3")
+    cfg["use_bidirectional_attention"] = True
+    layer = attention_from_hf(cfg)  # EmbeddingGemma: an encoder layer
+    assert layer.bidirectional and layer.symmetric_window == 3
+    with pytest.raises(ValueError, match="no cache"):
+        layer.new_cache()
+    with pytest.raises(ValueError, match="whole sequence"):
+        layer.forward(np.zeros((1, 3, 64)), causal=False)
+    cfg, _ = fixture("llama")
     cfg["use_bidirectional_attention"] = True
     with pytest.raises(ValueError, match="use_bidirectional_attention"):
         attention_from_hf(cfg)
-    cfg["use_bidirectional_attention"] = False
-    attention_from_hf(cfg)
 
 
 @pytest.mark.parametrize(

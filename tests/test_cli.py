@@ -156,6 +156,8 @@ def test_memory_good_run_still_works():
         (["flash", "--memory-L", "4096", "0"], ["--memory-L"]),
         (["flash", "--L", "0"], ["--L"]),
         (["flash", "--sweep=1"], ["no value"]),
+        (["masks", "--docs", "0"], ["--docs"]),
+        (["masks", "--L", "16", "--docs", "20"], ["--docs", "at most"]),
         (["mha", "--nope"], ["no option"]),
         (["nope"], ["unknown benchmark"]),
     ],

@@ -513,10 +513,10 @@ def test_layer_flash_subclasses_and_errors():
     layer.forward(np.ones((3, 8)), causal=True)
     with pytest.raises(AttributeError, match="not kept with flash=True"):
         _ = layer.attention_weights
-    with pytest.raises(
-        ValueError, match="mask is not supported with flash=True"
-    ):
-        layer.forward(np.ones((3, 8)), mask=np.ones((3, 3), dtype=bool))
+    per_head = np.ones((1, 2, 3, 3), dtype=bool)
+    per_head[0, 1, 2, 0] = False  # the two heads' masks differ
+    with pytest.raises(ValueError, match="same for every batch row"):
+        layer.forward(np.ones((3, 8)), mask=per_head)
     with pytest.raises(TypeError, match="flash must be True or False"):
         MultiHeadAttention(8, 2, flash="yes")
     dense_layer = MultiHeadAttention(8, 2)

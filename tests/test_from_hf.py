@@ -37,6 +37,8 @@ BUILT = {
     "gemma2": [0, 1],
     "gemma3": [0, 1],
     "gemma3_linear": [0, 1],
+    # chapter 16: EmbeddingGemma, bidirectional (0: a symmetric window)
+    "embeddinggemma": [0, 1],
     "olmo2": [0],
     "gpt_oss": [0, 1],
     "deepseek_v3": [0],

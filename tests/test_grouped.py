@@ -154,10 +154,10 @@ def test_tiled_equals_dense_and_refuses_what_tiles_cannot_do():
         np.testing.assert_allclose(ga[name], gb[name], rtol=0, atol=1e-13)
     with pytest.raises(ValueError, match="sinks must broadcast"):
         grouped_attention_forward(q, k, v, sinks=np.zeros(7), tiled=True)
-    with pytest.raises(ValueError, match="mask"):
-        grouped_attention_forward(
-            q, k, v, allowed=np.ones((6, 6), bool), tiled=True
-        )
+    heads = np.ones((q.shape[1], 1, q.shape[3], k.shape[2]), bool)
+    heads[0, 0, 0, 0] = False  # one key/value head's mask differs
+    with pytest.raises(ValueError, match="same for every batch row"):
+        grouped_attention_forward(q, k, v, allowed=heads, tiled=True)
 
 
 def test_group_mask_lays_a_layer_mask_out_without_copies():

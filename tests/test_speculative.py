@@ -8,6 +8,7 @@ from attn_np.speculative import (
     SpeculativeStats,
     generate,
     prompt_lookup_draft,
+    prompt_lookup_tree,
 )
 
 pretrained = pytest.importorskip("attn_np.pretrained")
@@ -39,15 +40,50 @@ def test_prompt_lookup_proposes_what_followed():
     assert prompt_lookup_draft(np.array([1, 2, 3]), 4).tolist() == []
 
 
+def test_prompt_lookup_tree_merges_continuations_into_a_trie():
+    seq = np.array([1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3, 7, 5, 1, 2, 3])
+    tokens, parents = prompt_lookup_tree(seq, 3, 3)
+    # latest match first: 7 5 1, then 7 8 1 (shares the 7), then 9 1 2
+    assert tokens.tolist() == [7, 5, 1, 8, 1, 9, 1, 2]
+    assert parents.tolist() == [-1, 0, 1, 0, 3, -1, 5, 6]
+    one = prompt_lookup_tree(seq, 3, 1)
+    assert one[0].tolist() == prompt_lookup_draft(seq, 3).tolist()
+    assert prompt_lookup_tree(np.array([1, 2, 3]), 4)[0].size == 0
+
+
+@pytest.mark.parametrize("tree", [None, 3])
 @pytest.mark.parametrize("prompt", PROMPTS)
-def test_speculative_equals_greedy(model, prompt):
+def test_speculative_equals_greedy(model, prompt, tree):
     ids = np.array([model.tokenizer.encode(prompt)])
     want = model.generate(ids, 64)
     stats = SpeculativeStats()
-    got = generate(model, ids, 64, k=4, stats=stats)
+    got = generate(model, ids, 64, k=4, tree=tree, stats=stats)
     assert np.array_equal(got, want)
     assert stats.generated == 64 and stats.forwards < 64
     assert 0 <= stats.accepted <= stats.drafted
+
+
+def test_a_handmade_tree_with_the_right_branch_last(model):
+    """The greedy continuation drafted as the last of three branches: the
+    tree's walk finds it, and the cache keeps that branch only."""
+    ids = np.array([model.tokenizer.encode(PROMPTS[1])])
+    want = model.generate(ids, 9)[0, ids.shape[1] :]
+
+    def draft(seq, k, tree):
+        done = len(seq) - ids.shape[1]  # tokens generated so far
+        right = want[done : done + k].tolist()
+        n, V = len(right), model.vocab_size
+        wrong = [(t + 1) % V for t in right]  # a wrong chain first
+        other = [(right[0] + 2) % V]  # then a wrong single token
+        tokens = wrong + other + right
+        parents = [-1, *range(n - 1), -1, -1, *range(n + 1, 2 * n)]
+        return np.array(tokens), np.array(parents)
+
+    stats = SpeculativeStats()
+    got = generate(model, ids, 9, draft=draft, tree=3, k=4, stats=stats)
+    assert np.array_equal(got[0, ids.shape[1] :], want)
+    assert stats.forwards == 2  # (4 + 1) + 3 after the prompt's one
+    assert stats.accepted == 7
 
 
 def test_a_draft_that_is_always_wrong_still_gives_greedy(model):
@@ -66,7 +102,16 @@ def test_a_draft_that_is_always_wrong_still_gives_greedy(model):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(tree=[0, 0, 1]), "tree"),
+        (dict(tree=3, draft=lambda s, k, t: np.arange(k)), "tokens, par"),
+        (
+            dict(tree=3, draft=lambda s, k, t: ([1, 2], [0, -1])),
+            r"parents\[0\] must be an earlier node",
+        ),
+        (
+            dict(tree=3, draft=lambda s, k, t: ([1, 2, 3], [-1, 0, 1])),
+            "3 tokens deep, at most 2",
+        ),
+        (dict(tree=3, draft=lambda s, k, t: ([1], [-1, 0])), "one entry"),
         (dict(draft=lambda s, k: np.arange(k + 1)), "at most"),
         (dict(draft=lambda s, k: np.full(k, -1)), r"\[0, "),
         (dict(draft=lambda s, k: np.zeros(k)), "ints"),
@@ -76,6 +121,12 @@ def test_bad_drafts_are_refused(model, kwargs, match):
     ids = np.array([model.tokenizer.encode(PROMPTS[3])])
     with pytest.raises(ValueError, match=match):
         generate(model, ids, 8, k=2, **kwargs)
+
+
+def test_tree_must_be_a_number_of_branches(model):
+    ids = np.array([model.tokenizer.encode(PROMPTS[3])])
+    with pytest.raises((TypeError, ValueError), match="tree"):
+        generate(model, ids, 4, tree=[0, 0, 1])
 
 
 def test_one_sequence_at_a_time(model):

@@ -77,6 +77,10 @@ BENCHMARKS: dict[str, Bench] = {
         size_lists=("--T", "--memory-T"),
         flags=("--return-freed",),
     ),
+    "masks": Bench(
+        "attn_np.bench.masks",
+        sizes=("--L", "--docs", "--heads", "--rounds"),
+    ),
     "mha": Bench(
         "attn_np.bench.mha",
         sizes=("--B", "--L", "--d-model", "--heads", "--repeat"),

@@ -182,10 +182,12 @@ _ATTENTION = {
 _REFUSED = {
     "use_mrope": "multimodal RoPE sections (Qwen2.5-VL)",
     "use_bidirectional_attention": (
-        "bidirectional attention with a symmetric window (EmbeddingGemma); "
-        "the layers built here are causal decoders"
+        "bidirectional attention with a symmetric window, EmbeddingGemma's: "
+        "built for gemma3_text only"
     ),
 }
+# The refused features a family builds after all.
+_BUILT_BY = {"use_bidirectional_attention": ("gemma3_text",)}
 
 
 def layer_settings(config, layer_idx=0):
@@ -205,7 +207,7 @@ def layer_settings(config, layer_idx=0):
             f"builds; it builds {', '.join(NAMES)}"
         )
     for key, what in _REFUSED.items():
-        if flag(cfg, key):
+        if flag(cfg, key) and model_type not in _BUILT_BY.get(key, ()):
             raise ValueError(
                 f"config key {key}=True ({what}) is not built by "
                 "attention_from_hf"
@@ -404,6 +406,12 @@ def _gemma3(cfg, i, layer_type, kw, layout):
             )
     elif cfg.get("rope_theta") is None and layer_type != SLIDING:
         kw["rope_base"] = 1e6
+    if flag(cfg, "use_bidirectional_attention"):  # EmbeddingGemma
+        kw["bidirectional"] = True
+        # HF's Gemma3TextConfig reads the file's sliding_window W as
+        # W // 2 + 1 and masks |i - j| < W // 2 + 1: W // 2 each side
+        if kw.get("window") is not None:
+            kw["window"] = kw["window"] // 2 + 1
 
 
 def _gpt_oss(cfg, i, layer_type, kw, layout):

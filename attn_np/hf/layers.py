@@ -15,6 +15,7 @@ and ``new_cache()`` as every layer.
 
 from __future__ import annotations
 
+from .._checks import check_flag
 from ..latent import MultiHeadLatentAttention
 from ..long_context import (
     ChunkedKVCache,
@@ -22,6 +23,8 @@ from ..long_context import (
     read_rope_scaling,
     softmax_scale,
 )
+from ..masks import symmetric_window_mod
+from ..multihead import GroupedQueryAttention
 from ..refinements import RefinedAttention
 from ..sparse import SparseLatentAttention
 
@@ -29,9 +32,42 @@ from ..sparse import SparseLatentAttention
 class HFAttention(RefinedAttention):
     """Chapter 10's layer as a Hugging Face decoder layer: a chunked
     layer (Llama 4's ``chunked_attention``) decodes with chapter 11's
-    :class:`~attn_np.ChunkedKVCache`, which holds at most the chunk."""
+    :class:`~attn_np.ChunkedKVCache`, which holds at most the chunk.
+
+    ``bidirectional=True`` (EmbeddingGemma's ``use_bidirectional_attention``,
+    chapter 16) makes it an encoder layer: every query sees every key, or
+    on a sliding layer the keys fewer than ``window`` positions away on
+    either side (:func:`~attn_np.masks.symmetric_window_mod`); it takes
+    the whole sequence, no cache."""
+
+    def __init__(self, *args, bidirectional=False, **kw):
+        self.bidirectional = check_flag(bidirectional, "bidirectional")
+        # an encoder's window is a mask, not chapter 8's causal window
+        self.symmetric_window = (
+            kw.pop("window", None) if bidirectional else None
+        )
+        super().__init__(*args, **kw)
+
+    def forward(self, x, *, causal=True, mask=None, kv_cache=None):
+        if not self.bidirectional:
+            return super().forward(
+                x, causal=causal, mask=mask, kv_cache=kv_cache
+            )
+        if kv_cache is not None or mask is not None or not causal:
+            raise ValueError(
+                "a bidirectional (encoder) layer takes the whole sequence: "
+                "no kv_cache, mask or causal argument"
+            )
+        W = self.symmetric_window
+        m = None if W is None else symmetric_window_mod(W)
+        return GroupedQueryAttention.forward(self, x, mask=m)
 
     def new_cache(self):
+        if self.bidirectional:
+            raise ValueError(
+                "a bidirectional (encoder) layer has no cache: it reads the "
+                "whole sequence at once"
+            )
         if self.chunk is None:
             return super().new_cache()
         return ChunkedKVCache(self.chunk)

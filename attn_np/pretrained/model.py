@@ -58,15 +58,20 @@ class DecoderBlock(Composite):
             "ffn": self.ffn,
         }
 
-    def forward(self, x, *, kv_cache=None):
+    def forward(self, x, *, kv_cache=None, **where):
         """``x [B, L, d]``; with ``kv_cache`` the next chunk over it
-        (inference only: nothing kept for a backward)."""
+        (inference only: nothing kept for a backward). ``where``: the
+        attention layer's ``mask`` and ``positions``."""
         if kv_cache is None:
-            x = x + self.attn.forward(self.norm1.forward(x), causal=True)
+            h = self.attn.forward(
+                self.norm1.forward(x), causal=True, **where
+            )
+            x = x + h
             return x + self.ffn.forward(self.norm2.forward(x))
         # a decode step: the norms' step keeps and checks nothing (the
         # model checked its input once, at the token ids)
-        x = x + self.attn.forward(self.norm1.step(x), kv_cache=kv_cache)
+        h = self.norm1.step(x)
+        x = x + self.attn.forward(h, kv_cache=kv_cache, **where)
         return x + self.ffn.forward(self.norm2.step(x), keep=False)
 
     def backward(self, dy):
@@ -225,18 +230,26 @@ class CausalLM(Composite):
             )
         return ids
 
-    def forward(self, ids, *, kv_cache=None):
+    def forward(self, ids, *, kv_cache=None, mask=None, positions=None):
         """``logits [B, L, vocab]`` for ``ids [B, L]``. With ``kv_cache``
         (from :meth:`new_cache`) ``ids`` is the next chunk after the
-        positions cached, and nothing is kept for :meth:`backward`."""
+        positions cached, and nothing is kept for :meth:`backward`.
+        ``mask`` (ANDed with the causal mask) and ``positions`` (RoPE's,
+        ``[L]``) go to every attention layer: chapter 16's drafted tree
+        is verified with them."""
         ids = self.check_ids(ids)
+        where = {
+            k: v
+            for k, v in (("mask", mask), ("positions", positions))
+            if v is not None
+        }
         if kv_cache is None:
             x = self.embed.forward(ids)  # [B, L, d]
-            logits = self._forward(x, None)
+            logits = self._forward(x, None, where)
             self._from_ids = True  # backward fills the embedding's rows
             return logits
         x = self.embed.params["W"][ids]  # [B, L, d], nothing kept
-        return self._forward(x, kv_cache)
+        return self._forward(x, kv_cache, where)
 
     def forward_embeddings(self, x, *, kv_cache=None):
         """The logits of embedded tokens ``x [B, L, d_model]`` (what
@@ -254,18 +267,19 @@ class CausalLM(Composite):
         self._from_ids = False
         return logits
 
-    def _forward(self, x, kv_cache):
+    def _forward(self, x, kv_cache, where=None):
         """The blocks, the final norm and the tied head on ``x [B, L,
-        d]``."""
+        d]`` (``where``: the layers' ``mask`` and ``positions``)."""
+        where = where or {}
         if kv_cache is not None:
             self._check_cache(kv_cache, x.shape[0])
             self._saved = None
             for blk, cache in zip(self.blocks, kv_cache.caches):
-                x = blk.forward(x, kv_cache=cache)  # [B, L, d]
+                x = blk.forward(x, kv_cache=cache, **where)  # [B, L, d]
             h = self.norm_f.step(x)  # [B, L, d]
             return h @ self.head_weight.T  # [B, L, d] @ [d, V] -> [B, L, V]
         for blk in self.blocks:
-            x = blk.forward(x)  # [B, L, d]
+            x = blk.forward(x, **where)  # [B, L, d]
         h = self.norm_f.forward(x)  # [B, L, d]
         self._saved = h
         return h @ self.head_weight.T  # [B, L, d] @ [d, V] -> [B, L, V]
