@@ -28,7 +28,9 @@ from typing import NamedTuple
 import numpy as np
 
 from .._checks import (
+    all_finite,
     as_float_array,
+    check_finite,
     check_float_dtype,
     check_positive_int,
     check_token_ids,
@@ -82,7 +84,10 @@ def embedding_forward(ids, W):
     [..., d]``."""
     W = as_float_array(W, "W", min_ndim=2)
     ids = check_token_ids(ids, W.shape[0])
-    return W[ids], EmbeddingCache(ids, W.shape)  # [...] -> [..., d]
+    rows = W[ids]  # [...] -> [..., d]
+    if not all_finite(rows):  # the rows read, not all of a vocabulary
+        check_finite(rows, "W")
+    return rows, EmbeddingCache(ids, W.shape)
 
 
 def embedding_backward(dout, cache):
@@ -122,6 +127,7 @@ class Embedding:
         """Fills ``grads["W"]``; returns ``None`` (token ids have no
         gradient)."""
         check_forward_done(self, self._cache)
+        check_finite(as_float_array(dy, "dy"), "dy")
         self.grads["W"] = embedding_backward(dy, self._cache)
         return None
 
@@ -162,6 +168,8 @@ def linear_forward(x, W, b):
             "linear needs x [..., d_in], W [d_in, d_out], b [d_out]; got "
             f"x {x.shape}, W {W.shape}, b {b.shape}"
         )
+    for name, a in (("x", x), ("W", W), ("b", b)):
+        check_finite(a, name)
     y = x @ W + b  # [..., d_in] @ [d_in, d_out] -> [..., d_out]
     return y, LinearCache(x, W)
 
@@ -260,6 +268,7 @@ def gelu_forward(x):
     """GELU, tanh form (Hendrycks & Gimpel 2016): ``0.5 x (1 + tanh(c (x +
     0.044715 x^3)))``."""
     x = as_float_array(x, "x")
+    check_finite(x, "x")
     t = np.tanh(_GELU_C * (x + 0.044715 * (x * x * x)))
     return 0.5 * x * (1.0 + t), GeluCache(x, t)
 

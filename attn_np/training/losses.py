@@ -21,7 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._checks import as_bool_array, as_float_array, check_finite
+from .._checks import (
+    as_bool_array,
+    as_float_array,
+    check_finite,
+    check_upstream,
+)
 from .layers import check_token_ids
 
 
@@ -77,6 +82,7 @@ def cross_entropy_forward(logits, targets, *, mask=None):
 def cross_entropy_backward(dloss, cache: CrossEntropyCache):
     """``dlogits = dloss * (p - onehot(t)) * mask / N``, shape
     ``[..., V]``."""
+    dloss = check_upstream(dloss, "dloss", (), "the loss (a number)")
     dz = cache.p.copy()  # [..., V]
     np.put_along_axis(
         dz,
@@ -92,11 +98,13 @@ def accuracy(logits, targets, *, mask=None) -> float:
     """Fraction of the (masked) positions whose most likely token is the
     target."""
     z = as_float_array(logits, "logits", min_ndim=1)
+    check_finite(z, "logits")
     t = np.asarray(targets)
     if t.shape != z.shape[:-1]:
         raise ValueError(
             f"targets must have shape {z.shape[:-1]}, got {t.shape}"
         )
+    t = check_token_ids(t, z.shape[-1], "targets")
     hit = z.argmax(axis=-1) == t
     if mask is None:
         return float(hit.mean())

@@ -170,8 +170,14 @@ def clip_grad_norm(grads: dict, max_norm: float) -> float:
             )
         )
     if not math.isfinite(norm):
+        bad = [k for k, g in grads.items() if not np.isfinite(g).all()]
         raise ValueError(
-            f"the gradients' norm is {norm}: some gradient holds NaN or inf"
+            f"the gradients' norm is {norm}: "
+            + (
+                f"grads[{bad[0]!r}] holds NaN or inf"
+                if bad
+                else "no gradient holds NaN or inf: their squares overflow"
+            )
         )
     if norm > max_norm:
         for g in grads.values():

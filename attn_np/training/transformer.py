@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_positive_int
+from .._checks import as_float_array, check_finite, check_positive_int
 from ..multihead import GroupedQueryAttention
 from .layers import (
     Composite,
@@ -278,6 +278,7 @@ class Transformer(Composite):
         """Fills ``grads`` for every parameter; returns ``None`` (token ids
         have no gradient)."""
         check_forward_done(self, getattr(self, "_forward_done", None))
+        check_finite(as_float_array(dlogits, "dlogits"), "dlogits")
         # [B, L, V] -> [B, L, d]
         dx = self.norm_f.backward(self.head.backward(dlogits))
         for blk in reversed(self.blocks):
