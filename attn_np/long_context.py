@@ -32,6 +32,7 @@ import numpy as np
 
 from ._checks import (
     as_float_array,
+    check_finite,
     check_flag,
     check_positive_int,
     check_positive_number,
@@ -107,6 +108,8 @@ def frequency_bands(theta, scaled, factor, *, rtol=1e-12):
             "scaled must have the shape of theta [r/2], got "
             f"{scaled.shape} and {theta.shape}"
         )
+    check_finite(theta, "theta")
+    check_finite(scaled, "scaled")
     factor = check_positive_number(factor, "factor")
     ratio = scaled / theta
     kept = np.isclose(ratio, 1.0, rtol=rtol, atol=0)
@@ -122,7 +125,9 @@ def qk_norm_forward(x, *, eps=1e-6):
     """Parameter-free RMS norm over the last axis (Llama 4's
     ``L2Norm``): ``x / sqrt(mean(x^2) + eps)``; ``(y, cache)``
     (:func:`attn_np.norms.qk_norm_forward` without a gain)."""
-    return _qk_norm_forward(as_float_array(x, "x", min_ndim=1), eps=eps)
+    x = as_float_array(x, "x", min_ndim=1)
+    check_finite(x, "x")
+    return _qk_norm_forward(x, eps=eps)
 
 
 def qk_norm_backward(dy, cache):

@@ -113,6 +113,7 @@ def qk_norm_backward(dy, cache):
     dy g``: ``dt = r (u - t r^2 mean(u t))``, ``dw = sum dy t r``."""
     check_backward_cache(cache, tuple, "qk_norm_forward", 4)
     t, r, g, learned = cache
+    dy = check_upstream(dy, "dy", t.shape, "the normalised output")
     u = dy * g  # [..., d]
     dt = r * (u - t * (r * r) * np.mean(u * t, axis=-1, keepdims=True))
     dw = (

@@ -55,6 +55,7 @@ import numpy as np
 
 from ._checks import (
     all_finite,
+    as_bool_array,
     as_float_array,
     check_backward_cache,
     check_count,
@@ -63,6 +64,7 @@ from ._checks import (
     check_number,
     check_positive_int,
     check_positive_number,
+    check_upstream,
 )
 from .heads import merge_groups, merge_heads, split_groups, split_heads
 from .kv_cache import ChunkedKVCache
@@ -113,6 +115,9 @@ def linear_backward(dy, cache):
     """``(dx, dW, db)``; ``db`` is None without a bias."""
     check_backward_cache(cache, tuple, "linear_forward", 3)
     x, W, has_bias = cache
+    dy = check_upstream(
+        dy, "dy", x.shape[:-1] + W.shape[1:], "the linear output"
+    )
     dx = dy @ W.T  # [..., d_out] @ [d_out, d_in] -> [..., d_in]
     x2 = x.reshape(-1, x.shape[-1])  # [N, d_in]
     dW = x2.T @ dy.reshape(-1, dy.shape[-1])  # [d_in, d_out]
@@ -128,7 +133,7 @@ def softcap_forward(s, cap):
     s = as_float_array(s, "s")
     if not all_finite(s):
         raise ValueError(
-            "the scores before the soft-cap overflowed (inf or NaN) in "
+            "s, the scores before the soft-cap, overflowed (inf or NaN) in "
             f"{s.dtype}: scale the queries and keys down"
             + (", or use float64" if s.dtype != np.float64 else "")
         )
@@ -138,6 +143,7 @@ def softcap_forward(s, cap):
 
 def softcap_backward(dy, th):
     """``ds = dy (1 - tanh(s / cap)^2)``: 1 near 0, vanishing at the cap."""
+    dy = check_upstream(dy, "dy", np.shape(th), "the soft-capped scores")
     return dy * (1.0 - th * th)
 
 
@@ -188,12 +194,7 @@ class ALiBi:
     params: dict = {}
 
     def __init__(self, slopes):
-        try:
-            a = np.asarray(slopes, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise TypeError(
-                f"slopes must be numbers [n_heads], got {slopes!r}"
-            ) from None
+        a = as_float_array(slopes, "slopes").astype(np.float64)
         if a.ndim != 1 or not a.size or not np.isfinite(a).all():
             raise ValueError(
                 "slopes must be a 1-D array of finite numbers [n_heads], "
@@ -242,7 +243,11 @@ def query_temperature(positions, *, floor_scale=8192.0, attn_scale=0.1):
         raise ValueError(
             "positions must be a 1-D array of non-negative integer "
             f"positions, got {p.dtype} of shape {p.shape}"
-            + (f" with minimum {p.min()}" if p.size and p.ndim else "")
+            + (
+                f" with minimum {p.min()}"
+                if p.size and p.ndim and p.dtype.kind in "iu"
+                else ""
+            )
         )
     p = p.astype(np.float64)
     return 1.0 + attn_scale * np.log(np.floor((p + 1.0) / floor_scale) + 1.0)
@@ -273,6 +278,13 @@ def query_temperature_backward(dq2, cache: TemperatureCache):
     check_backward_cache(
         cache, TemperatureCache, "query_temperature_forward"
     )
+    dq2 = as_float_array(dq2, "dq2", min_ndim=2)
+    check_finite(dq2, "dq2")
+    if dq2.shape[-2:-1] != cache.scale.shape[:1]:
+        raise ValueError(
+            f"dq2 must have {cache.scale.shape[0]} rows (one per position"
+            f" of the forward), got shape {dq2.shape}"
+        )
     return dq2 * cache.scale
 
 
@@ -324,6 +336,7 @@ def gate_backward(dy, cache):
     """``(do, dg)``; ``dg`` summed to g's shape."""
     check_backward_cache(cache, tuple, "gate_forward", 2)
     o, sg = cache
+    dy = check_upstream(dy, "dy", o.shape, "the gated output")
     do = dy * sg
     dg = dy * o * sg * (1.0 - sg)
     if dg.shape != sg.shape:
@@ -338,6 +351,8 @@ class MaxLogit:
     applies, ``ctx.allowed``): what QK-norm bounds."""
 
     def __init__(self, allowed=None):
+        if allowed is not None:
+            allowed = as_bool_array(allowed, "allowed")
         self.allowed, self.value = allowed, None
 
     def forward(self, s, ctx):

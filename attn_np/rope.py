@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import (
+    all_finite,
     as_float_array,
     check_finite,
     check_positive_int,
@@ -164,6 +165,9 @@ def rotate_pairs(x, cos, sin, *, layout="half"):
     x = as_float_array(x, "x", min_ndim=2)
     r = _check_tables(cos, sin, x.shape)
     _check_layout(layout)
+    for name, a in (("x", x), ("cos", cos), ("sin", sin)):
+        if not all_finite(as_float_array(a, name)):  # two reductions
+            check_finite(a, name)
     L = x.shape[-2]
     cos_r = np.empty((L, r), dtype=x.dtype)  # [L, r]: cos on a and on b
     sin_r = np.empty((L, r), dtype=x.dtype)  # [L, r]: -sin on a, sin on b

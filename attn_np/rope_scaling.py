@@ -41,6 +41,7 @@ import numpy as np
 
 from ._checks import (
     as_float_array,
+    check_finite,
     check_positive_int,
     check_positive_number,
 )
@@ -386,6 +387,7 @@ def scaled_rope_forward(
     ``max(positions) + 1``.
     """
     x = as_float_array(x, "x", min_ndim=2)
+    check_finite(x, "x")
     d = x.shape[-1]
     r = d if rotary_dim is None else rotary_dim
     p = np.asarray(positions)
