@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import as_float_array, check_backward_cache, check_finite
+from .._checks import (
+    as_float_array,
+    check_backward_cache,
+    check_finite,
+    check_upstream,
+)
 from ..softmax import sigmoid
 
 
@@ -78,6 +83,7 @@ def causal_conv_backward(dy, cache):
     check_backward_cache(cache, tuple, "causal_conv_forward", 3)
     xp, w, pre = cache
     K, L = w.shape[0], pre.shape[1]
+    dy = check_upstream(dy, "dy", pre.shape, "the convolution's output")
     dpre = silu_backward(dy, pre)  # [B, L, ch]
     dx = np.multiply(dpre, w[K - 1])
     tmp = np.empty_like(dpre)

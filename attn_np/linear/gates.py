@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_backward_cache, check_norm_input, check_overflow
+from .._checks import (
+    check_backward_cache,
+    check_norm_input,
+    check_overflow,
+    check_upstream,
+)
 
 
 def softplus(x):
@@ -33,6 +38,7 @@ def l2norm_backward(dy, cache):
     """``dx = r (dy - y (y . dy))``."""
     check_backward_cache(cache, tuple, "l2norm_forward", 2)
     y, r = cache
+    dy = check_upstream(dy, "dy", y.shape, "the L2-normalised output")
     yd = np.einsum("...d,...d->...", y, dy)[..., None]  # [..., 1]
     dx = y * yd
     np.subtract(dy, dx, out=dx)
