@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import (
+    all_finite,
     as_float_array,
     broadcast_shapes,
     check_finite,
@@ -177,6 +178,8 @@ def unbroadcast(grad: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     )
     if stretched:
         grad = grad.sum(axis=stretched, keepdims=True)
+    if not all_finite(grad):  # NaN and inf survive the sums: 2 reductions
+        check_finite(grad, "grad")
     return grad
 
 

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ._checks import (
+    all_finite,
     as_float_array,
     check_finite,
     check_float_dtype,
@@ -71,6 +72,9 @@ def swiglu_forward(x, W_gate, W_up, W_down):
     W_down = as_float_array(W_down, "W_down")
     _check_weights(x, W_gate, W_up, W_down)
     check_finite(x, "x")
+    for name, W in (("W_gate", W_gate), ("W_up", W_up), ("W_down", W_down)):
+        if not all_finite(W):  # two reductions, no copy of the weights
+            check_finite(W, name)
     xf = x.reshape(-1, x.shape[-1])  # [N, d]
     a = xf @ W_gate  # [N, d] @ [d, d_ff] -> [N, d_ff]
     b = xf @ W_up  # [N, d] @ [d, d_ff] -> [N, d_ff]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import (
+    all_finite,
     as_bool_array,
     as_float_array,
     broadcast_shapes,
@@ -179,6 +180,8 @@ def sink_softmax(
         s = x.copy() if mask is None else np.where(mask, x, -np.inf)
     # [..., 1]: the shift covers the sink too, so every exponent is <= 0
     m = np.maximum(np.max(s, axis=-1, keepdims=True), sink)
+    if not all_finite(m):  # NaN or +inf in x where it takes part
+        check_finite(np.where(s == -np.inf, 0.0, s), "x")
     s -= m
     np.exp(s, out=s)  # masked entries: exp(-inf) = 0
     e_sink = np.exp(sink - m)  # [..., 1]
