@@ -138,12 +138,22 @@ class IndexScoreCache:
     dots: np.ndarray  # [B, H_I, L_q, L_k]
 
 
-def index_scores_forward(q, k, w):
+def _refuse_nan(**arrays):
+    """:func:`check_finite` on each array, by name (a function whose
+    ``check_finite`` keyword hides the checker calls this)."""
+    for name, a in arrays.items():
+        check_finite(a, name)
+
+
+def index_scores_forward(q, k, w, *, check_finite=True):
     """``I[b, t, s] = sum_j w[b, t, j] ReLU(q[b, j, t] . k[b, s])``.
 
     ``q [B, H_I, L_q, d_I]``, one key per token ``k [B, L_k, d_I]`` for
     all heads, ``w [B, L_q, H_I]``; returns ``(I [B, L_q, L_k], cache)``.
+    ``check_finite`` refuses NaN or inf in them; the indexer passes
+    False (its keys are checked once, a decode step would re-read them).
     """
+    finite = check_flag(check_finite, "check_finite")
     q = as_float_array(q, "q")
     k = as_float_array(k, "k")
     w = as_float_array(w, "w")
@@ -158,6 +168,8 @@ def index_scores_forward(q, k, w):
             f"k must be [B={B}, L_k, d_I={d}] and w [B, L_q, H_I] = "
             f"{(B, L_q, H)} for q {q.shape}, got k {k.shape}, w {w.shape}"
         )
+    if finite:
+        _refuse_nan(q=q, k=k, w=w)
     # one key for all heads: stack the heads as rows of one product
     kT = k.swapaxes(-1, -2)  # [B, d, L_k]
     dots = q.reshape(B, H * L_q, d) @ kT  # [B, H*L_q, d] @ [B, d, L_k]
@@ -309,7 +321,8 @@ class LightningIndexer:
                 f"keys must be [B, L_k, index_head_dim={self.head_dim}], "
                 f"got {keys.shape}"
             )
-        scores, sc = index_scores_forward(q, keys, w)  # [B, L_q, L_k]
+        # [B, L_q, L_k]
+        scores, sc = index_scores_forward(q, keys, w, check_finite=False)
         self._cache = None
         if k_keep is not None:
             self._cache = (x, c_q, q_rope, k_keep, sc)
@@ -544,6 +557,7 @@ def indexer_kl_backward(dloss, cache: IndexerLossCache):
     on a non-empty row (0 on an empty one, where ``q`` is 0 too).
     """
     p, q = cache.p, cache.q
+    dloss = check_upstream(dloss, "dloss", (), "the loss (a number)")
     mass = p.sum(axis=-1, keepdims=True)  # [B, L_q, 1]: 1 or 0
     return float(np.asarray(dloss)) * (q * mass - p)
 
