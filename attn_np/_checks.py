@@ -202,16 +202,18 @@ def check_upstream(dout, name: str, expected, what: str) -> np.ndarray:
     return dout
 
 
-def check_token_ids(ids, vocab_size: int, name: str = "ids") -> np.ndarray:
+def check_token_ids(ids, vocab_size, name: str = "ids") -> np.ndarray:
     """``ids`` as an integer array of token ids in ``[0, vocab_size)``, or
-    raise naming the bad values and the vocabulary."""
+    raise naming the bad values and the vocabulary (``vocab_size`` None:
+    any id >= 0, where no vocabulary is at hand)."""
     ids = np.asarray(ids)
     if ids.dtype == np.bool_ or not np.issubdtype(ids.dtype, np.integer):
         raise TypeError(
             f"{name} must be an integer array of token ids, got dtype "
             f"{ids.dtype}"
         )
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+    top = np.inf if vocab_size is None else vocab_size
+    if ids.size and (ids.min() < 0 or ids.max() >= top):
         raise ValueError(
             f"{name} must lie in [0, vocab_size) = [0, {vocab_size}), got "
             f"values from {ids.min()} to {ids.max()}"

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import check_count, check_positive_int
+from ._checks import check_count, check_positive_int, check_token_ids
 from .masks import check_parents, tree_depths, tree_mod
 
 
@@ -43,7 +43,7 @@ def prompt_lookup_draft(ids, k, *, ngram=3):
     tokens that followed the latest earlier occurrence of ``ids``'s last
     ``ngram`` tokens (shorter n-grams if none is found); none when the
     text does not repeat."""
-    seq = np.asarray(ids).reshape(-1)
+    seq = check_token_ids(ids, None).reshape(-1)
     k = check_count(k, "k", minimum=0)
     n_max = check_positive_int(ngram, "ngram")
     for n in range(min(n_max, seq.size - 1), 0, -1):

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._checks import check_count, check_positive_int
+from .._checks import check_count, check_positive_int, check_token_ids
 from ..ffn import SwiGLU
 from ..latent import MultiHeadLatentAttention
 from ..multihead import GroupedQueryAttention
@@ -658,6 +658,7 @@ def generate_alone(
     logits)``: prompt and generated tokens, and the logits each sample
     read ``[max_new_tokens, vocab]``."""
     parts = ModelParts(model)
+    check_token_ids(prompt_ids, parts.vocab_size, "prompt_ids")
     ids = [int(t) for t in np.asarray(prompt_ids)]
     n = check_count(max_new_tokens, "max_new_tokens")
     sample = sampler(

@@ -30,9 +30,13 @@ from collections import OrderedDict
 import numpy as np
 
 from .._checks import (
+    all_finite,
+    as_float_array,
     check_count,
+    check_finite,
     check_float_dtype,
     check_positive_int,
+    check_token_ids,
     check_window,
 )
 
@@ -41,6 +45,8 @@ def page_hashes(tokens, page_size, parent=None) -> list[int]:
     """The chained hash of every full page of ``tokens``: ``h_i =
     hash((h_{i-1}, tokens of page i))``, ``h_{-1} = parent`` (None). Two
     pages get the same hash only if everything before them matches."""
+    if len(tokens):
+        check_token_ids(tokens, None, "tokens")
     out, h = [], parent
     P = page_size
     for i in range(len(tokens) // P):
@@ -256,6 +262,8 @@ class PagedKVCache:
         """Store keys ``k [n_kv, T, d_k]`` and values ``v [n_kv, T, d_v]``
         at ``slots [T]`` of ``layer`` (:meth:`slots`): the rows of many
         sequences in one write."""
+        for name, a in (("k", k), ("v", v)):
+            check_finite(as_float_array(a, name, min_ndim=2), name)
         P = self.page_size
         kf = self.k[layer].reshape(self.n_pages * P, *self.k.shape[3:])
         vf = self.v[layer].reshape(self.n_pages * P, *self.v.shape[3:])
@@ -473,6 +481,15 @@ def paged_attention_by_page(
     e^(m - m') + sum e^(s - m')``, ``acc' = acc e^(m - m') + e^(s - m')
     V``. No ``[L, length]`` score matrix is ever held.
     """
+    q = as_float_array(q, "q", min_ndim=4)
+    check_finite(q, "q")
+    k_pages = as_float_array(k_pages, "k_pages", min_ndim=4)
+    v_pages = as_float_array(v_pages, "v_pages", min_ndim=4)
+    if np.asarray(table).dtype.kind not in "iu" and np.size(table):
+        raise TypeError(
+            "table must hold integer page numbers, got dtype "
+            f"{np.asarray(table).dtype}"
+        )
     n_kv, G, L, d_k = q.shape
     P = k_pages.shape[1]
     scale = 1.0 / np.sqrt(d_k) if scale is None else scale
@@ -484,6 +501,9 @@ def paged_attention_by_page(
         n = min(P, length - i * P)  # positions held in this page
         k = k_pages[page, :n].transpose(1, 0, 2)  # [n_kv, n, d_k]
         v = v_pages[page, :n].transpose(1, 0, 2)  # [n_kv, n, d_v]
+        for name, a in ((f"k_pages[{page}]", k), (f"v_pages[{page}]", v)):
+            if not all_finite(a):  # the positions read, not the pool
+                check_finite(a, name)
         # [n_kv, G, L, d_k] @ [n_kv, 1, d_k, n] -> [n_kv, G, L, n]
         s = q @ k[:, None].swapaxes(-1, -2) * scale
         seen = i * P + np.arange(n) <= q_pos[:, None]  # causal [L, n]
