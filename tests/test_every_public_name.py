@@ -1105,6 +1105,7 @@ exempt(
     "attn_np.training.loop.TrainLog",
     "attn_np.training.loop.evaluate",
     "attn_np.training.loop.train",
+    "attn_np.training.loop.train_many",
     "attn_np.training.tasks.RecallBatch",
     "attn_np.training.transformer.register_layer_kind",
     "attn_np.grouped.ScoreContext",
