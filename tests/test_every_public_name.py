@@ -490,11 +490,12 @@ def _ffn_training():
             )
         ),
         "attn_np.training.optim.Adam": lambda: one(
+            Call("Adam", lambda p: training.Adam({"p": p}), p=n(3, 4)),
             Call(
                 "Adam.step",
                 lambda g: training.Adam({"g": n(3, 4)}).step({"g": g}),
                 g=n(3, 4),
-            )
+            ),
         ),
     }
 

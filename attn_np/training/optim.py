@@ -20,6 +20,8 @@ import math
 
 import numpy as np
 
+from .._checks import check_finite
+
 
 def _positive(value, name: str) -> float:
     """A positive finite real number, or a ``ValueError`` naming
@@ -72,6 +74,8 @@ class Adam:
         if not (0 <= b1 < 1 and 0 <= b2 < 1):
             raise ValueError(f"betas must be in [0, 1), got {betas!r}")
         self.params = dict(_arrays(params, "params"))
+        for k, a in self.params.items():  # once: step checks the grads
+            check_finite(a, f"params[{k!r}]")
         self.lr, (self.b1, self.b2), self.eps = lr, (b1, b2), eps
         # m and v of the parameters of one dtype in one vector each (one
         # group for a model): self.m[k] and self.v[k] are views of them
