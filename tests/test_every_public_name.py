@@ -1153,12 +1153,11 @@ exempt(
     "an elementwise helper inside the layers (sigmoid, softplus, SiLU, "
     "ELU + 1), called on arrays they checked, on every step; a NaN in "
     "gives NaN at the same place out",
-    "attn_np.ffn.sigmoid",
     "attn_np.linear.attention.elu_feature_map",
     "attn_np.linear.conv.silu",
     "attn_np.linear.conv.silu_backward",
-    "attn_np.linear.gates.sigmoid",
     "attn_np.linear.gates.softplus",
+    "attn_np.softmax.sigmoid",
 )
 exempt(
     "a reshape or transpose of a layer's checked arrays: moves numbers, "
