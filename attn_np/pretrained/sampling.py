@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._checks import check_positive_int
+from .._checks import as_float_array, check_finite, check_positive_int
 
 
 def check_sampling(temperature, top_k, top_p, vocab):
@@ -46,6 +46,7 @@ def sample_next(logits, *, temperature=0.0, top_k=None, top_p=None, rng):
     greedy (``temperature=0``, ``rng`` unused), or drawn with ``rng`` (a
     ``np.random.Generator``) after the temperature, top-k and top-p cuts.
     The arguments are those :func:`check_sampling` passes."""
+    check_finite(as_float_array(logits, "logits", min_ndim=1), "logits")
     if temperature == 0:
         return np.argmax(logits, axis=-1)
     z = logits.astype(np.float64) / temperature  # [B, V]

@@ -431,6 +431,14 @@ def masked_attention(q, k, v, mask, *, window=None, scale=None):
 
 def _check_batch(q, k_pages, v_pages, tables, lengths):
     """``(tables [B, m], lengths [B], L)``, checked against ``q``."""
+    check_finite(as_float_array(q, "q"), "q")  # the pools: when stored
+    for name, a in (("k_pages", k_pages), ("v_pages", v_pages)):
+        as_float_array(a, name)
+    for name, a in (("tables", tables), ("lengths", lengths)):
+        if isinstance(a, np.ndarray) and a.size and a.dtype.kind not in "iu":
+            raise TypeError(
+                f"{name} must hold integers, got dtype {a.dtype}"
+            )
     q_shape = getattr(q, "shape", None)
     if q_shape is None or len(q_shape) != 5:
         raise ValueError(
