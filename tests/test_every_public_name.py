@@ -58,12 +58,14 @@ from attn_np.long_context import qk_norm_forward as lc_qk_norm_forward
 from attn_np.pretrained import CausalLM, LlamaConfig
 from attn_np.rope_scaling import ScaledRotary, scaled_rope_forward
 from attn_np.serving import paged_attention
+from attn_np.serving.paged import paged_attention_by_page as paged_by_page
 
 # modules by import_module: attn_np.rope is also the name of a function
 rope_mod = importlib.import_module("attn_np.rope")
 masks = importlib.import_module("attn_np.masks")
 lc = importlib.import_module("attn_np.long_context")
 spec = importlib.import_module("attn_np.speculative")
+sampling = importlib.import_module("attn_np.pretrained.sampling")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LAB = ("instruments", "bench")
@@ -127,10 +129,10 @@ class Call:
         self.what, self.run, self.arrays = what, run, arrays
 
 
-def fn(f, **kw):
-    """Call ``f(**kw)``; its ndarray arguments are spoiled one at a
-    time."""
-    names = [k for k, v in kw.items() if isinstance(v, np.ndarray)]
+def fn(f, *, spoil=None, **kw):
+    """Call ``f(**kw)``; its ndarray arguments (or those in ``spoil``)
+    are spoiled one at a time."""
+    names = spoil or [k for k, v in kw.items() if isinstance(v, np.ndarray)]
     fixed = {k: v for k, v in kw.items() if k not in names}
     return Call(
         f.__name__,
@@ -711,9 +713,30 @@ def _layers():
         "attn_np.pretrained.model.CausalLM": lambda: layer(
             lambda: causal_lm(llama), np.array([[0, 3, 1, 6]])
         ),
+        # the engine's step: the pools are checked row by row when stored
+        # (PagedKVCache.store, covered); a step would re-read every cache
         "attn_np.serving.paged.paged_attention": lambda: one(
             fn(
                 paged_attention,
+                spoil=["q", "tables", "lengths"],
+                q=n(1, 1, 2, 3, 4),
+                k_pages=n(2, 4, 1, 4),
+                v_pages=n(2, 4, 1, 4),
+                tables=np.array([[0, 1]]),
+                lengths=np.array([8]),
+            )
+        ),
+        "attn_np.pretrained.sampling.sample_next": lambda: one(
+            fn(
+                sampling.sample_next,
+                logits=n(2, 7),
+                temperature=0.5,
+                rng=np.random.default_rng(0),
+            )
+        ),
+        "attn_np.serving.paged.paged_attention_by_page": lambda: one(
+            fn(
+                paged_by_page,
                 q=n(1, 2, 3, 4),
                 k_pages=n(2, 4, 1, 4),
                 v_pages=n(2, 4, 1, 4),
@@ -1104,6 +1127,19 @@ exempt(
     "attn_np.training.tasks.RecallBatch",
     "attn_np.training.transformer.register_layer_kind",
     "attn_np.grouped.ScoreContext",
+)
+exempt(
+    "the serving engine's parts: a step's layout, the layer's attend for "
+    "paged_attention, the gather of pages, the tables' padding, and the "
+    "sampler's settings and its maker (the ids and logits they see come "
+    "from the engine's checked prompts and the model's forwards)",
+    "attn_np.serving.engine.Layout",
+    "attn_np.serving.engine.layer_step",
+    "attn_np.serving.paged.gather_batch",
+    "attn_np.serving.paged.masked_attention",
+    "attn_np.serving.paged.padded_tables",
+    "attn_np.pretrained.sampling.check_sampling",
+    "attn_np.pretrained.sampling.sampler",
 )
 exempt(
     "a cache's machinery, written by the covered caches' append (KVCache, "
