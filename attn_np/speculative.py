@@ -63,7 +63,7 @@ def prompt_lookup_tree(ids, k, branches=3, *, ngram=3):
     (then shorter n-grams), latest first, merged into a trie. ``parents[i]``
     is an earlier node, or -1: the node follows the last token of
     ``ids``."""
-    seq = np.asarray(ids).reshape(-1)
+    seq = check_token_ids(ids, None).reshape(-1)
     k = check_count(k, "k", minimum=0)
     branches = check_positive_int(branches, "branches")
     n_max = check_positive_int(ngram, "ngram")
