@@ -819,6 +819,30 @@ def _caches_and_ids():
         "attn_np.masks.document_mod": lambda: one(
             fn(masks.document_mod, cu_seqlens=np.array([0, 2, 5]))
         ),
+        "attn_np.masks.image_block_ids": lambda: one(
+            fn(
+                masks.image_block_ids,
+                token_type_ids=np.array([[0, 1, 1, 0]]),
+            )
+        ),
+        "attn_np.masks.image_block_mod": lambda: one(
+            fn(
+                masks.image_block_mod,
+                token_type_ids=np.array([[0, 1, 1, 0]]),
+            )
+        ),
+        "attn_np.masks.tree_ancestors": lambda: one(
+            fn(masks.tree_ancestors, parents=np.array([-1, 0, 0, 1]))
+        ),
+        "attn_np.masks.tree_depths": lambda: one(
+            fn(masks.tree_depths, parents=np.array([-1, 0, 0, 1]))
+        ),
+        "attn_np.masks.tree_mod": lambda: one(
+            fn(masks.tree_mod, parents=np.array([-1, 0, 0, 1]))
+        ),
+        "attn_np.speculative.prompt_lookup_tree": lambda: one(
+            fn(spec.prompt_lookup_tree, ids=ids, k=2)
+        ),
         "attn_np.masks.padding_mod": lambda: one(
             fn(masks.padding_mod, lengths=np.array([3, 5]))
         ),
@@ -1070,6 +1094,7 @@ exempt(
     "attn_np.linear.cache.check_head_groups",
     "attn_np.linear.recurrent.check_delta_inputs",
     "attn_np.multihead.check_parts",
+    "attn_np.multihead.check_positions",
     "attn_np.multihead.check_step_parts",
     "attn_np.rope.check_rope_settings",
     "attn_np.rope.check_rotary",
@@ -1085,6 +1110,7 @@ exempt(
     "attn_np.grouped.per_head_rows",
     "attn_np.long_context.Passkey",
     "attn_np.masks.ChunkedMask",
+    "attn_np.masks.symmetric_window_mod",
     "attn_np.masks.causal_mask",
     "attn_np.masks.chunk_mod",
     "attn_np.masks.create_mask",
@@ -1114,6 +1140,8 @@ exempt(
     "the arrays inside reach the covered forwards, which check them",
     "attn_np.convert.mha_to_gqa",
     "attn_np.masks.and_masks",
+    "attn_np.masks.evaluate_mask",
+    "attn_np.speculative.verify_tree",
     "attn_np.masks.or_masks",
     "attn_np.pretrained.model.ModelCache",
     "attn_np.serving.engine.ModelParts",
@@ -1164,6 +1192,7 @@ exempt(
     "attn_np.grouped.grouped_tiled_backward",
     "attn_np.grouped.grouped_tiled_forward",
     "attn_np.grouped.merge_partial_softmax",
+    "attn_np.grouped.shared_mask",
     "attn_np.linear.chunked.chunk_group_backward",
     "attn_np.linear.chunked.unit_lower_inverse",
     "attn_np.linear.recurrent.sum_to",
