@@ -474,6 +474,22 @@ def _check_batch(q, k_pages, v_pages, tables, lengths):
     return tables, lengths, L
 
 
+def _check_pages(q, k_pages, v_pages, table):
+    """The arrays of :func:`paged_attention_by_page`, or raise naming
+    one: ``q`` finite, the pools of floats (each page is checked as it
+    is read), ``table`` of integer page numbers."""
+    q = as_float_array(q, "q", min_ndim=4)
+    check_finite(q, "q")
+    k_pages = as_float_array(k_pages, "k_pages", min_ndim=4)
+    v_pages = as_float_array(v_pages, "v_pages", min_ndim=4)
+    if np.asarray(table).dtype.kind not in "iu" and np.size(table):
+        raise TypeError(
+            "table must hold integer page numbers, got dtype "
+            f"{np.asarray(table).dtype}"
+        )
+    return q, k_pages, v_pages
+
+
 def paged_attention_by_page(
     q, k_pages, v_pages, table, length, *, scale=None
 ):
@@ -489,15 +505,7 @@ def paged_attention_by_page(
     e^(m - m') + sum e^(s - m')``, ``acc' = acc e^(m - m') + e^(s - m')
     V``. No ``[L, length]`` score matrix is ever held.
     """
-    q = as_float_array(q, "q", min_ndim=4)
-    check_finite(q, "q")
-    k_pages = as_float_array(k_pages, "k_pages", min_ndim=4)
-    v_pages = as_float_array(v_pages, "v_pages", min_ndim=4)
-    if np.asarray(table).dtype.kind not in "iu" and np.size(table):
-        raise TypeError(
-            "table must hold integer page numbers, got dtype "
-            f"{np.asarray(table).dtype}"
-        )
+    q, k_pages, v_pages = _check_pages(q, k_pages, v_pages, table)
     n_kv, G, L, d_k = q.shape
     P = k_pages.shape[1]
     scale = 1.0 / np.sqrt(d_k) if scale is None else scale
