@@ -29,6 +29,7 @@ from ._checks import (
     as_float_array,
     check_finite,
     check_float_dtype,
+    check_overflow,
     check_positive_int,
     check_upstream,
 )
@@ -72,15 +73,21 @@ def swiglu_forward(x, W_gate, W_up, W_down):
     W_down = as_float_array(W_down, "W_down")
     _check_weights(x, W_gate, W_up, W_down)
     check_finite(x, "x")
-    for name, W in (("W_gate", W_gate), ("W_up", W_up), ("W_down", W_down)):
-        if not all_finite(W):  # two reductions, no copy of the weights
-            check_finite(W, name)
     xf = x.reshape(-1, x.shape[-1])  # [N, d]
     a = xf @ W_gate  # [N, d] @ [d, d_ff] -> [N, d_ff]
     b = xf @ W_up  # [N, d] @ [d, d_ff] -> [N, d_ff]
     s = sigmoid(a).astype(a.dtype, copy=False)  # [N, d_ff]
-    h = a * s * b  # silu(a) * b: [N, d_ff]
-    y = h @ W_down  # [N, d_ff] @ [d_ff, d] -> [N, d]
+    with np.errstate(over="ignore", invalid="ignore"):  # checked below
+        h = a * s * b  # silu(a) * b: [N, d_ff]
+        y = h @ W_down  # [N, d_ff] @ [d_ff, d] -> [N, d]
+    if not all_finite(y):  # a NaN or inf weight reaches y: name it
+        for name, W in (
+            ("W_gate", W_gate),
+            ("W_up", W_up),
+            ("W_down", W_down),
+        ):
+            check_finite(W, name)
+        check_overflow(y, "y", "x or the weights are too large")
     y = y.reshape(x.shape[:-1] + (W_down.shape[1],))  # [..., d]
     return y, SwiGLUCache(xf, a, b, s, h, x.shape, W_gate, W_up, W_down)
 
