@@ -162,6 +162,13 @@ def throughput(model, batch, context, rounds):
     lines.append(
         f"  the weight products alone, {batch} rows / 1: {spread_text(wb)}"
     )
+    # a step of `batch` rows does at least its weight products: batch
+    # times the one-row step over those products bounds the first ratio
+    cap = ratio_spread(batch * np.asarray(t["1"]), t["W B"])
+    lines.append(
+        f"  bound, a step of {batch} doing only its weight products: "
+        f"{spread_text(cap)}"
+    )
     return lines
 
 

@@ -79,12 +79,12 @@ class Paired:
         below, above = words or ("faster", "slower")
         _, low, high = self.ratio(name, over)
         _, f_low, f_high = self.floor
-        wide = f" (wide floor, {self.spread:.0%})" if self.noisy else ""
+        # a wide floor is said once, by floor_line, not on every line
         if high < expect * f_low:
-            return f"{below} beyond the noise{wide}"
+            return f"{below} beyond the noise"
         if low > expect * f_high:
-            return f"{above} beyond the noise{wide}"
-        return f"within the noise{wide}"
+            return f"{above} beyond the noise"
+        return "within the noise"
 
     def floor_line(self) -> str:
         """The line a timing cell prints before its result."""
