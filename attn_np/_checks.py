@@ -352,10 +352,11 @@ def check_scores(
     inf into NaN. Named with the scale and the dtype's largest number."""
     if not all_finite(s):
         big = np.finfo(s.dtype).max
+        wider = "" if s.dtype == np.float64 else ", or use float64"
         raise ValueError(
             f"the {what} overflowed (inf or NaN) in "
             f"{s.dtype} (largest {big:.3g}) with scale={scale!r}: scale "
-            "the queries and keys down, or use float64"
+            f"the queries and keys down{wider}"
         )
 
 

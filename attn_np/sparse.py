@@ -316,11 +316,18 @@ class LightningIndexer:
         k_keep = None
         if keys is None:
             keys, k_keep = self.keys(x, pos)  # [B, L, d_I]
-        elif keys.ndim != 3 or keys.shape[-1] != self.head_dim:
-            raise ValueError(
-                f"keys must be [B, L_k, index_head_dim={self.head_dim}], "
-                f"got {keys.shape}"
-            )
+        else:  # the cached keys: checked as x is
+            keys = as_float_array(keys, "keys")
+            if (
+                keys.ndim != 3
+                or keys.shape[0] != x.shape[0]
+                or keys.shape[-1] != self.head_dim
+            ):
+                raise ValueError(
+                    f"keys must be [B={x.shape[0]}, L_k, index_head_dim="
+                    f"{self.head_dim}], got {keys.shape}"
+                )
+            check_finite(keys, "keys")
         # [B, L_q, L_k]
         scores, sc = index_scores_forward(q, keys, w, check_finite=False)
         self._cache = None

@@ -618,10 +618,23 @@ def _sparse():
                 q_positions=np.arange(8),
             )
         ),
-        "attn_np.sparse.LightningIndexer": lambda: layer(
-            lambda: attn_np.LightningIndexer(8, 6, 2, 4, 2),
-            n(1, 5, 8),
-            fw=dict(c_q=n(1, 5, 6)),
+        "attn_np.sparse.LightningIndexer": lambda: (
+            layer(
+                lambda: attn_np.LightningIndexer(8, 6, 2, 4, 2),
+                n(1, 5, 8),
+                fw=dict(c_q=n(1, 5, 6)),
+            )
+            + one(  # inference: the cached keys given
+                Call(
+                    "forward with keys",
+                    lambda **a: attn_np.LightningIndexer(
+                        8, 6, 2, 4, 2
+                    ).forward(**a),
+                    x=n(1, 2, 8),
+                    c_q=n(1, 2, 6),
+                    keys=n(1, 5, 4),
+                )
+            )
         ),
         "attn_np.sparse.SparseLatentAttention": lambda: layer(
             lambda: attn_np.SparseLatentAttention(
@@ -713,12 +726,10 @@ def _layers():
         "attn_np.pretrained.model.CausalLM": lambda: layer(
             lambda: causal_lm(llama), np.array([[0, 3, 1, 6]])
         ),
-        # the engine's step: the pools are checked row by row when stored
-        # (PagedKVCache.store, covered); a step would re-read every cache
+        # the pools at the positions a call reads (both pages here)
         "attn_np.serving.paged.paged_attention": lambda: one(
             fn(
                 paged_attention,
-                spoil=["q", "tables", "lengths"],
                 q=n(1, 1, 2, 3, 4),
                 k_pages=n(2, 4, 1, 4),
                 v_pages=n(2, 4, 1, 4),

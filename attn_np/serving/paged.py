@@ -25,6 +25,7 @@ sequence writes only to pages it alone holds.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 
 import numpy as np
@@ -36,6 +37,7 @@ from .._checks import (
     check_finite,
     check_float_dtype,
     check_positive_int,
+    check_scores,
     check_token_ids,
     check_window,
 )
@@ -401,6 +403,9 @@ def paged_attention(
     width = -(-L_k // P) * P  # rows of whole pages, as one gather has
     k = gather_batch(k_pages, slots, width)  # [B, n_kv, L_k, d_k]
     v = gather_batch(v_pages, slots, width)  # [B, n_kv, L_k, d_v]
+    for name, a in (("k_pages", k), ("v_pages", v)):
+        if not all_finite(a):  # the positions read, not the whole pool
+            check_finite(a, f"{name} (at the positions read)")
     mask = None if seen.all() else seen[:, None, None, :]  # [B, 1, 1, L_k]
     if attend is None:
         return masked_attention(q, k, v, mask, window=window, scale=scale)
@@ -413,9 +418,11 @@ def masked_attention(q, k, v, mask, *, window=None, scale=None):
     ``window``, and where ``mask`` (``[B, 1, 1, L_k]`` bool, or None)
     allows; ``o [B, n_kv, G, L, d_v]``. One softmax for the batch."""
     L, L_k = q.shape[3], k.shape[2]
-    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     # [B, n_kv, G, L, d_k] @ [B, n_kv, 1, d_k, L_k] -> [B, n_kv, G, L, L_k]
-    s = q @ k[:, :, None].swapaxes(-1, -2) * scale
+    with np.errstate(over="ignore", invalid="ignore"):  # checked below
+        s = q @ k[:, :, None].swapaxes(-1, -2) * scale
+    check_scores(s, scale)
     q_col = L_k - L + np.arange(L)  # [L]
     behind = q_col[:, None] - np.arange(L_k)  # [L, L_k]
     seen = behind >= 0
