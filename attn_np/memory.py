@@ -39,7 +39,14 @@ from .costs import (
     state_bytes,
 )
 from .costs.hf_config import NOPE
-from .costs.model import CHUNKED, FULL, LINEAR, SLIDING, element_bytes
+from .costs.model import (
+    CHUNKED,
+    FULL,
+    LINEAR,
+    NO_CACHE,
+    SLIDING,
+    element_bytes,
+)
 from .costs.units import format_bytes
 
 # units are case-sensitive in their last letter: B is a byte, b a bit
@@ -159,7 +166,8 @@ def _state_lines(cfg, seq_len, batch, b) -> list[str]:
             f"state        {format_bytes(recurrent)} = {recurrent:,} "
             f"bytes, any context",
             f"             {counts[LINEAR]} layers x {s.n_v_heads} value "
-            f"heads x {s.d_k} x {s.d_v}, {s.state_dtype}",
+            f"heads x {s.d_k} x {s.d_v}, "
+            + (s.state_dtype if s.state_bytes else f"{b} per number"),
             f"conv state   {format_bytes(conv)} = {conv:,} bytes, "
             "any context",
             f"             {counts[LINEAR]} layers x {s.conv_dim:,} "
@@ -287,10 +295,15 @@ def report(cfg, seq_len, batch=1, bytes_per_element=2, budget=None):
         f"per token    {format_bytes(per_token)} = {per_token:,} bytes "
         f"({_per_number(b)} per number)"
     )
-    if n_attn < cfg.n_layers:
+    if counts.get(LINEAR):
         lines.append(
             f"             in the {n_attn} attention layers; the "
             f"{counts[LINEAR]} linear layers do not grow"
+        )
+    if counts.get(NO_CACHE):
+        lines.append(
+            f"             the {counts[NO_CACHE]} layers that keep no "
+            "cache (MLP, shared KV) add none"
         )
     for kind, what, w in (
         (SLIDING, "window", cfg.sliding_window),

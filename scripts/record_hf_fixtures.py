@@ -1043,9 +1043,230 @@ def record_smollm2_batch(gguf_arg=None):
     print(f"smollm2_batch: {label}; {out_path}; failed: {errors}")
 
 
+# ---- appendix A1: what Hugging Face's cache holds, in bytes ----------------
+CACHE_TOKENS = (4, 8)  # shorter than every window, so every layer grows
+
+
+def _cache_tensors(obj, seen, depth=0):
+    """Every tensor a cache object holds (its layers' keys, values, conv
+    and recurrent states, indexer keys, MiniMax's ``linear_cache``), once
+    each. 0-d tensors are bookkeeping (a window layer keeps its window as
+    an int64 scalar), not cache."""
+    if isinstance(obj, torch.Tensor):
+        if obj.dim() and obj.numel():
+            seen.setdefault((obj.data_ptr(), obj.nbytes), obj)
+        return
+    if depth > 4:
+        return
+    if isinstance(obj, dict):
+        items = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        items = obj
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        items = vars(obj).values()
+    else:
+        return
+    for item in items:
+        _cache_tensors(item, seen, depth + 1)
+
+
+def _cache_configs():
+    t = transformers
+    small = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
+    two = ["sliding_attention", "full_attention"]
+    mla = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=64,
+        moe_intermediate_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=None,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        qk_nope_head_dim=16,
+        num_experts_per_tok=2,
+    )
+    ple = dict(hidden_size_per_layer_input=8, vocab_size_per_layer_input=128)
+    return {
+        "llama": lambda: t.LlamaConfig(**small, num_hidden_layers=2),
+        "gemma3n": lambda: t.Gemma3nTextConfig(
+            **small,
+            **ple,
+            num_hidden_layers=6,
+            num_kv_shared_layers=2,
+            sliding_window=64,
+            layer_types=two * 3,
+            laurel_rank=4,
+            altup_num_inputs=2,
+            activation_sparsity_pattern=[0.0] * 6,
+        ),
+        "gemma4": lambda: t.Gemma4TextConfig(
+            **small,
+            **ple,
+            num_hidden_layers=6,
+            num_kv_shared_layers=2,
+            sliding_window=64,
+            layer_types=two * 3,
+            attention_k_eq_v=True,
+            global_head_dim=48,
+            num_global_key_value_heads=1,
+        ),
+        "mimo_v2_flash": lambda: t.MiMoV2FlashConfig(
+            **{**small, "num_key_value_heads": 1, "head_dim": 24},
+            v_head_dim=16,
+            num_hidden_layers=4,
+            sliding_window=64,
+            moe_intermediate_size=32,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+        ),
+        "nemotron_h": lambda: t.NemotronHConfig(
+            **small,
+            hybrid_override_pattern="M*-ME",
+            ssm_state_size=8,
+            mamba_num_heads=8,
+            mamba_head_dim=16,
+            n_groups=2,
+            conv_kernel=4,
+            chunk_size=4,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            moe_shared_expert_intermediate_size=32,
+        ),
+        "jamba": lambda: t.JambaConfig(
+            **{k: v for k, v in small.items() if k != "head_dim"},
+            num_hidden_layers=4,
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            num_experts=2,
+            mamba_d_state=8,
+            mamba_d_conv=4,
+            mamba_expand=2,
+        ),
+        "mamba2": lambda: t.Mamba2Config(
+            vocab_size=128,
+            hidden_size=64,
+            num_heads=8,
+            head_dim=16,
+            state_size=8,
+            n_groups=2,
+            conv_kernel=4,
+            num_hidden_layers=2,
+            chunk_size=4,
+        ),
+        "minimax": lambda: t.MiniMaxConfig(
+            **small, num_hidden_layers=4, num_local_experts=2, block_size=4
+        ),
+        "qwen3_next": lambda: t.Qwen3NextConfig(
+            **small,
+            num_hidden_layers=4,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=8,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=32,
+        ),
+        "kimi_linear": lambda: t.KimiLinearConfig(
+            **mla,
+            num_hidden_layers=4,
+            linear_head_dim=16,
+            linear_num_heads=4,
+            linear_conv_kernel_dim=4,
+            num_local_experts=4,
+            layer_types=["linear_attention", "full_attention"] * 2,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        "bailing_hybrid": lambda: t.BailingHybridConfig(
+            **mla,
+            head_dim=16,
+            num_hidden_layers=4,
+            layer_group_size=2,
+            num_local_experts=4,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+            num_mtp_layers=0,
+            pad_token_id=0,
+            eos_token_id=1,
+        ),
+        "deepseek_v3": lambda: t.DeepseekV3Config(
+            **mla,
+            num_hidden_layers=2,
+            n_routed_experts=4,
+            n_group=1,
+            topk_group=1,
+            first_k_dense_replace=1,
+        ),
+    }
+
+
+def record_cache_bytes():
+    """``tests/fixtures/cache_bytes.json``: for each family a tiny random
+    model in bfloat16, run on 4 and then 8 tokens with ``use_cache=True``;
+    the bytes of every tensor its cache holds, and from them the bytes per
+    token and the fixed bytes (a state that does not grow)."""
+    dtype = torch.bfloat16
+    out = {
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "dtype": str(dtype).removeprefix("torch."),
+        "tokens": list(CACHE_TOKENS),
+        "models": {},
+    }
+    for name, make in _cache_configs().items():
+        torch.manual_seed(0)
+        config = make()
+        config._attn_implementation = "eager"
+        model = transformers.AutoModelForCausalLM.from_config(
+            config, dtype=dtype
+        ).eval()
+        sizes, held = [], []
+        for n in CACHE_TOKENS:
+            ids = torch.randint(0, 100, (1, n))
+            with torch.no_grad():
+                cache = model(input_ids=ids, use_cache=True).past_key_values
+            seen = {}
+            _cache_tensors(cache, seen)
+            sizes.append(sum(x.nbytes for x in seen.values()))
+            held = sorted(
+                f"{list(x.shape)} {str(x.dtype).removeprefix('torch.')}"
+                for x in seen.values()
+            )
+        (n1, n2), (b1, b2) = CACHE_TOKENS, sizes
+        per_token = (b2 - b1) // (n2 - n1)
+        assert per_token * (n2 - n1) == b2 - b1, (name, sizes)
+        out["models"][name] = {
+            "config": json.loads(config.to_json_string()),
+            "bytes": sizes,
+            "bytes_per_token": per_token,
+            "fixed_bytes": b1 - n1 * per_token,
+            "tensors": held,
+        }
+        print(f"cache_bytes {name}: {sizes} bytes at {CACHE_TOKENS} tokens")
+    path = OUT / "cache_bytes.json"
+    path.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    print(f"cache_bytes: {path}")
+
+
 def main(argv) -> int:
     known = [name for name, _ in families()]
-    known += ["smollm2", "smollm2_batch"]
+    known += ["smollm2", "smollm2_batch", "cache_bytes"]
     ap = argparse.ArgumentParser(
         prog="record_hf_fixtures.py",
         description="Record reference fixtures of Hugging Face attention "
@@ -1086,6 +1307,8 @@ def main(argv) -> int:
         record_smollm2(args.gguf)
     if not args.families or "smollm2_batch" in args.families:
         record_smollm2_batch(args.gguf)
+    if not args.families or "cache_bytes" in args.families:
+        record_cache_bytes()
     return 0
 
 

@@ -21,7 +21,7 @@ from attn_np.costs import (
     rope_parameters,
     state_bytes,
 )
-from attn_np.costs.model import CHUNKED, FULL, LINEAR, SLIDING
+from attn_np.costs.model import CHUNKED, FULL, LINEAR, NO_CACHE, SLIDING
 
 DATA = Path(__file__).parent / "data" / "hf_configs"
 L = 131_072
@@ -250,34 +250,84 @@ def test_values_narrower_than_keys_are_sized_by_v_head_dim():
     assert kv_bytes_per_token(from_hf_config(cfg)) == 48 * 4 * 384 * 2
 
 
-def test_mimo_v2_flash_is_refused_naming_its_window_heads():
-    # its sliding-window layers cache 2 * num_key_value_heads heads, a
-    # rule of the modelling code that no config key states
-    cfg = {
-        "model_type": "mimo_v2_flash",
-        "num_hidden_layers": 8,
-        "num_attention_heads": 64,
-        "num_key_value_heads": 4,
-        "hidden_size": 4096,
-        "head_dim": 192,
-        "v_head_dim": 128,
-    }
-    with pytest.raises(ValueError, match="mimo_v2_flash.*twice"):
-        from_hf_config(cfg)
+FIXTURE = Path(__file__).parent / "fixtures" / "cache_bytes.json"
+HF = json.loads(FIXTURE.read_text())
+ELEMENT = {"bfloat16": 2, "float16": 2, "float32": 4}[HF["dtype"]]
+
+
+@pytest.mark.parametrize("name", sorted(HF["models"]))
+def test_bytes_are_what_transformers_cache_holds(name):
+    # scripts/record_hf_fixtures.py cache_bytes: a tiny random model of
+    # each family, run by transformers 5.24.0 on 4 and on 8 tokens; the
+    # bytes of every tensor its cache object then held
+    hf = HF["models"][name]
+    cfg = from_hf_config(hf["config"], name)
+    assert kv_bytes_per_token(cfg, ELEMENT) == hf["bytes_per_token"]
+    assert cache_bytes(cfg, 0, 1, ELEMENT) == hf["fixed_bytes"]
+    assert sum(state_bytes(cfg, 1, ELEMENT)) == hf["fixed_bytes"]
+    sizes = [cache_bytes(cfg, n, 1, ELEMENT) for n in HF["tokens"]]
+    assert sizes == hf["bytes"]
+
+
+def released(name, **changes):
+    cfg = dict(HF["models"][name]["config"], **changes)
+    return {k: v for k, v in cfg.items() if v is not None}
+
+
+def test_released_spellings_read_as_transformers_5_writes_them():
+    hf = HF["models"]
+    # Nemotron-H's pattern string: M Mamba-2, * attention, - MLP, E MoE
+    nem = released("nemotron_h", hybrid_override_pattern="M*-ME")
+    del nem["layers_block_type"]
+    cfg = from_hf_config(nem)
+    assert cfg.layer_types == (LINEAR, FULL, NO_CACHE, LINEAR, NO_CACHE)
+    assert kv_bytes_per_token(cfg, 2) == hf["nemotron_h"]["bytes_per_token"]
+    # MiniMax-Text-01's attn_type_list: 0 lightning, 1 softmax
+    mm = released("minimax", attn_type_list=[1, 0, 1, 0])
+    del mm["layer_types"]
+    assert from_hf_config(mm).layer_types == (FULL, LINEAR, FULL, LINEAR)
+    # Gemma 4's released keys instead of transformers 5's per_layer_config
+    g4 = released("gemma4", global_head_dim=48, num_global_key_value_heads=1)
+    del g4["per_layer_config"]
+    assert (
+        kv_bytes_per_token(from_hf_config(g4), 2)
+        == (hf["gemma4"]["bytes_per_token"])
+    )
+    # by hand: 2 window layers x 2 kv heads x (16 + 16), 2 full layers x
+    # 1 kv head x (48 + 48), 2 shared layers x 0; bf16
+    assert hf["gemma4"]["bytes_per_token"] == (2 * 64 + 2 * 96) * 2
+    # keys equal to values still cache both (the value is normed apart)
+    g4["attention_k_eq_v"] = False  # the full layers keep 2 kv heads
+    assert (
+        kv_bytes_per_token(from_hf_config(g4), 2)
+        == (2 * 64 + 2 * 2 * 96) * 2
+    )
 
 
 @pytest.mark.parametrize(
-    "model_type, named",
-    [("minimax", "lightning"), ("bailing_hybrid", "Ling")],
+    "name, changes, named",
+    [
+        ("nemotron_h", {"layers_block_type": ["mamba", "x"]}, "'x'"),
+        ("nemotron_h", {"sliding_window": 8}, "sliding_window=8"),
+        ("llama", {"num_kv_shared_layers": 1}, "num_kv_shared_layers=1"),
+        ("gemma3n", {"num_kv_shared_layers": 5}, "num_kv_shared_layers=5"),
+        ("jamba", {"attn_layer_offset": 2}, "attn_layer_offset=2"),
+        ("minimax", {"attn_type_list": [1, 0]}, "attn_type_list"),
+        ("mimo_v2_flash", {"swa_num_key_value_heads": 8}, "swa_num_key"),
+        ("llama", {"layer_types": ["conv", "full_attention"]}, "'conv'"),
+        ("llama", {"layer_types": ["hybrid"] * 2}, "'hybrid'"),
+        (
+            "llama",
+            {"layer_types": ["indexed_attention"] * 2},
+            "'indexed_attention'",
+        ),
+        (
+            "gemma4",
+            {"per_layer_config": {"1": {"sliding_window": 3}}},
+            "per_layer_config.1",
+        ),
+    ],
 )
-def test_other_linear_layers_are_refused_by_what_they_are(model_type, named):
-    cfg = {
-        "model_type": model_type,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 8,
-        "hidden_size": 512,
-        "layer_types": ["linear_attention", "full_attention"] * 2,
-    }
-    with pytest.raises(ValueError, match=f"{model_type}.*{named}"):
-        from_hf_config(cfg)
+def test_what_is_not_sized_is_refused_naming_the_key(name, changes, named):
+    with pytest.raises(ValueError, match=named):
+        from_hf_config(released(name, **changes))

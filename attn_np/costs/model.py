@@ -85,6 +85,14 @@ GiB = 2**30  # a binary gibibyte, the unit the book prints with
 #: tuple (one entry per layer); the formulas count layers in closed form.
 MAX_LISTED_LAYERS = 1_000_000
 
+#: A layer that keeps no cache: a hybrid's MLP or MoE block (Nemotron-H's
+#: ``-`` and ``E``), or a layer that reads another layer's keys and values
+#: (Gemma 3n's and Gemma 4's ``num_kv_shared_layers``). Hugging Face's
+#: cache gives it a ``DummyLayer``.
+NO_CACHE = "no_cache"
+#: The layer types a :class:`ModelConfig` takes.
+COST_LAYER_TYPES = (*LAYER_TYPES, NO_CACHE)
+
 
 @dataclass(frozen=True)
 class LinearState:
@@ -95,23 +103,30 @@ class LinearState:
     configs and Hugging Face's code keep it in). The short causal
     convolution (kernel ``conv_kernel``) over ``conv_dim`` channels keeps
     its last ``conv_kernel`` inputs, in the cache's own dtype.
+    ``state_bytes=None`` keeps the state in the cache's dtype too
+    (MiniMax's lightning attention); ``conv_kernel=0`` is a layer with no
+    convolution. A state-space layer fits the same shape: Mamba-2 keeps
+    ``n_v_heads`` (its heads) states of ``d_k`` (head dimension) x ``d_v``
+    (state size); Mamba keeps ``d_k=1`` by ``d_v`` per channel.
     """
 
-    kind: str  # "Gated DeltaNet" or "Kimi Delta Attention"
+    kind: str  # "Gated DeltaNet", "Kimi Delta Attention", "Mamba-2", ...
     n_k_heads: int
     n_v_heads: int
     d_k: int
     d_v: int
     conv_kernel: int
     conv_dim: int
-    state_bytes: int = 4
+    state_bytes: int | None = 4
     state_dtype: str = "float32"
 
     def __post_init__(self):
         for name in ("n_k_heads", "n_v_heads", "d_k", "d_v"):
             check_count(getattr(self, name), name)
-        for name in ("conv_kernel", "conv_dim", "state_bytes"):
-            check_count(getattr(self, name), name)
+        for name in ("conv_kernel", "conv_dim"):
+            check_count(getattr(self, name), name, minimum=0)
+        if self.state_bytes is not None:
+            check_count(self.state_bytes, "state_bytes")
 
     @property
     def state_numbers(self) -> int:
@@ -198,6 +213,11 @@ class ModelConfig:
     type: ``{layer_type: {"rope_type": ..., "rope_theta": ..., ...}}``
     (both of Hugging Face's spellings read into one; it does not change the
     cache).
+
+    ``layer_kv`` gives the layer types whose key/value heads differ from
+    the model's, as ``((layer_type, n_kv_heads, d_k, d_v), ...)``: Gemma
+    4's full layers (``global_head_dim``, ``num_global_key_value_heads``),
+    MiMo-V2-Flash's window layers (twice ``num_key_value_heads``).
     """
 
     name: str
@@ -223,6 +243,7 @@ class ModelConfig:
     rope: dict | None = field(default=None, hash=False, compare=False)
     # the longest context the config states (HF's max_position_embeddings)
     max_position_embeddings: int | None = None
+    layer_kv: tuple[tuple[str, int, int, int], ...] | None = None
 
     def __post_init__(self):
         counts = ["n_layers", "n_heads", "n_kv_heads", "head_dim"]
@@ -270,10 +291,11 @@ class ModelConfig:
         if self.layer_types is not None:
             types = tuple(self.layer_types)
             object.__setattr__(self, "layer_types", types)
-            if len(types) != self.n_layers or set(types) - set(LAYER_TYPES):
+            bad = set(types) - set(COST_LAYER_TYPES)
+            if len(types) != self.n_layers or bad:
                 raise ValueError(
                     f"layer_types must list {self.n_layers} entries (one "
-                    f"per layer), each one of {LAYER_TYPES}, got "
+                    f"per layer), each one of {COST_LAYER_TYPES}, got "
                     f"{len(types)}: {sorted(set(map(str, types)))} "
                     f"(model {self.name!r})"
                 )
@@ -294,6 +316,20 @@ class ModelConfig:
                 "linear is given but no layer is 'linear_attention' "
                 f"(model {self.name!r})"
             )
+        if self.layer_kv is not None:
+            rows = tuple(tuple(row) for row in self.layer_kv)
+            object.__setattr__(self, "layer_kv", rows)
+            for row in rows:
+                ok = len(row) == 4 and row[0] in (FULL, SLIDING, CHUNKED)
+                if ok:
+                    for x in row[1:]:
+                        check_count(x, "layer_kv entry")
+                if not ok or self.d_latent_kv is not None:
+                    raise ValueError(
+                        "layer_kv must hold (attention layer type, "
+                        "n_kv_heads, d_k, d_v) rows, without a latent "
+                        f"cache, got {row!r} (model {self.name!r})"
+                    )
 
     @property
     def layer_counts(self) -> dict[str, int]:
@@ -306,8 +342,12 @@ class ModelConfig:
 
     @property
     def n_attention_layers(self) -> int:
-        """Layers that cache keys and values (every type but linear)."""
-        return self.n_layers - self.layer_counts.get(LINEAR, 0)
+        """Layers that cache keys and values (every type but linear and
+        no-cache)."""
+        counts = self.layer_counts
+        return (
+            self.n_layers - counts.get(LINEAR, 0) - counts.get(NO_CACHE, 0)
+        )
 
     @property
     def family(self) -> str:
@@ -336,6 +376,17 @@ class ModelConfig:
         d_v = self.head_dim if self.d_head_v is None else self.d_head_v
         return self.n_kv_heads * (self.head_dim + d_v)
 
+    def kv_numbers_of(self, layer_type: str) -> int:
+        """Numbers one token adds to one layer of ``layer_type``: 0 for a
+        linear or no-cache layer, the ``layer_kv`` row's ``n_kv_heads * (d_k
+        + d_v)`` where there is one, else :attr:`kv_numbers_per_layer`."""
+        if layer_type in (LINEAR, NO_CACHE):
+            return 0
+        for kind, n_kv, d_k, d_v in self.layer_kv or ():
+            if kind == layer_type:
+                return n_kv * (d_k + d_v)
+        return self.kv_numbers_per_layer
+
     def window_of(self, layer_type: str) -> int | None:
         """The most positions a layer of ``layer_type`` holds (``None``:
         all of them; 0 for a linear layer, which holds none)."""
@@ -344,6 +395,7 @@ class ModelConfig:
             SLIDING: self.sliding_window,
             CHUNKED: self.attention_chunk_size,
             LINEAR: 0,
+            NO_CACHE: 0,
         }[layer_type]
 
     @property
@@ -371,7 +423,7 @@ class ModelConfig:
     def kind(self) -> str:
         """The family, and the window, chunked and linear layers if there
         are any."""
-        parts = [self.family]
+        parts = [self.family if self.n_attention_layers else "no attention"]
         n = self.n_layers
         counts = self.layer_counts
 
@@ -386,6 +438,8 @@ class ModelConfig:
             parts.append(f"chunks of {c} in {where(counts[CHUNKED])}")
         if counts.get(LINEAR):
             parts.append(f"{self.linear.kind} in {where(counts[LINEAR])}")
+        if counts.get(NO_CACHE):
+            parts.append(f"no cache in {where(counts[NO_CACHE])}")
         if self.indexer is not None:
             parts.append(f"top-{self.indexer.topk} indexer")
         return ", ".join(parts)
@@ -475,7 +529,11 @@ def kv_bytes_per_token(config, bytes_per_element: int = 2) -> int:
     """
     cfg = get_model(config)
     b = element_bytes(bytes_per_element)
-    return _whole(cfg.n_attention_layers * cfg.kv_numbers_per_layer * b)
+    numbers = sum(
+        count * cfg.kv_numbers_of(kind)
+        for kind, count in cfg.layer_counts.items()
+    )
+    return _whole(numbers * b)
 
 
 def cached_positions(config, seq_len: int) -> int:
@@ -507,9 +565,14 @@ def kv_cache_bytes(
     """
     cfg = get_model(config)
     b = element_bytes(bytes_per_element)
-    positions = cached_positions(cfg, seq_len)
+    n = check_count(seq_len, "seq_len", minimum=0)
     batch = check_count(batch, "batch", minimum=1)
-    return _whole(batch * positions * cfg.kv_numbers_per_layer * b)
+    numbers = 0
+    for kind, count in cfg.layer_counts.items():
+        w = cfg.window_of(kind)
+        held = n if w is None else min(n, w)
+        numbers += count * held * cfg.kv_numbers_of(kind)
+    return _whole(batch * numbers * b)
 
 
 def state_bytes(
@@ -531,8 +594,9 @@ def state_bytes(
     if not n:
         return 0, 0
     s = cfg.linear
+    per = b if s.state_bytes is None else s.state_bytes
     return (
-        batch * n * s.state_numbers * s.state_bytes,
+        _whole(batch * n * s.state_numbers * per),
         _whole(batch * n * s.conv_numbers * b),
     )
 
