@@ -223,11 +223,21 @@ def _tiny_heads(row):
     return o[1] if o else None
 
 
+_CACHE_NAMES = {
+    "DynamicLayer": "keys and values",
+    "DynamicSlidingWindowLayer": "window of keys and values",
+}
+
+
 def cache(row) -> str:
+    """The cache's layer classes, in words where HF's name is a plain
+    key/value layer, else the class name less ``Layer``."""
     layers = row.get("cache_layers") or {}
     if not layers:
         return row.get("cache") or "—"
-    return ", ".join(sorted(layers))
+    return ", ".join(
+        sorted(_CACHE_NAMES.get(n, n.removesuffix("Layer")) for n in layers)
+    )
 
 
 def builds(row) -> tuple[str, str]:
@@ -308,6 +318,8 @@ def html_table(rows, exact) -> str:
         for k in KINDS
     )
     return (
+        "<style>div.atlas table{font-size:0.8em}"
+        "div.atlas td,div.atlas th{overflow-wrap:anywhere}</style>"
         '<div class="atlas">'
         '<p><label>Find <input type="search" class="atlas-find" '
         'placeholder="a family or a feature"></label> '
