@@ -179,7 +179,7 @@ def norms(row) -> str:
         if any(n in key for n in names):
             found.append(label)
     s = row.get("summary", {})
-    out = f"{'/'.join(found)}-norm" if found else ""
+    out = ", ".join(found)
     if "clip_qkv" in s:
         out = ", ".join(filter(None, [out, f"clip {s['clip_qkv']:g}"]))
     return out or "—"
