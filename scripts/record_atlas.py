@@ -5,7 +5,8 @@ Runs only in the fixture environment (``scripts/requirements-fixtures.txt``),
 like ``record_hf_fixtures.py``; the book reads what it writes
 (``book/data/atlas.json``) with NumPy alone. Usage::
 
-    python scripts/record_atlas.py
+    python scripts/record_atlas.py               # every family
+    python scripts/record_atlas.py llama gemma2  # these anew, the rest kept
 
 For every model type with a causal-LM class (``MODEL_FOR_CAUSAL_LM_MAPPING``)
 it keeps three things:
@@ -205,6 +206,19 @@ def attention_modules(model):
     return found
 
 
+@contextlib.contextmanager
+def quiet():
+    """No warnings and nothing printed: what a family says while it is
+    built and run is not the record."""
+    with (
+        warnings.catch_warnings(),
+        contextlib.redirect_stderr(io.StringIO()),
+        contextlib.redirect_stdout(io.StringIO()),
+    ):
+        warnings.simplefilter("ignore")
+        yield
+
+
 def record_one(model_type, cls) -> dict:
     import torch
 
@@ -221,13 +235,8 @@ def record_one(model_type, cls) -> dict:
     row["summary"] = summary(text)
     row["source_words"] = source_words(model_type)
     try:
-        with (
-            warnings.catch_warnings(),
-            contextlib.redirect_stderr(io.StringIO()),
-            contextlib.redirect_stdout(io.StringIO()),
-        ):
-            warnings.simplefilter("ignore")
-            model, tcfg = tiny_model(cls, model_type)
+        with quiet():
+            model, _ = tiny_model(cls, model_type)
             mods = attention_modules(model)
             row["attention"] = [
                 {
@@ -260,12 +269,7 @@ def record_one(model_type, cls) -> dict:
         row["tiny_error"] = f"{type(err).__name__}: {err}"[:300]
         return row
     try:
-        with (
-            warnings.catch_warnings(),
-            contextlib.redirect_stderr(io.StringIO()),
-            contextlib.redirect_stdout(io.StringIO()),
-        ):
-            warnings.simplefilter("ignore")
+        with quiet():
             ids = torch.randint(0, 64, (1, 5))
             with torch.no_grad():
                 out = model(input_ids=ids, use_cache=True)
@@ -356,6 +360,13 @@ def main(argv) -> int:
         rows.append(row)
         state = (row.get("tiny_error") or row.get("error") or "ok")[:60]
         print(f"{model_type:28s} {state}", flush=True)
+    if only and OUT.exists():  # the families named, anew; the rest kept
+        kept = json.loads(OUT.read_text())["families"]
+        new = {row["model_type"]: row for row in rows}
+        rows = [new.pop(r["model_type"], r) for r in kept] + list(
+            new.values()
+        )
+        rows.sort(key=lambda row: row["model_type"])
     data = {
         "transformers": transformers.__version__,
         "families": rows,
