@@ -6,6 +6,11 @@ alone. Never run by ``make test``. Usage::
 
     python scripts/record_hf_fixtures.py            # every family
     python scripts/record_hf_fixtures.py llama gemma2
+    python scripts/record_hf_fixtures.py mixtral smollm3  # families/
+
+Issue 44's decoder families (:data:`MORE`) go to
+``tests/fixtures/families/<model_type>.npz``, so chapter 10's table of
+``tests/fixtures/*.npz`` does not grow.
 
 For each family it builds a tiny config (2 layers, hidden 64, a few heads,
 GQA where the family has it, windows and chunks shorter than the input),

@@ -88,6 +88,29 @@ def test_the_details_are_read():
     assert _kw({**q3, "use_sliding_window": False})["window"] is None
 
 
+def _bare(name):
+    """The family's fixture config without any RoPE key."""
+    cfg = _config(name)
+    for key in ("rope_parameters", "rope_theta", "partial_rotary_factor"):
+        cfg.pop(key, None)
+    return cfg
+
+
+def test_a_file_without_rope_keys_gets_the_class_defaults():
+    """What each configuration class of transformers 5.24.0 fills in
+    (checked there when this was written)."""
+    assert _kw(_bare("mixtral"))["rope_base"] == 1e6
+    assert _kw(_bare("apertus"))["rope_base"] == 1.2e7
+    assert _kw(_bare("glm4"))["rotary_dim"] == 8  # 0.5 of head_dim 16
+    assert _kw(_bare("stablelm"))["rotary_dim"] == 4  # 0.25
+    assert _kw(_bare("arcee"))["rope_base"] == 1e4
+    # MiniMax-M2's released files: rotary_dim, not partial_rotary_factor
+    assert _kw({**_bare("minimax_m2"), "rotary_dim": 8})["rotary_dim"] == 8
+    # Mellum: 5e5 on full layers, 1e4 on sliding ones
+    mellum = _bare("mellum")
+    assert [_kw(mellum, i)["rope_base"] for i in (0, 1)] == [1e4, 5e5]
+
+
 def test_a_missing_detail_shows():
     """Without its detail a family's layer misses HF by far more than
     rounding (the fixtures can fail)."""

@@ -50,19 +50,11 @@ MAX_LAYERS = 100_000
 # model_type -> which layers a sliding_window applies to when the config
 # has neither layer_types nor sliding_window_pattern: Hugging Face's
 # defaults in each model's configuration class.
-_EVERY_LAYER = {"mistral", "mixtral", "phimoe", "starcoder2"}
+_EVERY_LAYER = {"mistral", "mixtral"}
 # ... and where use_sliding_window puts it on every layer (Qwen3-MoE's
 # configuration class keeps sliding_window only when it is true)
 _EVERY_LAYER_WHEN_USED = {"qwen3_moe"}
-_PATTERN = {
-    "gemma2": 2,
-    "gpt_oss": 2,
-    "gemma3": 6,
-    "gemma3_text": 6,
-    "cohere2": 4,  # its configuration class's sliding_window_pattern
-    "exaone4": 4,
-    "kolibri1": 5,
-}
+_PATTERN = {"gemma2": 2, "gpt_oss": 2, "gemma3": 6, "gemma3_text": 6}
 _OFF_UNLESS_USED = {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"}
 # Hybrids whose configuration class fills layer_types from
 # full_attention_interval (default 4) when neither is written.

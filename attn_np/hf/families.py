@@ -8,6 +8,22 @@ define a model as a diff of another (Qwen2: ``biases = q, k, v``; Qwen3:
 ``qk_norm = "head"``; ...). Falcon, the latent families (DeepSeek) and
 Qwen3-Next's ``linear_attention`` layers are layers of their own.
 
+Issue 44 admits every other decoder family of ``transformers`` 5.24.0
+that these parts build exactly (each matched by
+``tests/fixtures/families/<model_type>.npz``): Llama's layer as it is
+(Mixtral, Arcee, Gemma, ...), biases under the family's own key
+(``use_bias``, ``qkv_bias``, ``use_qkv_bias``, ``attention_out_bias``),
+RoPE on interleaved pairs (Helium, ERNIE 4.5, GLM), QK-norm per head or
+over the projection (Apertus, dots.llm1, OLMo 3, MiniMax-M2, ...),
+Granite's ``attention_multiplier``, NoPE layers (SmolLM3's
+``no_rope_layers``; Cohere 2 and EXAONE 4 turn only their window
+layers). The comments in :data:`FAMILIES` give each one's difference;
+:data:`_CLASS_ROPE` and :data:`_CLASS_WINDOWS` hold what a family's
+configuration class fills in when a file is silent. A family whose
+attention needs a part the library lacks is refused with that part
+named (:data:`_NOT_BUILT`; in an admitted family, ``clip_qkv``,
+``qk_layernorm`` and Cohere's ``use_qk_norm``).
+
 :func:`layer_settings` returns ``(cls, args, kwargs, layout)`` without
 building anything; :func:`layer_rope` turns a layer's RoPE parameters
 (read by :func:`attn_np.hf.config.rope_parameters`, the one reader of
@@ -25,6 +41,8 @@ from .config import (
     FULL,
     MODEL_TYPE_ALIASES,
     SLIDING,
+    alternate,
+    check_listed,
     count,
     flag,
     language_model,
@@ -213,6 +231,7 @@ _ATTENTION = {
     "attention_multiplier",
     "clip_qkv",
     "qk_layernorm",
+    "rotary_dim",  # MiniMax-M2's partial RoPE
 }
 # Features attention_from_hf does not build: refused by name when on.
 _REFUSED = {
@@ -394,13 +413,29 @@ def _window(cfg, layer_idx, layer_type):
     return None, layer_type
 
 
-def plain_decoder(cfg, layer_idx, layer_type):
+def _writes_partial(cfg, layer_type) -> bool:
+    """Whether the config writes ``partial_rotary_factor`` for a layer of
+    this type (in either spelling)."""
+    kind = layer_type or FULL
+    per = rope_parameters(cfg, [kind]) or {}
+    return "partial_rotary_factor" in (per.get(kind) or {})
+
+
+def plain_decoder(
+    cfg, layer_idx, layer_type, *, default_theta=10000.0, default_partial=1.0
+):
     """Llama's attention layer: ``(args, kwargs)`` of
     :class:`~attn_np.hf.layers.HFAttention`, the start of every q/k/v/o
-    family."""
+    family. ``default_theta`` and ``default_partial`` are the RoPE base
+    and ``partial_rotary_factor`` a file that does not write them gets
+    (the family's configuration class's)."""
     d_model, n_heads, n_kv, head_dim = _heads(cfg)
     window, layer_type = _window(cfg, layer_idx, layer_type)
-    base, partial, factor, scaling = layer_rope(cfg, layer_type)
+    base, partial, factor, scaling = layer_rope(
+        cfg, layer_type, default_theta=default_theta
+    )
+    if not _writes_partial(cfg, layer_type):
+        partial = default_partial
     bias = flag(cfg, "attention_bias")
     kw = dict(
         biases=("q", "k", "v", "o") if bias else (),
@@ -598,6 +633,18 @@ def _mellum(cfg, i, layer_type, kw, layout):
         kw["rope_base"] = 500000.0
 
 
+def _minimax_m2(cfg, i, layer_type, kw, layout):
+    """OLMo 2's QK-norm; released MiniMax-M2 files write partial RoPE as
+    ``rotary_dim`` (features turned per head), read when no
+    ``partial_rotary_factor`` is written (``MiniMaxM2Config``'s rule)."""
+    _olmo2(cfg, i, layer_type, kw, layout)
+    written = _writes_partial(cfg, layer_type)
+    if cfg.get("rotary_dim") is not None and not written:
+        rotary_dim = count(cfg, "rotary_dim")
+        head_dim = _heads(cfg)[3]
+        kw["rotary_dim"] = None if rotary_dim == head_dim else rotary_dim
+
+
 def _qk_norm_if_used(cfg, i, layer_type, kw, layout):
     """GLM-4.5: Qwen3's per-head QK-norm when ``use_qk_norm``."""
     if flag(cfg, "use_qk_norm"):
@@ -663,7 +710,7 @@ FAMILIES = {
     # is Llama's layer with clip_qkv null
     "olmo3": _olmo2,
     "flex_olmo": _olmo2,
-    "minimax_m2": _olmo2,
+    "minimax_m2": _minimax_m2,
     "olmoe": _and(_olmo2, _CLIP),
     "olmo": _CLIP,
     # Gemma 2's scale and soft-cap: VaultGemma
@@ -694,8 +741,40 @@ FAMILIES = {
 }
 
 
+# Where a file with a sliding_window but no layer_types has its windows,
+# as the family's configuration class fills layer_types (None: every
+# layer; n: every n-th layer full). Read here, for the layers only.
+_CLASS_WINDOWS = {
+    "phimoe": None,
+    "starcoder2": None,
+    "cohere2": 4,
+    "exaone4": 4,
+    "kolibri1": 5,
+}
+
+
+def _class_layer_types(cfg, model_type):
+    """``cfg`` with ``layer_types`` written out by
+    :data:`_CLASS_WINDOWS`'s rule when the file has a window and no
+    ``layer_types`` (a ``sliding_window_pattern`` it writes wins)."""
+    if (
+        model_type not in _CLASS_WINDOWS
+        or cfg.get("layer_types") is not None
+        or cfg.get("sliding_window") is None
+    ):
+        return cfg
+    n = count(cfg, "num_hidden_layers")
+    check_listed(cfg, n, f"{model_type}'s window rule")
+    every = _CLASS_WINDOWS[model_type]
+    if every is None:
+        return {**cfg, "layer_types": [SLIDING] * n}
+    pattern = count(cfg, "sliding_window_pattern", required=False)
+    return {**cfg, "layer_types": list(alternate(n, pattern or every))}
+
+
 def _decoder(cfg, model_type, layer_idx):
     """Every family with q_proj/k_proj/v_proj/o_proj."""
+    cfg = _class_layer_types(cfg, model_type)
     layer_idx = _layer_index(cfg, layer_idx)
     layer_type = _layer_type(cfg, layer_idx)
     if layer_type == "linear_attention" and model_type == "qwen3_next":
@@ -705,7 +784,14 @@ def _decoder(cfg, model_type, layer_idx):
             f"layer {layer_idx} has layer type {layer_type!r}, which "
             "attention_from_hf does not build"
         )
-    args, kw = plain_decoder(cfg, layer_idx, layer_type)
+    theta, partial = _CLASS_ROPE.get(model_type, (10000.0, 1.0))
+    args, kw = plain_decoder(
+        cfg,
+        layer_idx,
+        layer_type,
+        default_theta=theta,
+        default_partial=partial,
+    )
     layout = {"kind": "proj", "gate_rows": False}
     FAMILIES[model_type](cfg, layer_idx, layer_type, kw, layout)
     return HFAttention, args, kw, layout
@@ -840,6 +926,29 @@ _OWN_LAYERS = {
 #: every model_type attention_from_hf builds
 NAMES = (*FAMILIES, *_OWN_LAYERS)
 
+# The RoPE base and partial_rotary_factor a family's configuration class
+# gives a file that writes neither (its default_theta; the "assign
+# default for BC" partial factors of Nemotron, GLM, StableLM).
+_CLASS_ROPE = {
+    "mixtral": (1e6, 1.0),
+    "phimoe": (1e6, 1.0),
+    "cwm": (1e6, 1.0),
+    "solar_open": (1e6, 1.0),
+    "helium": (1e5, 1.0),
+    "ernie4_5": (5e5, 1.0),
+    "ernie4_5_moe": (5e5, 1.0),
+    "apertus": (1.2e7, 1.0),
+    "olmo3": (5e5, 1.0),
+    "flex_olmo": (5e5, 1.0),
+    "minimax_m2": (5e6, 1.0),
+    "smollm3": (2e6, 1.0),
+    "cohere": (5e5, 1.0),
+    "nemotron": (1e4, 0.5),
+    "glm": (1e4, 0.5),
+    "glm4": (1e4, 0.5),
+    "glm4_moe": (1e4, 0.5),
+    "stablelm": (1e4, 0.25),
+}
 _MLA_ELSEWHERE = (
     "DeepSeek's multi-head latent attention under another model_type "
     "(built for deepseek_v2/v3/v32 only; not yet checked against this "
