@@ -6,6 +6,11 @@ alone. Never run by ``make test``. Usage::
 
     python scripts/record_hf_fixtures.py            # every family
     python scripts/record_hf_fixtures.py llama gemma2
+    python scripts/record_hf_fixtures.py mixtral smollm3  # families/
+
+Issue 44's decoder families (:data:`MORE`) go to
+``tests/fixtures/families/<model_type>.npz``, so chapter 10's table of
+``tests/fixtures/*.npz`` does not grow.
 
 For each family it builds a tiny config (2 layers, hidden 64, a few heads,
 GQA where the family has it, windows and chunks shorter than the input),
@@ -212,8 +217,10 @@ def record(
     no_grad=(),
     capture=(),
     attn="eager",
+    folder=OUT,
 ):
-    """Record one family's fixture to tests/fixtures/NAME.npz.
+    """Record one family's fixture to ``folder``/NAME.npz (``folder``:
+    tests/fixtures, or tests/fixtures/families for :func:`more_families`).
 
     ``no_grad``: parameter-name prefixes that get no gradient by design
     (DeepSeek-V3.2's indexer, whose output enters only through top-k);
@@ -306,8 +313,8 @@ def record(
         raise RuntimeError(f"{name}: HF's decode differs from its forward")
     arrays["config"] = np.array(config.to_json_string(use_diff=False))
     arrays["meta"] = np.array(json.dumps(meta))
-    OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"{name}.npz"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.npz"
     np.savez_compressed(path, **arrays)
     kib = path.stat().st_size / 1024
     print(
@@ -1264,8 +1271,286 @@ def record_cache_bytes():
     print(f"cache_bytes: {path}")
 
 
+FAMILIES_OUT = OUT / "families"
+_TWO = ["sliding_attention", "full_attention"]
+_MOE = dict(num_experts_per_tok=2, moe_intermediate_size=16)
+# model_type -> (config keywords beyond BASE, recorded layers, notes): the
+# decoder families attention_from_hf admits beyond chapter 10's, each a
+# small difference from the plain (Llama) layer; recorded into
+# tests/fixtures/families/<model_type>.npz with the same record().
+MORE = {
+    "mixtral": (
+        dict(sliding_window=4, num_local_experts=4, **_MOE),
+        [0],
+        "Mixtral: Mistral's window 4 on every layer (an MoE MLP)",
+    ),
+    "ministral": (
+        dict(sliding_window=4, layer_types=_TWO),
+        [0, 1],
+        "Ministral: layer 0 sliding 4, layer 1 full",
+    ),
+    "arcee": ({}, [0], "Arcee: Llama's attention (a ReLU^2 MLP)"),
+    "helium": ({}, [0], "Helium: RoPE on interleaved pairs"),
+    "apertus": (
+        dict(
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            max_position_embeddings=512,
+        ),
+        [0],
+        "Apertus: per-head QK RMSNorm, rope_type llama3",
+    ),
+    "smollm3": (
+        dict(
+            pad_token_id=0,
+            no_rope_layers=[1, 0],
+            use_sliding_window=True,
+            sliding_window=4,
+            layer_types=_TWO,
+        ),
+        [0, 1],
+        "SmolLM3: no_rope_layers [1, 0] (layer 1 NoPE); layer 0 "
+        "sliding 4 (use_sliding_window)",
+    ),
+    "seed_oss": (
+        dict(attention_bias=True, attention_out_bias=True),
+        [0],
+        "Seed-OSS: q/k/v biases (attention_bias), o bias "
+        "(attention_out_bias)",
+    ),
+    "flex_olmo": (
+        dict(pad_token_id=0, num_experts=4, **_MOE),
+        [0],
+        "FlexOlmo: OLMo 2's QK RMSNorm over the whole projection",
+    ),
+    "olmo3": (
+        dict(sliding_window=4, layer_types=_TWO),
+        [0, 1],
+        "OLMo 3: OLMo 2's QK-norm; layer 0 sliding 4",
+    ),
+    "olmo": ({}, [0], "OLMo: Llama's attention (clip_qkv null)"),
+    "olmoe": (
+        dict(num_experts=4, **_MOE),
+        [0],
+        "OLMoE: QK RMSNorm over the whole projection (clip_qkv null)",
+    ),
+    "qwen2_moe": (
+        dict(
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=1,
+            num_experts=4,
+            shared_expert_intermediate_size=16,
+            **_MOE,
+        ),
+        [0, 1],
+        "Qwen2-MoE: q/k/v biases (qkv_bias); layer 1 sliding 4",
+    ),
+    "qwen3_moe": (
+        dict(
+            use_sliding_window=True,
+            sliding_window=4,
+            num_experts=4,
+            **_MOE,
+        ),
+        [0],
+        "Qwen3-MoE: per-head QK RMSNorm; use_sliding_window puts the "
+        "window 4 on every layer",
+    ),
+    "gemma": ({}, [0], "Gemma: Llama's attention"),
+    "vaultgemma": (
+        dict(
+            sliding_window=4,
+            layer_types=_TWO,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=2.0,
+        ),
+        [0, 1],
+        "VaultGemma: Gemma 2's scale 24**-0.5 and soft-cap 2.0; layer 0 "
+        "sliding 4",
+    ),
+    "ernie4_5": (
+        dict(use_bias=True),
+        [0],
+        "ERNIE 4.5: q/k/v/o biases (use_bias), interleaved RoPE",
+    ),
+    "ernie4_5_moe": (
+        dict(
+            use_bias=True,
+            moe_num_experts=4,
+            moe_k=2,
+            moe_intermediate_size=16,
+        ),
+        [0],
+        "ERNIE 4.5 MoE: q/k/v/o biases (use_bias), interleaved RoPE",
+    ),
+    "phimoe": (
+        dict(sliding_window=4, attention_bias=True, num_local_experts=4),
+        [0],
+        "PhiMoE: q/k/v/o biases, window 4 on every layer",
+    ),
+    "nemotron": (
+        dict(partial_rotary_factor=0.5),
+        [0],
+        "Nemotron: partial RoPE 0.5",
+    ),
+    "minimax_m2": (
+        dict(partial_rotary_factor=0.5, num_local_experts=4, **_MOE),
+        [0],
+        "MiniMax-M2: QK RMSNorm over the whole projection, partial RoPE 0.5",
+    ),
+    "glm4_moe": (
+        dict(
+            partial_rotary_factor=0.5,
+            use_qk_norm=True,
+            attention_bias=True,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            **_MOE,
+        ),
+        [0],
+        "GLM-4.5 (glm4_moe): q/k/v biases, per-head QK-norm "
+        "(use_qk_norm), partial RoPE 0.5 (rotate-half)",
+    ),
+    "dots1": (
+        dict(
+            pad_token_id=0,
+            sliding_window=4,
+            layer_types=_TWO,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            **_MOE,
+        ),
+        [0, 1],
+        "dots.llm1: per-head QK RMSNorm; layer 0 sliding 4",
+    ),
+    "solar_open": (
+        dict(attention_bias=True, n_routed_experts=4, **_MOE),
+        [0],
+        "Solar Open: q/k/v biases (attention_bias; o_proj has none)",
+    ),
+    "granite": (
+        dict(attention_multiplier=0.1),
+        [0],
+        "Granite: softmax scale attention_multiplier 0.1",
+    ),
+    "granitemoe": (
+        dict(attention_multiplier=0.1, num_local_experts=4),
+        [0],
+        "Granite MoE: softmax scale attention_multiplier 0.1",
+    ),
+    "granitemoeshared": (
+        dict(attention_multiplier=0.1, num_local_experts=4),
+        [0],
+        "Granite MoE (shared experts): scale attention_multiplier 0.1",
+    ),
+    "hyperclovax": (
+        dict(attention_multiplier=0.1),
+        [0],
+        "HyperCLOVA X: softmax scale attention_multiplier 0.1",
+    ),
+    "starcoder2": (
+        dict(use_bias=True, sliding_window=4),
+        [0],
+        "StarCoder2: q/k/v/o biases (use_bias), window 4 on every layer",
+    ),
+    "stablelm": (
+        dict(use_qkv_bias=True, partial_rotary_factor=0.25),
+        [0],
+        "StableLM: q/k/v biases (use_qkv_bias), partial RoPE 0.25 "
+        "(qk_layernorm false)",
+    ),
+    "cohere": (
+        dict(use_qk_norm=False),
+        [0],
+        "Cohere (Command R): interleaved RoPE (use_qk_norm false)",
+    ),
+    "cohere2": (
+        dict(sliding_window=4, layer_types=_TWO),
+        [0, 1],
+        "Cohere2 (Command R7B): layer 0 sliding 4 with interleaved RoPE, "
+        "layer 1 full and NoPE",
+    ),
+    "exaone4": (
+        dict(sliding_window=4, layer_types=_TWO),
+        [0, 1],
+        "EXAONE 4: per-head QK RMSNorm; layer 0 sliding 4 with RoPE, "
+        "layer 1 full and NoPE",
+    ),
+    "jais2": ({}, [0], "Jais 2: q/k/v/o biases (attention_bias)"),
+    "cwm": (
+        dict(sliding_window=4, layer_types=_TWO),
+        [0, 1],
+        "CWM: layer 0 sliding 4, layer 1 full",
+    ),
+    "kolibri1": (
+        dict(
+            sliding_window=4,
+            layer_types=_TWO,
+            num_local_experts=4,
+            **_MOE,
+        ),
+        [0, 1],
+        "Kolibri 1: EXAONE 4's layer (per-head QK RMSNorm; layer 0 "
+        "sliding 4 with RoPE, layer 1 full and NoPE)",
+    ),
+    "flint": (
+        dict(
+            sliding_window=4,
+            layer_types=_TWO,
+            num_experts=4,
+            **_MOE,
+        ),
+        [0, 1],
+        "Flint: per-head QK RMSNorm, sinks; layer 0 sliding 4 with "
+        "RoPE, layer 1 full and NoPE",
+    ),
+    "mellum": (
+        dict(
+            sliding_window=4,
+            layer_types=_TWO,
+            num_local_experts=4,
+            **_MOE,
+        ),
+        [0, 1],
+        "Mellum: per-head QK RMSNorm; layer 0 sliding 4",
+    ),
+    "glm": (
+        dict(pad_token_id=0, partial_rotary_factor=0.5),
+        [0],
+        "GLM: partial RoPE 0.5 on interleaved pairs",
+    ),
+    "glm4": (
+        dict(pad_token_id=0, partial_rotary_factor=0.5),
+        [0],
+        "GLM-4: partial RoPE 0.5 on interleaved pairs",
+    ),
+}
+
+
+def more_families():
+    """(model_type, job) for each of :data:`MORE`."""
+    from transformers import CONFIG_MAPPING
+
+    for name, (kw, layers, notes) in MORE.items():
+
+        def job(name=name, kw=kw, layers=layers, notes=notes):
+            config = CONFIG_MAPPING[name](**{**BASE, **kw})
+            record(name, config, layers, notes, folder=FAMILIES_OUT)
+
+        yield name, job
+
+
 def main(argv) -> int:
     known = [name for name, _ in families()]
+    known += [name for name, _ in more_families()]
     known += ["smollm2", "smollm2_batch", "cache_bytes"]
     ap = argparse.ArgumentParser(
         prog="record_hf_fixtures.py",
@@ -1300,7 +1585,7 @@ def main(argv) -> int:
     print(
         f"transformers {transformers.__version__}, torch {torch.__version__}"
     )
-    for name, job in families():
+    for name, job in [*families(), *more_families()]:
         if not args.families or name in args.families:
             job()
     if not args.families or "smollm2" in args.families:

@@ -51,6 +51,9 @@ MAX_LAYERS = 100_000
 # has neither layer_types nor sliding_window_pattern: Hugging Face's
 # defaults in each model's configuration class.
 _EVERY_LAYER = {"mistral", "mixtral"}
+# ... and where use_sliding_window puts it on every layer (Qwen3-MoE's
+# configuration class keeps sliding_window only when it is true)
+_EVERY_LAYER_WHEN_USED = {"qwen3_moe"}
 _PATTERN = {"gemma2": 2, "gpt_oss": 2, "gemma3": 6, "gemma3_text": 6}
 _OFF_UNLESS_USED = {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"}
 # Hybrids whose configuration class fills layer_types from
@@ -403,7 +406,8 @@ def _chunked_types(cfg: dict, n_layers: int, explicit):
     chunk = count(cfg, "attention_chunk_size", required=False)
     written = cfg.get("no_rope_layers") not in (None, [])
     if chunk is None:
-        if written:
+        # SmolLM3's no_rope_layers say which layers are NoPE, not chunked
+        if written and cfg.get("model_type") in _CHUNKED_MODELS:
             raise ValueError(
                 "config has no_rope_layers but no attention_chunk_size"
             )
@@ -499,6 +503,8 @@ def windows(cfg: dict, n_layers: int, types):
     if pattern is not None:
         check_listed(cfg, n_layers, "sliding_window_pattern")
         return window, alternate(n_layers, pattern)
+    if use is True and model_type in _EVERY_LAYER_WHEN_USED:
+        return window, None
     if use is True:  # Qwen2: layers from max_window_layers on
         first = count(cfg, "max_window_layers", minimum=0)
         check_listed(cfg, n_layers, "max_window_layers")

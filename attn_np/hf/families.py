@@ -8,6 +8,22 @@ define a model as a diff of another (Qwen2: ``biases = q, k, v``; Qwen3:
 ``qk_norm = "head"``; ...). Falcon, the latent families (DeepSeek) and
 Qwen3-Next's ``linear_attention`` layers are layers of their own.
 
+Issue 44 admits every other decoder family of ``transformers`` 5.24.0
+that these parts build exactly (each matched by
+``tests/fixtures/families/<model_type>.npz``): Llama's layer as it is
+(Mixtral, Arcee, Gemma, ...), biases under the family's own key
+(``use_bias``, ``qkv_bias``, ``use_qkv_bias``, ``attention_out_bias``),
+RoPE on interleaved pairs (Helium, ERNIE 4.5, GLM), QK-norm per head or
+over the projection (Apertus, dots.llm1, OLMo 3, MiniMax-M2, ...),
+Granite's ``attention_multiplier``, NoPE layers (SmolLM3's
+``no_rope_layers``; Cohere 2 and EXAONE 4 turn only their window
+layers). The comments in :data:`FAMILIES` give each one's difference;
+:data:`_CLASS_ROPE` and :data:`_CLASS_WINDOWS` hold what a family's
+configuration class fills in when a file is silent. A family whose
+attention needs a part the library lacks is refused with that part
+named (:data:`_NOT_BUILT`; in an admitted family, ``clip_qkv``,
+``qk_layernorm`` and Cohere's ``use_qk_norm``).
+
 :func:`layer_settings` returns ``(cls, args, kwargs, layout)`` without
 building anything; :func:`layer_rope` turns a layer's RoPE parameters
 (read by :func:`attn_np.hf.config.rope_parameters`, the one reader of
@@ -25,6 +41,8 @@ from .config import (
     FULL,
     MODEL_TYPE_ALIASES,
     SLIDING,
+    alternate,
+    check_listed,
     count,
     flag,
     language_model,
@@ -125,6 +143,34 @@ _ELSEWHERE = {
     "initial_context_length",
     "quantization_config",
     "max_sequence_length",
+    # issue 44's families: MoE layouts, MTP heads, the embedding, the
+    # residual stream and the logits (outside the attention module);
+    # dropouts (an inference layer has none); the decoder's norms
+    "moe_k",
+    "moe_layer_end_index",
+    "moe_layer_interval",
+    "moe_layer_start_index",
+    "moe_norm_min",
+    "moe_num_experts",
+    "moe_num_shared_experts",
+    "shared_intermediate_size",
+    "input_jitter_noise",
+    "num_mtp_layers",
+    "embedding_multiplier",
+    "residual_multiplier",
+    "logits_scaling",
+    "logit_scale",
+    "lm_head_bias",
+    "use_post_norm",
+    "use_parallel_residual",
+    "eod_token_id",
+    "residual_dropout",
+    "embedding_dropout",
+    "norm_eps",  # Nemotron's LayerNorm1P
+    "norm_epsilon",  # StarCoder2's LayerNorm
+    "layer_norm_eps",  # read in attention only when refused below
+    "mtp_layer_types",
+    "mtp_mlp_layer_types",
 }
 
 _ATTENTION = {
@@ -177,6 +223,15 @@ _ATTENTION = {
     "rope_local_base_freq",  # Gemma 3 before transformers 5
     "full_attention_interval",  # Qwen3-Next: read by config.layer_types
     "num_hidden_layers",
+    # issue 44: biases under other keys, Granite's scale, what refuses
+    "use_bias",
+    "qkv_bias",
+    "use_qkv_bias",
+    "attention_out_bias",
+    "attention_multiplier",
+    "clip_qkv",
+    "qk_layernorm",
+    "rotary_dim",  # MiniMax-M2's partial RoPE
 }
 # Features attention_from_hf does not build: refused by name when on.
 _REFUSED = {
@@ -201,6 +256,12 @@ def layer_settings(config, layer_idx=0):
     cfg = language_model(data)
     model_type = cfg.get("model_type")
     model_type = MODEL_TYPE_ALIASES.get(model_type, model_type)
+    if model_type in _NOT_BUILT:
+        raise ValueError(
+            f"config model_type={model_type!r} is not built by "
+            f"attention_from_hf: its attention needs "
+            f"{_NOT_BUILT[model_type]}, which the library lacks"
+        )
     if model_type not in FAMILIES and model_type not in _OWN_LAYERS:
         raise ValueError(
             f"config model_type={model_type!r} is not one attention_from_hf "
@@ -352,13 +413,29 @@ def _window(cfg, layer_idx, layer_type):
     return None, layer_type
 
 
-def plain_decoder(cfg, layer_idx, layer_type):
+def _writes_partial(cfg, layer_type) -> bool:
+    """Whether the config writes ``partial_rotary_factor`` for a layer of
+    this type (in either spelling)."""
+    kind = layer_type or FULL
+    per = rope_parameters(cfg, [kind]) or {}
+    return "partial_rotary_factor" in (per.get(kind) or {})
+
+
+def plain_decoder(
+    cfg, layer_idx, layer_type, *, default_theta=10000.0, default_partial=1.0
+):
     """Llama's attention layer: ``(args, kwargs)`` of
     :class:`~attn_np.hf.layers.HFAttention`, the start of every q/k/v/o
-    family."""
+    family. ``default_theta`` and ``default_partial`` are the RoPE base
+    and ``partial_rotary_factor`` a file that does not write them gets
+    (the family's configuration class's)."""
     d_model, n_heads, n_kv, head_dim = _heads(cfg)
     window, layer_type = _window(cfg, layer_idx, layer_type)
-    base, partial, factor, scaling = layer_rope(cfg, layer_type)
+    base, partial, factor, scaling = layer_rope(
+        cfg, layer_type, default_theta=default_theta
+    )
+    if not _writes_partial(cfg, layer_type):
+        partial = default_partial
     bias = flag(cfg, "attention_bias")
     kw = dict(
         biases=("q", "k", "v", "o") if bias else (),
@@ -462,6 +539,120 @@ def _same(cfg, i, layer_type, kw, layout):
     """The plain decoder as it is."""
 
 
+# ------------------------------------- issue 44: more decoder families
+# Each is read off the family's attention class in transformers 5.24.0
+# (modeling_<model_type>.py) and matched by a fixture in
+# tests/fixtures/families/<model_type>.npz.
+def _interleaved(cfg, i, layer_type, kw, layout):
+    """RoPE on interleaved pairs ``(0, 1), (2, 3), ...`` (HF's
+    ``rotate_half`` on ``x[..., 0::2]``, ``x[..., 1::2]``)."""
+    kw["rope_layout"] = "interleaved"
+
+
+def _bias_keys(qkv=None, o=None):
+    """A family whose biases HF reads from its own keys: ``qkv`` turns on
+    the q/k/v biases, ``o`` the output's."""
+
+    def diff(cfg, i, layer_type, kw, layout):
+        on = flag(cfg, qkv) if qkv else False
+        out = flag(cfg, o) if o else False
+        kw["biases"] = (*(("q", "k", "v") if on else ()), *("o" * out))
+
+    return diff
+
+
+def _and(*diffs):
+    """Several differences, in order."""
+
+    def diff(cfg, i, layer_type, kw, layout):
+        for d in diffs:
+            d(cfg, i, layer_type, kw, layout)
+
+    return diff
+
+
+def _refuse(key, what):
+    """A difference that refuses a config whose ``key`` is set (true, or
+    a number) because it needs a part attention_from_hf lacks."""
+
+    def diff(cfg, i, layer_type, kw, layout):
+        value = cfg.get(key)
+        if value not in (None, False):
+            raise ValueError(
+                f"config key {key}={value!r} ({what}) is not built by "
+                f"attention_from_hf for {cfg.get('model_type')}"
+            )
+
+    return diff
+
+
+def _attention_multiplier(cfg, i, layer_type, kw, layout):
+    """Granite's softmax scale: ``attention_multiplier`` in place of
+    ``head_dim**-0.5`` (its configuration class's default 1.0)."""
+    kw["scale"] = number(cfg, "attention_multiplier", 1.0)
+
+
+def _smollm3(cfg, i, layer_type, kw, layout):
+    """NoPE where ``no_rope_layers[i] == 0`` (absent: every
+    ``no_rope_layer_interval``-th layer, 4 by default, as
+    ``SmolLM3Config`` fills it); a sliding layer's window only when
+    ``use_sliding_window`` is true."""
+    n = _n_layers(cfg)
+    flags = rope_flags(cfg, n)
+    if flags is None:
+        every = count(cfg, "no_rope_layer_interval", required=False) or 4
+        kw["use_rope"] = (i + 1) % every != 0
+    else:
+        kw["use_rope"] = bool(flags[i])
+    if not flag(cfg, "use_sliding_window"):
+        kw["window"] = None
+
+
+def _rope_if_windowed(cfg, i, layer_type, kw, layout):
+    """Cohere 2: RoPE on the window layers only (HF turns q and k iff
+    the layer's ``sliding_window`` is set); every other layer is NoPE."""
+    kw["use_rope"] = kw["window"] is not None
+
+
+def _exaone4_rope(cfg, i, layer_type, kw, layout):
+    """EXAONE 4: RoPE on the window layers, NoPE on the full ones; every
+    layer turns when the config has no ``sliding_window``."""
+    if cfg.get("sliding_window") is not None:
+        kw["use_rope"] = kw["window"] is not None
+
+
+def _mellum(cfg, i, layer_type, kw, layout):
+    """Mellum: Qwen3's per-head QK-norm; a file without RoPE keys takes
+    ``MellumConfig``'s bases, 5e5 on full layers and 1e4 on sliding
+    ones."""
+    _qwen3(cfg, i, layer_type, kw, layout)
+    no_rope_keys = all(
+        cfg.get(k) is None for k in ("rope_parameters", "rope_theta")
+    )
+    if no_rope_keys and kw["window"] is None:
+        kw["rope_base"] = 500000.0
+
+
+def _minimax_m2(cfg, i, layer_type, kw, layout):
+    """OLMo 2's QK-norm; released MiniMax-M2 files write partial RoPE as
+    ``rotary_dim`` (features turned per head), read when no
+    ``partial_rotary_factor`` is written (``MiniMaxM2Config``'s rule)."""
+    _olmo2(cfg, i, layer_type, kw, layout)
+    written = _writes_partial(cfg, layer_type)
+    if cfg.get("rotary_dim") is not None and not written:
+        rotary_dim = count(cfg, "rotary_dim")
+        head_dim = _heads(cfg)[3]
+        kw["rotary_dim"] = None if rotary_dim == head_dim else rotary_dim
+
+
+def _qk_norm_if_used(cfg, i, layer_type, kw, layout):
+    """GLM-4.5: Qwen3's per-head QK-norm when ``use_qk_norm``."""
+    if flag(cfg, "use_qk_norm"):
+        _qwen3(cfg, i, layer_type, kw, layout)
+
+
+_CLIP = _refuse("clip_qkv", "clamping q, k and v to +-clip_qkv")
+
 #: model_type -> its difference from the plain decoder
 FAMILIES = {
     "llama": _same,
@@ -474,11 +665,116 @@ FAMILIES = {
     "gpt_oss": _gpt_oss,
     "qwen3_next": _qwen3_next,
     "llama4_text": _llama4,
+    # issue 44. Llama's layer as it is: Mixtral, PhiMoE (the window on
+    # every layer, as Mistral's), Ministral and CWM (window layers from
+    # layer_types), Arcee, Gemma, Jais 2 (attention_bias: all four)
+    "mixtral": _same,
+    "phimoe": _same,
+    "ministral": _same,
+    "cwm": _same,
+    "arcee": _same,
+    "gemma": _same,
+    "jais2": _same,
+    # partial RoPE (rope_parameters' partial_rotary_factor, read by the
+    # plain decoder): Nemotron; Solar Open with attention_bias on q/k/v
+    # only (o_proj has no bias)
+    "nemotron": _same,
+    "solar_open": _bias_keys("attention_bias"),
+    # RoPE on interleaved pairs: Helium; ERNIE 4.5 with use_bias (q, k,
+    # v and o); GLM and GLM-4, partial, attention_bias on q/k/v only
+    "helium": _interleaved,
+    "ernie4_5": _and(_interleaved, _bias_keys("use_bias", "use_bias")),
+    "ernie4_5_moe": _and(_interleaved, _bias_keys("use_bias", "use_bias")),
+    "glm": _and(_interleaved, _bias_keys("attention_bias")),
+    "glm4": _and(_interleaved, _bias_keys("attention_bias")),
+    # biases under other keys: Seed-OSS (attention_bias on q/k/v,
+    # attention_out_bias on o), Qwen2-MoE (qkv_bias), StarCoder2
+    # (use_bias, all four), StableLM (use_qkv_bias; its qk_layernorm is
+    # a LayerNorm per head, with a bias, which the library lacks)
+    "seed_oss": _bias_keys("attention_bias", "attention_out_bias"),
+    "qwen2_moe": _bias_keys("qkv_bias"),
+    "starcoder2": _bias_keys("use_bias", "use_bias"),
+    "stablelm": _and(
+        _bias_keys("use_qkv_bias"),
+        _refuse("qk_layernorm", "a LayerNorm per head on q and k"),
+    ),
+    # per-head QK RMSNorm (Qwen3's): Apertus, Qwen3-MoE (its window, when
+    # use_sliding_window, on every layer), dots.llm1; GLM-4.5 when
+    # use_qk_norm, with attention_bias on q/k/v only
+    "apertus": _qwen3,
+    "qwen3_moe": _qwen3,
+    "dots1": _qwen3,
+    "glm4_moe": _and(_bias_keys("attention_bias"), _qk_norm_if_used),
+    # QK RMSNorm over the whole projection (OLMo 2's): OLMo 3, FlexOlmo,
+    # MiniMax-M2 (partial RoPE), OLMoE (clip_qkv must be null); OLMo
+    # is Llama's layer with clip_qkv null
+    "olmo3": _olmo2,
+    "flex_olmo": _olmo2,
+    "minimax_m2": _minimax_m2,
+    "olmoe": _and(_olmo2, _CLIP),
+    "olmo": _CLIP,
+    # Gemma 2's scale and soft-cap: VaultGemma
+    "vaultgemma": _gemma2,
+    # the scale attention_multiplier: Granite, Granite MoE (shared),
+    # HyperCLOVA X
+    "granite": _attention_multiplier,
+    "granitemoe": _attention_multiplier,
+    "granitemoeshared": _attention_multiplier,
+    "hyperclovax": _attention_multiplier,
+    # NoPE layers: SmolLM3 (no_rope_layers); Cohere 2 (interleaved RoPE
+    # on the sliding layers only), EXAONE 4 (QK-norm, RoPE on the
+    # sliding layers only); Cohere with use_qk_norm false (true: a
+    # LayerNorm per head, which the library lacks)
+    "smollm3": _smollm3,
+    "cohere": _and(
+        _interleaved,
+        _refuse("use_qk_norm", "a LayerNorm per head on q and k"),
+    ),
+    "cohere2": _and(_interleaved, _rope_if_windowed),
+    "exaone4": _and(_qwen3, _exaone4_rope),
+    # Kolibri 1 is EXAONE 4's layer; Flint: QK-norm, gpt-oss's sinks,
+    # RoPE on the window layers only (as Cohere 2); Mellum: QK-norm and
+    # RoPE per layer type (rope_parameters.full_attention, ...)
+    "kolibri1": _and(_qwen3, _exaone4_rope),
+    "flint": _and(_qwen3, _gpt_oss, _rope_if_windowed),
+    "mellum": _mellum,
 }
+
+
+# Where a file with a sliding_window but no layer_types has its windows,
+# as the family's configuration class fills layer_types (None: every
+# layer; n: every n-th layer full). Read here, for the layers only.
+_CLASS_WINDOWS = {
+    "phimoe": None,
+    "starcoder2": None,
+    "cohere2": 4,
+    "exaone4": 4,
+    "kolibri1": 5,
+}
+
+
+def _class_layer_types(cfg, model_type):
+    """``cfg`` with ``layer_types`` written out by
+    :data:`_CLASS_WINDOWS`'s rule when the file has a window and no
+    ``layer_types`` (a ``sliding_window_pattern`` it writes wins)."""
+    if (
+        model_type not in _CLASS_WINDOWS
+        or cfg.get("layer_types") is not None
+        or cfg.get("sliding_window") is None
+    ):
+        return cfg
+    n = count(cfg, "num_hidden_layers")
+    check_listed(cfg, n, f"{model_type}'s window rule")
+    every = _CLASS_WINDOWS[model_type]
+    if every is None:
+        return {**cfg, "layer_types": [SLIDING] * n}
+    pattern = count(cfg, "sliding_window_pattern", required=False)
+    return {**cfg, "layer_types": list(alternate(n, pattern or every))}
 
 
 def _decoder(cfg, model_type, layer_idx):
     """Every family with q_proj/k_proj/v_proj/o_proj."""
+    cfg = _class_layer_types(cfg, model_type)
     layer_idx = _layer_index(cfg, layer_idx)
     layer_type = _layer_type(cfg, layer_idx)
     if layer_type == "linear_attention" and model_type == "qwen3_next":
@@ -488,7 +784,14 @@ def _decoder(cfg, model_type, layer_idx):
             f"layer {layer_idx} has layer type {layer_type!r}, which "
             "attention_from_hf does not build"
         )
-    args, kw = plain_decoder(cfg, layer_idx, layer_type)
+    theta, partial = _CLASS_ROPE.get(model_type, (10000.0, 1.0))
+    args, kw = plain_decoder(
+        cfg,
+        layer_idx,
+        layer_type,
+        default_theta=theta,
+        default_partial=partial,
+    )
     layout = {"kind": "proj", "gate_rows": False}
     FAMILIES[model_type](cfg, layer_idx, layer_type, kw, layout)
     return HFAttention, args, kw, layout
@@ -622,3 +925,80 @@ _OWN_LAYERS = {
 }
 #: every model_type attention_from_hf builds
 NAMES = (*FAMILIES, *_OWN_LAYERS)
+
+# The RoPE base and partial_rotary_factor a family's configuration class
+# gives a file that writes neither (its default_theta; the "assign
+# default for BC" partial factors of Nemotron, GLM, StableLM).
+_CLASS_ROPE = {
+    "mixtral": (1e6, 1.0),
+    "phimoe": (1e6, 1.0),
+    "cwm": (1e6, 1.0),
+    "solar_open": (1e6, 1.0),
+    "helium": (1e5, 1.0),
+    "ernie4_5": (5e5, 1.0),
+    "ernie4_5_moe": (5e5, 1.0),
+    "apertus": (1.2e7, 1.0),
+    "olmo3": (5e5, 1.0),
+    "flex_olmo": (5e5, 1.0),
+    "minimax_m2": (5e6, 1.0),
+    "smollm3": (2e6, 1.0),
+    "cohere": (5e5, 1.0),
+    "nemotron": (1e4, 0.5),
+    "glm": (1e4, 0.5),
+    "glm4": (1e4, 0.5),
+    "glm4_moe": (1e4, 0.5),
+    "stablelm": (1e4, 0.25),
+}
+_MLA_ELSEWHERE = (
+    "DeepSeek's multi-head latent attention under another model_type "
+    "(built for deepseek_v2/v3/v32 only; not yet checked against this "
+    "family)"
+)
+_GATE = "an output gate from its own "
+# Issue 44: decoder families examined in transformers 5.24.0 and refused,
+# model_type -> the part (or config key) their attention needs.
+_NOT_BUILT = {
+    "ministral3": (
+        "a query scale by position, rope_parameters' "
+        "llama_4_scaling_beta (1 + beta * log(1 + floor(pos / "
+        "original_max_position_embeddings)))"
+    ),
+    "hunyuan_v1_dense": (
+        "a learned QK RMSNorm after RoPE (query_layernorm, "
+        "key_layernorm) and rope_type dynamic with alpha"
+    ),
+    "hunyuan_v1_moe": (
+        "a learned QK RMSNorm after RoPE (query_layernorm, "
+        "key_layernorm) and rope_type dynamic with alpha"
+    ),
+    "bitnet": "attn_sub_norm, an RMSNorm of the heads before o_proj",
+    "nanochat": (
+        "RoPE turned the other way (its rotate_half gives (x2, -x1))"
+    ),
+    "diffllama": (
+        "differential attention (two softmaxes, lambda_q1, lambda_k1, "
+        "lambda_q2, lambda_k2)"
+    ),
+    "doge": "a dynamic mask from the values (A, dt_proj)",
+    "phi3": "one fused qkv_proj weight (a state-dict layout)",
+    "phi": "an output projection named dense and qk_layernorm",
+    "persimmon": (
+        "a fused query_key_value and a LayerNorm per head on q and k"
+    ),
+    "lfm2": "short-convolution layers, out_proj and q_layernorm names",
+    "lfm2_moe": "short-convolution layers, out_proj and q_layernorm names",
+    "afmoe": _GATE + "gate_proj (sigmoid) with NoPE full layers",
+    "laguna": _GATE + "g_proj",
+    "dory": _GATE + "gate_proj with sqk and s_gate",
+    "beam": _GATE + "gate_proj with gate_bias",
+    "granite_swa": "a RoPE base per layer or none (layer_rope_theta)",
+    "granitemoe_swa": "a RoPE base per layer or none (layer_rope_theta)",
+    "zaya": (
+        "convolutions on q and k (conv_qk_depthwise, conv_qk_grouped), "
+        "a delayed value projection and a QK temperature"
+    ),
+    "glm4_moe_lite": _MLA_ELSEWHERE,
+    "minicpm3": _MLA_ELSEWHERE,
+    "youtu": _MLA_ELSEWHERE,
+    "mistral4": _MLA_ELSEWHERE,
+}
