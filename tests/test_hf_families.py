@@ -166,3 +166,26 @@ def test_a_family_that_needs_a_missing_part_is_refused(model_type, match):
     with pytest.raises(ValueError, match=match) as err:
         layer_settings(config, 0)
     assert model_type in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("qkv_bias", True),
+        ("use_bias", True),
+        ("attention_multiplier", 0.5),
+        ("attention_out_bias", True),
+        ("no_rope_layers", [0, 1]),
+        ("alibi", True),
+    ],
+)
+def test_a_key_another_family_reads_is_refused_by_name(key, value):
+    """Llama's layer would ignore these: a Llama config that sets one is
+    refused naming it, not built without it."""
+    top = FAMILY_FIXTURES.parent / "llama.npz"
+    config = json.loads(str(np.load(top)["config"]))
+    config[key] = value
+    with pytest.raises(ValueError, match=key):
+        attention_from_hf(config, 0)
+    config[key] = None  # unset: harmless
+    attention_from_hf(config, 0)

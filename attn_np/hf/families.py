@@ -233,6 +233,31 @@ _ATTENTION = {
     "qk_layernorm",
     "rotary_dim",  # MiniMax-M2's partial RoPE
 }
+# Keys only some families read: set (not null, false, 0 or empty) in
+# another family's config, each is refused by name, since that family's
+# layer would silently ignore it (a Llama config with qkv_bias: true).
+_FAMILY_KEYS = {
+    "use_bias": ("ernie4_5", "ernie4_5_moe", "starcoder2"),
+    "qkv_bias": ("qwen2_moe",),
+    "use_qkv_bias": ("stablelm",),
+    "attention_out_bias": ("seed_oss",),
+    "attention_multiplier": (
+        "granite",
+        "granitemoe",
+        "granitemoeshared",
+        "hyperclovax",
+    ),
+    "clip_qkv": ("olmo", "olmoe"),  # refused there too, when set
+    "qk_layernorm": ("stablelm",),  # refused there too, when set
+    "use_qk_norm": ("llama4_text", "cohere", "glm4_moe"),
+    "no_rope_layers": ("llama4_text", "smollm3"),
+    "rotary_dim": ("minimax_m2",),
+    "alibi": ("falcon",),
+    "multi_query": ("falcon",),
+    "new_decoder_architecture": ("falcon",),
+    "bias": ("falcon",),
+    "num_kv_heads": ("falcon",),
+}
 # Features attention_from_hf does not build: refused by name when on.
 _REFUSED = {
     "use_mrope": "multimodal RoPE sections (Qwen2.5-VL)",
@@ -280,6 +305,14 @@ def layer_settings(config, layer_idx=0):
             f"attention_from_hf ({model_type}); refusing to guess what they "
             "change"
         )
+    for key, readers in _FAMILY_KEYS.items():
+        value = cfg.get(key)
+        if model_type not in readers and value not in (None, False, 0, []):
+            raise ValueError(
+                f"config key {key}={value!r} is read by "
+                f"{', '.join(readers)} only: a {model_type} layer would "
+                "ignore it, so attention_from_hf refuses it"
+            )
     if model_type in _OWN_LAYERS:
         return _OWN_LAYERS[model_type](cfg, model_type, layer_idx)
     return _decoder(cfg, model_type, layer_idx)
