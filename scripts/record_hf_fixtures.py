@@ -1532,7 +1532,41 @@ MORE = {
         [0],
         "GLM-4: partial RoPE 0.5 on interleaved pairs",
     ),
+    "aria_text": ({}, [0], "Aria's text model: Llama's attention"),
+    "exaone": ({}, [0], "EXAONE 3: HF builds LlamaAttention"),
+    "internlm3": ({}, [0], "InternLM3: HF builds LlamaAttention"),
+    "iquestcoder": ({}, [0], "IQuest-Coder: HF builds LlamaAttention"),
+    "apertus1p5_text": (
+        {},
+        [0],
+        "Apertus 1.5's text model: per-head QK norm",
+    ),
+    "hy_v3": ({}, [0], "Hunyuan V3: per-head QK RMSNorm"),
+    "sarvam_moe": (
+        dict(use_qk_norm=True, attention_bias=True),
+        [0],
+        "Sarvam MoE: GLM-4.5's attention, QK norm and q/k/v biases on",
+    ),
+    "exaone_moe": (
+        dict(sliding_window=4, layer_types=_TWO),
+        [0, 1],
+        "EXAONE MoE: EXAONE 4's attention (layer 1 full and NoPE)",
+    ),
 }
+_TINY_MOE_FAMILIES = ("aria_text", "hy_v3", "sarvam_moe", "exaone_moe")
+# a tiny mixture of experts, given to a family's config only where its
+# class has the key (its defaults are a released model's hundred experts)
+_TINY_MOE = dict(
+    num_local_experts=2,
+    num_experts=2,
+    num_experts_per_tok=1,
+    n_routed_experts=2,
+    moe_intermediate_size=16,
+    n_group=1,
+    topk_group=1,
+    shared_expert_intermediate_size=16,
+    first_k_dense_replace=1,
+)
 
 
 def more_families():
@@ -1542,7 +1576,12 @@ def more_families():
     for name, (kw, layers, notes) in MORE.items():
 
         def job(name=name, kw=kw, layers=layers, notes=notes):
-            config = CONFIG_MAPPING[name](**{**BASE, **kw})
+            cls = CONFIG_MAPPING[name]
+            if name in _TINY_MOE_FAMILIES:
+                has = cls()
+                moe = {k: v for k, v in _TINY_MOE.items() if hasattr(has, k)}
+                kw = {**moe, **kw}
+            config = cls(**{**BASE, **kw})
             record(name, config, layers, notes, folder=FAMILIES_OUT)
 
         yield name, job

@@ -136,6 +136,12 @@ _ELSEWHERE = {
     "seq_aux",
     "moe_layer_freq",
     "mlp_layer_types",  # DeepSeek-V3.2: dense or MoE per layer
+    # the MoE and vocabulary of Aria, EXAONE-MoE, Hunyuan V3, Apertus 1.5
+    "moe_topk",
+    "num_shared_experts",
+    "enable_moe_fp32_combine",
+    "router_scaling_factor",
+    "output_vocab_size",
     # keys of released config.json files that do not shape attention
     "apply_residual_connection_post_layernorm",
     "cache_implementation",
@@ -249,7 +255,7 @@ _FAMILY_KEYS = {
     ),
     "clip_qkv": ("olmo", "olmoe"),  # refused there too, when set
     "qk_layernorm": ("stablelm",),  # refused there too, when set
-    "use_qk_norm": ("llama4_text", "cohere", "glm4_moe"),
+    "use_qk_norm": ("llama4_text", "cohere", "glm4_moe", "sarvam_moe"),
     "no_rope_layers": ("llama4_text", "smollm3"),
     "rotary_dim": ("minimax_m2",),
     "alibi": ("falcon",),
@@ -771,6 +777,19 @@ FAMILIES = {
     "kolibri1": _and(_qwen3, _exaone4_rope),
     "flint": _and(_qwen3, _gpt_oss, _rope_if_windowed),
     "mellum": _mellum,
+    # Llama's layer, as HF builds it (LlamaAttention): Aria's text model,
+    # EXAONE 3, InternLM 3, IQuest-Coder
+    "aria_text": _same,
+    "exaone": _same,
+    "internlm3": _same,
+    "iquestcoder": _same,
+    # per-head QK RMSNorm: Apertus 1.5, Hunyuan V3; Sarvam-MoE is
+    # GLM-4.5's layer (HF builds Glm4MoeAttention); EXAONE-MoE is
+    # EXAONE 4's
+    "apertus1p5_text": _qwen3,
+    "hy_v3": _qwen3,
+    "sarvam_moe": _and(_bias_keys("attention_bias"), _qk_norm_if_used),
+    "exaone_moe": _and(_qwen3, _exaone4_rope),
 }
 
 
@@ -782,6 +801,7 @@ _CLASS_WINDOWS = {
     "starcoder2": None,
     "cohere2": 4,
     "exaone4": 4,
+    "exaone_moe": 4,
     "kolibri1": 5,
 }
 
@@ -981,6 +1001,10 @@ _CLASS_ROPE = {
     "glm4": (1e4, 0.5),
     "glm4_moe": (1e4, 0.5),
     "stablelm": (1e4, 0.25),
+    "exaone": (5e5, 1.0),
+    "apertus1p5_text": (1.2e7, 1.0),
+    "hy_v3": (11158840.0, 1.0),
+    "sarvam_moe": (8e6, 1.0),
 }
 _MLA_ELSEWHERE = (
     "DeepSeek's multi-head latent attention under another model_type "
