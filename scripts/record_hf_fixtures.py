@@ -1571,11 +1571,11 @@ _TINY_MOE = dict(
 
 def more_families():
     """(model_type, job) for each of :data:`MORE`."""
-    from transformers import CONFIG_MAPPING
-
     for name, (kw, layers, notes) in MORE.items():
 
         def job(name=name, kw=kw, layers=layers, notes=notes):
+            from transformers import CONFIG_MAPPING
+
             cls = CONFIG_MAPPING[name]
             if name in _TINY_MOE_FAMILIES:
                 has = cls()

@@ -406,6 +406,33 @@ def from_hf_config(config, name: str | None = None) -> ModelConfig:
         ) from None
 
 
+def _head_dim(cfg, d_model, n_heads) -> tuple[int, dict]:
+    """``(head_dim, latent)``: MLA's ``qk_nope_head_dim`` and its latent
+    sizes, or ``head_dim`` (default ``hidden_size / heads``) and ``{}``."""
+    if cfg.get("kv_lora_rank") is not None:
+        latent = dict(
+            d_latent_kv=count(cfg, "kv_lora_rank"),
+            d_rope=count(cfg, "qk_rope_head_dim"),
+            d_latent_q=count(cfg, "q_lora_rank", required=False),
+        )
+        return count(cfg, "qk_nope_head_dim"), latent
+    if cfg.get("qk_rope_head_dim") is not None:
+        raise ValueError(
+            "config has qk_rope_head_dim but no kv_lora_rank: a latent "
+            "cache needs both"
+        )
+    head_dim = count(cfg, "head_dim", required=False)
+    if head_dim is None:
+        if d_model % n_heads:
+            raise ValueError(
+                "config has no head_dim, and hidden_size="
+                f"{d_model} is not a multiple of "
+                f"num_attention_heads={n_heads}"
+            )
+        head_dim = d_model // n_heads
+    return head_dim, {}
+
+
 def _from_dict(data: dict, name: str, source: str) -> ModelConfig:
     cfg = language_model(data)
     plan = _plan_types(cfg)
@@ -434,29 +461,7 @@ def _from_dict(data: dict, name: str, source: str) -> ModelConfig:
         d_model = count(cfg, "hidden_size")
         n_kv = kv_heads(cfg, n_heads)
     d_head_v = count(cfg, "v_head_dim", required=False)  # None: head_dim
-    latent = {}
-    if cfg.get("kv_lora_rank") is not None:
-        latent = dict(
-            d_latent_kv=count(cfg, "kv_lora_rank"),
-            d_rope=count(cfg, "qk_rope_head_dim"),
-            d_latent_q=count(cfg, "q_lora_rank", required=False),
-        )
-        head_dim = count(cfg, "qk_nope_head_dim")
-    elif cfg.get("qk_rope_head_dim") is not None:
-        raise ValueError(
-            "config has qk_rope_head_dim but no kv_lora_rank: a latent "
-            "cache needs both"
-        )
-    else:
-        head_dim = count(cfg, "head_dim", required=False)
-        if head_dim is None:
-            if d_model % n_heads:
-                raise ValueError(
-                    "config has no head_dim, and hidden_size="
-                    f"{d_model} is not a multiple of "
-                    f"num_attention_heads={n_heads}"
-                )
-            head_dim = d_model // n_heads
+    head_dim, latent = _head_dim(cfg, d_model, n_heads)
     if plan is None:
         types, chunk = layer_types(cfg, n_layers)
         window, types = windows(cfg, n_layers, types)

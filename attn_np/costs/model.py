@@ -288,6 +288,11 @@ class ModelConfig:
                 "an indexer needs a latent cache (d_latent_kv and d_rope) "
                 f"(model {self.name!r})"
             )
+        self._check_layers()
+
+    def _check_layers(self):
+        """``layer_types`` (made a tuple), what each kind of layer needs,
+        and ``layer_kv``'s rows: part of ``__post_init__``."""
         if self.layer_types is not None:
             types = tuple(self.layer_types)
             object.__setattr__(self, "layer_types", types)
