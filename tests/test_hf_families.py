@@ -189,3 +189,16 @@ def test_a_key_another_family_reads_is_refused_by_name(key, value):
         attention_from_hf(config, 0)
     config[key] = None  # unset: harmless
     attention_from_hf(config, 0)
+
+
+@pytest.mark.parametrize(
+    "family", ["mistral", "mixtral", "ministral", "cwm"]
+)
+def test_attention_bias_is_ignored_where_hf_ignores_it(family):
+    """These HF classes write bias=False on every projection: a file's
+    attention_bias: true changes nothing there, and nothing here."""
+    top = FAMILY_FIXTURES.parent / "llama.npz"
+    config = json.loads(str(np.load(top)["config"]))
+    config.update(model_type=family, attention_bias=True)
+    _, _, kw, _ = layer_settings(config, 0)
+    assert kw["biases"] == ()

@@ -367,6 +367,13 @@ def _same(cfg, i, layer_type, kw, layout):
     """The plain decoder as it is."""
 
 
+def _no_bias(cfg, i, layer_type, kw, layout):
+    """HF's class writes ``bias=False`` on q, k, v and o whatever the
+    config says: an ``attention_bias`` in the file is ignored there, and
+    so here (Mistral, Mixtral, Ministral, CWM)."""
+    kw["biases"] = ()
+
+
 # ------------------------------------- issue 44: more decoder families
 # Each is read off the family's attention class in transformers 5.24.0
 # (modeling_<model_type>.py) and matched by a fixture in
@@ -484,7 +491,7 @@ _CLIP = _refuse("clip_qkv", "clamping q, k and v to +-clip_qkv")
 #: model_type -> its difference from the plain decoder
 FAMILIES = {
     "llama": _same,
-    "mistral": _same,
+    "mistral": _no_bias,
     "qwen2": _qwen2,
     "qwen3": _qwen3,
     "gemma2": _gemma2,
@@ -493,13 +500,14 @@ FAMILIES = {
     "gpt_oss": _gpt_oss,
     "qwen3_next": _qwen3_next,
     "llama4_text": _llama4,
-    # issue 44. Llama's layer as it is: Mixtral, PhiMoE (the window on
-    # every layer, as Mistral's), Ministral and CWM (window layers from
-    # layer_types), Arcee, Gemma, Jais 2 (attention_bias: all four)
-    "mixtral": _same,
+    # issue 44. Llama's layer: Mixtral, PhiMoE (the window on every
+    # layer, as Mistral's), Ministral and CWM (window layers from
+    # layer_types), never a bias (as Mistral); Arcee, Gemma, Jais 2
+    # (attention_bias: all four)
+    "mixtral": _no_bias,
     "phimoe": _same,
-    "ministral": _same,
-    "cwm": _same,
+    "ministral": _no_bias,
+    "cwm": _no_bias,
     "arcee": _same,
     "gemma": _same,
     "jais2": _same,
