@@ -20,7 +20,6 @@ from ..hf.families import layer_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 ATLAS = ROOT / "book" / "data" / "atlas.json"
-FIXTURES = ROOT / "tests" / "fixtures"
 
 KINDS = (
     "decoder",
@@ -200,27 +199,18 @@ def scores(row) -> str:
 
 
 def gates(row) -> str:
+    """An output gate among the attention's parameters, a gate folded
+    into ``q_proj`` (twice the width ``o_proj`` reads), sink logits."""
     p = _params(row)
     parts = []
     if any("gate" in n.split(".")[0] or n.startswith("g_") for n in p):
         parts.append("output gate")
-    s = row.get("summary", {})
-    q = p.get("q_proj.weight")
-    h, d = s.get("heads"), s.get("head_dim")
-    if q and isinstance(h, int) and isinstance(d, int):
-        # the tiny model's own widths: 4 heads of 16 unless it kept others
-        tiny = _tiny_heads(row)
-        if tiny and q[0] == 2 * tiny:
-            parts.append("gate in q_proj")
+    q, o = p.get("q_proj.weight"), p.get("o_proj.weight")
+    if q and o and q[0] == 2 * o[1]:
+        parts.append("gate in q_proj")
     if "sinks" in p:
         parts.append("sinks")
     return ", ".join(parts) or "—"
-
-
-def _tiny_heads(row):
-    """Query width of the tiny model's attention, from o_proj's input."""
-    o = _params(row).get("o_proj.weight")
-    return o[1] if o else None
 
 
 _CACHE_NAMES = {
@@ -257,18 +247,6 @@ def builds(row) -> tuple[str, str]:
     return "built", ""
 
 
-def fixture(row) -> Path | None:
-    """The reference fixture that checks the family, if there is one."""
-    mt = row.get("text_model_type") or row["model_type"]
-    for path in (
-        FIXTURES / f"{mt}.npz",
-        FIXTURES / "families" / f"{mt}.npz",
-    ):
-        if path.exists():
-            return path
-    return None
-
-
 def table_rows(data) -> list[dict]:
     """One dict per family, :data:`COLUMNS` its keys (and ``status``,
     ``detail`` for the last column)."""
@@ -289,7 +267,6 @@ def table_rows(data) -> list[dict]:
                 "cache": cache(row),
                 "status": status,
                 "detail": detail,
-                "fixture": fixture(row),
             }
         )
     return rows
