@@ -299,21 +299,46 @@ def position_tables(base, layout, rotary_dim, position, dtype):
     and ``sin`` ``[1, r/2]`` (what :class:`RopeCache` keeps), ``cos_r``
     and ``sin_r`` ``[1, r]`` spread over the pairs as
     :func:`rotate_pairs` spreads them (``-sin`` on ``a``, ``sin`` on
-    ``b``); read-only, or None where the angles overflow.
+    ``b``); read-only, or None where the angles overflow. ``position``
+    may also be a tuple of positions (``[L, r/2]`` and ``[L, r]``
+    tables, :func:`positions_tables`).
 
     Kept (``functools.lru_cache``): a decode step turns the query and the
     key of every layer by the same position, sixty rotations at
     SmolLM2's thirty layers, and the angles need computing once.
     """
+    if isinstance(position, tuple):
+        return positions_tables(base, layout, rotary_dim, position, dtype)
+    return _tables(base, layout, rotary_dim, (position,), dtype)
+
+
+# a step of a batch turns every layer by the same few positions (one per
+# sequence); tables of up to this many positions are kept
+KEPT_POSITIONS = 256
+
+
+@functools.lru_cache(maxsize=32)
+def positions_tables(base, layout, rotary_dim, positions, dtype):
+    """:func:`position_tables` of a tuple of ``L`` positions (at most
+    :data:`KEPT_POSITIONS`): ``[L, r/2]`` and ``[L, r]`` tables, kept
+    for the next layers of the same step (a serving engine's batch turns
+    its rows, one per sequence, by the same positions in every layer)."""
+    return _tables(base, layout, rotary_dim, positions, dtype)
+
+
+def _tables(base, layout, rotary_dim, positions, dtype):
+    """The tables of :func:`position_tables` for a tuple of positions,
+    the angles as :func:`rope_forward` makes them (float64)."""
     theta = rope_frequencies(rotary_dim, base=base)  # [r/2]
+    p = np.array(positions, dtype=np.float64)  # [L]
     with np.errstate(over="ignore"):
-        angles = position * theta[None, :]  # [1, r/2], float64
+        angles = p[:, None] * theta[None, :]  # [L, r/2], float64
     if not np.all(np.isfinite(angles)):
         return None
-    cos = np.cos(angles).astype(dtype)  # [1, r/2]
+    cos = np.cos(angles).astype(dtype)  # [L, r/2]
     sin = np.sin(angles).astype(dtype)
-    cos_r = np.empty((1, rotary_dim), dtype=dtype)  # [1, r]
-    sin_r = np.empty((1, rotary_dim), dtype=dtype)
+    cos_r = np.empty((len(p), rotary_dim), dtype=dtype)  # [L, r]
+    sin_r = np.empty((len(p), rotary_dim), dtype=dtype)
     cos_a, cos_b = _pairs(cos_r, layout, rotary_dim)
     cos_a[...], cos_b[...] = cos, cos
     sin_a, sin_b = _pairs(sin_r, layout, rotary_dim)
@@ -325,9 +350,10 @@ def position_tables(base, layout, rotary_dim, position, dtype):
 
 def rope_step(x, position, *, base, layout="half", rotary_dim=None):
     """:func:`rope_forward` for one position (a decode step), ``x [...,
-    1, d]``: ``(y, cache)``, the same numbers, from the kept tables of
-    :func:`position_tables`, or None where :func:`rope_forward` must
-    decide (it raises the errors).
+    1, d]``, or for a few (``position`` a tuple of ``L`` ints, ``x [...,
+    L, d]``: a batch's rows): ``(y, cache)``, the same numbers, from the
+    kept tables of :func:`position_tables`, or None where
+    :func:`rope_forward` must decide (it raises the errors).
 
     The arithmetic is :func:`rotate_pairs`' (``x cos + swap(x) sin``).
     What is left out is the work around it: turning one position of a
@@ -338,20 +364,23 @@ def rope_step(x, position, *, base, layout="half", rotary_dim=None):
     r = d if rotary_dim is None else rotary_dim
     if not (isinstance(r, (int, np.integer)) and 0 < r <= d and r % 2 == 0):
         return None  # rope_forward names what is wrong
+    L = len(position) if isinstance(position, tuple) else 1
+    if x.ndim < 2 or x.shape[-2] != L:
+        return None
     tables = position_tables(base, layout, r, position, x.dtype)
     if tables is None:
         return None
     cos, sin, cos_r, sin_r = tables
-    xr = x[..., :r]  # [..., 1, r]
-    swapped = np.empty(xr.shape, dtype=x.dtype)  # [..., 1, r]
+    xr = x[..., :r]  # [..., L, r]
+    swapped = np.empty(xr.shape, dtype=x.dtype)  # [..., L, r]
     sa, sb = _pairs(swapped, layout, r)
     xa, xb = _pairs(xr, layout, r)
     sa[...], sb[...] = xb, xa  # (a, b) -> (b, a)
     swapped *= sin_r  # (-b sin, a sin)
-    y = np.empty_like(x)  # [..., 1, d]
+    y = np.empty_like(x)  # [..., L, d]
     y[..., r:] = x[..., r:]  # features r ... d-1 pass through
     yr = y[..., :r]
-    np.multiply(xr, cos_r, out=yr)  # (a cos, b cos)
+    np.multiply(xr, cos_r, out=yr)  # (a cos, b cos): [..., L, r] * [L, r]
     yr += swapped  # (a cos - b sin, a sin + b cos)
     return y, RopeCache(cos, sin, layout, r, x.shape)
 
@@ -367,7 +396,8 @@ class Rotary:
     rotary_dim: int | None = None
 
     def forward(self, x, positions):
-        one = _one_position(x, positions)  # a decode step's position
+        # a decode step's position, or a batch's few: kept tables
+        one = _few_positions(x, positions)
         if one is not None:
             out = rope_step(
                 x,
@@ -390,21 +420,26 @@ class Rotary:
         return rope_backward(dy, cache)
 
 
-def _one_position(x, positions):
+def _few_positions(x, positions):
     """The position ``p`` (an int) when ``x [..., 1, d]`` is a float
-    array of one position and ``positions`` is ``[p]``, ``p >= 0``, with
-    an even ``d`` (what :func:`rope_step` takes); else None, and
+    array of one position and ``positions`` is ``[p]``, or the tuple of
+    ``L <= KEPT_POSITIONS`` positions of ``x [..., L, d]``, all ``>= 0``,
+    with an even ``d`` (what :func:`rope_step` takes); else None, and
     :func:`rope_forward` checks everything."""
     if not (
         isinstance(x, np.ndarray)
         and x.dtype in (np.float32, np.float64)
         and x.ndim >= 2
-        and x.shape[-2] == 1
         and x.shape[-1] % 2 == 0
         and isinstance(positions, np.ndarray)
-        and positions.shape == (1,)
+        and positions.shape == x.shape[-2:-1]
+        and 0 < positions.shape[0] <= KEPT_POSITIONS
         and positions.dtype.kind in "iu"
     ):
         return None
-    p = int(positions[0])
-    return p if p >= 0 else None
+    if positions.shape == (1,):
+        p = int(positions[0])
+        return p if p >= 0 else None
+    if positions.min() < 0 or not all_finite(x):  # rope_forward names it
+        return None
+    return tuple(positions.tolist())

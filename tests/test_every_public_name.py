@@ -983,7 +983,7 @@ exempt(
             "pretrained.gguf_file.ARCHITECTURES "
             "pretrained.gguf_file.GGUF_MAGIC pretrained.gguf_file.SMOLLM2_FILE "
             "pretrained.tokenizer.CONTROL pretrained.tokenizer.PRE_TOKENIZERS "
-            "rope.LAYOUTS softmax.SHORT_ROWS training.transformer.LAYER_KINDS "
+            "rope.KEPT_POSITIONS rope.LAYOUTS softmax.SHORT_ROWS training.transformer.LAYER_KINDS "
             "training.transformer.POSITIONS"
         ).split()
     ),
@@ -1136,6 +1136,7 @@ exempt(
     "attn_np.rope.rope_frequencies",
     "attn_np.rope.rope_permutation",
     "attn_np.rope.position_tables",
+    "attn_np.rope.positions_tables",
     "attn_np.rope_scaling.scaled_frequencies",
     "attn_np.rope_scaling.softmax_scale",
     "attn_np.rope_scaling.yarn_correction_range",

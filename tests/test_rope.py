@@ -27,6 +27,7 @@ from attn_np import (
     rope_permutation,
     rotate_pairs,
 )
+from attn_np.rope import KEPT_POSITIONS, Rotary
 
 LAYOUTS = ["half", "interleaved"]
 
@@ -411,3 +412,32 @@ def test_transformer_positions_choice():
     assert rel_error(rot[:, 0], none[:, 0]) < 1e-14
     with pytest.raises(ValueError, match="positions must be one of"):
         Transformer(**kw, positions="alibi")
+
+
+def test_a_batch_of_positions_turns_as_rope_forward_does():
+    """A few positions (a batch's rows, one per sequence) take the kept
+    tables of :func:`position_tables`: bit for bit rope_forward's."""
+    rng = np.random.default_rng(3)
+    rot = Rotary(base=10000.0, layout="interleaved", rotary_dim=6)
+    for dtype in (np.float32, np.float64):
+        x = rng.standard_normal((2, 3, 5, 8)).astype(dtype)  # [..., L, d]
+        pos = np.array([7, 0, 130, 7, 64])
+        y, saved = rot.forward(x, pos)
+        ref, ref_saved = rope_forward(
+            x, pos, base=10000.0, layout="interleaved", rotary_dim=6
+        )
+        assert y.dtype == dtype and np.array_equal(y, ref)
+        assert np.array_equal(saved.cos, ref_saved.cos)
+        dy = rng.standard_normal(x.shape).astype(dtype)
+        assert np.array_equal(
+            rot.backward(dy, saved), rope_backward(dy, ref_saved)
+        )
+    # a negative position, or more than are kept: rope_forward decides
+    with pytest.raises(ValueError, match="non-negative"):
+        rot.forward(x, np.array([1, -1, 2, 3, 4]))
+    long = rng.standard_normal((1, KEPT_POSITIONS + 1, 8))
+    pos = np.arange(KEPT_POSITIONS + 1)
+    assert np.array_equal(
+        rot.forward(long, pos)[0],
+        rope_forward(long, pos, layout="interleaved", rotary_dim=6)[0],
+    )
