@@ -49,7 +49,13 @@ from ..ffn import SwiGLU
 from ..latent import MultiHeadLatentAttention
 from ..multihead import GroupedQueryAttention
 from ..pretrained.sampling import sampler
-from .paged import PagedKVCache, padded_tables, page_hashes, paged_attention
+from .paged import (
+    PagedKVCache,
+    gathered_attention,
+    padded_tables,
+    page_hashes,
+    paged_attention,
+)
 
 
 @dataclass(eq=False)
@@ -114,6 +120,14 @@ def layer_step(layer):
     return attend
 
 
+def norm(layer, x):
+    """A norm layer's output for inference: its ``step`` where it has one
+    (RMSNorm: the same numbers, nothing kept or checked again; the rows
+    entered as checked token ids), else its ``forward``."""
+    step = getattr(layer, "step", None)
+    return layer.forward(x) if step is None else step(x)
+
+
 class ModelParts:
     """What the engine reads of a model of the book (chapter 14's
     :class:`~attn_np.pretrained.CausalLM`, chapter 5's
@@ -175,14 +189,14 @@ class ModelParts:
         return x
 
     def ffn(self, blk, x):
-        h = blk.norm2.forward(x)
+        h = norm(blk.norm2, x)
         if isinstance(blk.ffn, SwiGLU):
             return blk.ffn.forward(h, keep=False)
         return blk.ffn.forward(h)
 
     def logits(self, x):
         """``x [1, n, d]`` -> ``[n, vocab]``: final norm and head."""
-        h = self.model.norm_f.forward(x)  # [1, n, d]
+        h = norm(self.model.norm_f, x)  # [1, n, d]
         head = getattr(self.model, "head", None)
         if head is None:  # tied (chapter 14)
             return (h @ self.model.head_weight.T)[0]
@@ -524,7 +538,7 @@ class Engine:
         batch = self.layout(plan)
         x = parts.embed(batch.ids, batch.pos)[None]  # [1, T, d]
         for i, blk in enumerate(parts.blocks):
-            h = blk.norm1.forward(x)  # [1, T, d]
+            h = norm(blk.norm1, x)  # [1, T, d]
             if parts.paged[i]:
                 a = self.attention(blk.attn, parts.page_layer[i], h, batch)
             elif parts.latent[i]:
@@ -567,12 +581,15 @@ class Engine:
         if one:  # one query of each: [B] rows, tables, lengths
             rows = offs[one]
             seqs = [tables[plan[j][0].id] for j in one]
-            batch.groups.append((rows, padded_tables(seqs), pos[rows] + 1))
+            batch.groups.append(
+                (rows, padded_tables(seqs), pos[rows].astype(np.int64) + 1)
+            )
         for j, (r, s, n) in enumerate(plan):
             if n > 1:  # a chunk: its rows, its table, its length
                 rows = slice(offs[j], offs[j + 1])
+                length = np.array([s + n], dtype=np.int64)  # [1]
                 batch.groups.append(
-                    (rows, padded_tables([tables[r.id]]), [s + n])
+                    (rows, padded_tables([tables[r.id]]), length)
                 )
         return batch
 
@@ -586,17 +603,18 @@ class Engine:
         q, k, _ = layer.position(q, k, batch.pos)
         self.cache.store(li, batch.slots, k[0], v[0])
         pool = self.cache.k[li], self.cache.v[li]  # [pages, P, n_kv, d]
-        kw = dict(window=layer.window, attend=layer_step(layer))
+        # the pool's own tables, and keys and values checked when stored
+        kw = dict(check_read=False)
+        attend = layer_step(layer)
         o = np.empty((*q.shape[:-1], v.shape[-1]), q.dtype)
         for rows, tables, lengths in batch.groups:
+            args = (*pool, tables, lengths, layer.window, None, attend)
             if isinstance(rows, slice):  # a chunk: [1, n_kv, G, n, d_k]
                 qs = q[..., rows, :]
-                o[..., rows, :] = paged_attention(
-                    qs, *pool, tables, lengths, **kw
-                )
+                o[..., rows, :] = gathered_attention(qs, *args, **kw)
             else:  # a row of each of B sequences: [B, n_kv, G, 1, d_k]
                 qs = q[0][:, :, rows, None].transpose(2, 0, 1, 3, 4)
-                ob = paged_attention(qs, *pool, tables, lengths, **kw)
+                ob = gathered_attention(qs, *args, **kw)
                 # [B, n_kv, G, d_v] -> [n_kv, G, B, d_v]
                 o[0][:, :, rows] = ob[:, :, :, 0].transpose(1, 2, 0, 3)
         y, _ = layer.output(o, h)  # [1, T, d]

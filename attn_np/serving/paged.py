@@ -389,6 +389,21 @@ def paged_attention(
     """
     tables, lengths, L = _check_batch(q, k_pages, v_pages, tables, lengths)
     window = check_window(window)
+    return gathered_attention(
+        q, k_pages, v_pages, tables, lengths, window, scale, attend
+    )
+
+
+def gathered_attention(
+    q, k_pages, v_pages, tables, lengths, window, scale, attend,
+    check_read=True,
+):  # fmt: skip
+    """:func:`paged_attention` after its checks: ``tables`` a padded
+    ``[B, m]`` int array, ``lengths`` ``[B]`` ints. The engine calls it
+    with its own pool and tables (checked when it made them, and every
+    key and value checked when stored), and ``check_read=False``: the
+    positions read were written by its own checked stores."""
+    L = q.shape[3]
     P = k_pages.shape[1]
     first = np.zeros_like(lengths)  # the first key a query can see
     if window is not None:
@@ -403,7 +418,7 @@ def paged_attention(
     width = -(-L_k // P) * P  # rows of whole pages, as one gather has
     k = gather_batch(k_pages, slots, width)  # [B, n_kv, L_k, d_k]
     v = gather_batch(v_pages, slots, width)  # [B, n_kv, L_k, d_v]
-    for name, a in (("k_pages", k), ("v_pages", v)):
+    for name, a in (("k_pages", k), ("v_pages", v)) if check_read else ():
         if not all_finite(a):  # the positions read, not the whole pool
             check_finite(a, f"{name} (at the positions read)")
     mask = None if seen.all() else seen[:, None, None, :]  # [B, 1, 1, L_k]
