@@ -51,7 +51,7 @@ from ..multihead import GroupedQueryAttention
 from ..pretrained.sampling import sampler
 from .paged import (
     PagedKVCache,
-    gathered_attention,
+    _gathered_attention,
     padded_tables,
     page_hashes,
     paged_attention,
@@ -120,7 +120,7 @@ def layer_step(layer):
     return attend
 
 
-def norm(layer, x):
+def _norm(layer, x):
     """A norm layer's output for inference: its ``step`` where it has one
     (RMSNorm: the same numbers, nothing kept or checked again; the rows
     entered as checked token ids), else its ``forward``."""
@@ -189,14 +189,14 @@ class ModelParts:
         return x
 
     def ffn(self, blk, x):
-        h = norm(blk.norm2, x)
+        h = _norm(blk.norm2, x)
         if isinstance(blk.ffn, SwiGLU):
             return blk.ffn.forward(h, keep=False)
         return blk.ffn.forward(h)
 
     def logits(self, x):
         """``x [1, n, d]`` -> ``[n, vocab]``: final norm and head."""
-        h = norm(self.model.norm_f, x)  # [1, n, d]
+        h = _norm(self.model.norm_f, x)  # [1, n, d]
         head = getattr(self.model, "head", None)
         if head is None:  # tied (chapter 14)
             return (h @ self.model.head_weight.T)[0]
@@ -538,7 +538,7 @@ class Engine:
         batch = self.layout(plan)
         x = parts.embed(batch.ids, batch.pos)[None]  # [1, T, d]
         for i, blk in enumerate(parts.blocks):
-            h = norm(blk.norm1, x)  # [1, T, d]
+            h = _norm(blk.norm1, x)  # [1, T, d]
             if parts.paged[i]:
                 a = self.attention(blk.attn, parts.page_layer[i], h, batch)
             elif parts.latent[i]:
@@ -611,10 +611,10 @@ class Engine:
             args = (*pool, tables, lengths, layer.window, None, attend)
             if isinstance(rows, slice):  # a chunk: [1, n_kv, G, n, d_k]
                 qs = q[..., rows, :]
-                o[..., rows, :] = gathered_attention(qs, *args, **kw)
+                o[..., rows, :] = _gathered_attention(qs, *args, **kw)
             else:  # a row of each of B sequences: [B, n_kv, G, 1, d_k]
                 qs = q[0][:, :, rows, None].transpose(2, 0, 1, 3, 4)
-                ob = gathered_attention(qs, *args, **kw)
+                ob = _gathered_attention(qs, *args, **kw)
                 # [B, n_kv, G, d_v] -> [n_kv, G, B, d_v]
                 o[0][:, :, rows] = ob[:, :, :, 0].transpose(1, 2, 0, 3)
         y, _ = layer.output(o, h)  # [1, T, d]

@@ -389,12 +389,12 @@ def paged_attention(
     """
     tables, lengths, L = _check_batch(q, k_pages, v_pages, tables, lengths)
     window = check_window(window)
-    return gathered_attention(
+    return _gathered_attention(
         q, k_pages, v_pages, tables, lengths, window, scale, attend
     )
 
 
-def gathered_attention(
+def _gathered_attention(
     q, k_pages, v_pages, tables, lengths, window, scale, attend,
     check_read=True,
 ):  # fmt: skip
