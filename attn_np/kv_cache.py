@@ -391,6 +391,32 @@ class KVCache(CacheBuffer):
         self.append_parts({"k": k, "v": v})
         return self.keys, self.values
 
+    def append_step(self, k, v):
+        """:meth:`append` for a layer's decode step: one position's keys
+        ``[B, n_kv, 1, d_k]`` and values ``[B, n_kv, 1, d_v]`` that the
+        layer made itself from an input it checked, written into the next
+        column without the checks of :meth:`append` when they fit the
+        buffer as it is (its layout and dtype, a free column, no window);
+        anything else goes through :meth:`append`. Returns every cached
+        key and value (views)."""
+        buf, n = self._buf, self._len
+        if (
+            self.window is not None
+            or buf is None
+            or n >= buf.shape[-1]
+            or k.dtype != buf.dtype
+            or v.dtype != buf.dtype
+            or k.shape[:-1] != buf.shape[:-2] + (1,)
+            or v.shape[:-1] != k.shape[:-1]
+            or (k.shape[-1], v.shape[-1]) != self._widths
+        ):
+            return self.append(k, v)
+        d_k = self._widths[0]
+        buf[..., :d_k, n] = k[..., 0, :]  # [B, n_kv, d_k] into column n
+        buf[..., d_k:, n] = v[..., 0, :]
+        self._len, self._seen = n + 1, self._seen + 1
+        return self.keys, self.values
+
     def step(self, q, k, v, rotary=None):
         """A layer's chunk over this cache: ``q [B, n_kv, G, L, d_k]`` and
         ``k`` rotated at the chunk's positions ``len(self) ...`` (by

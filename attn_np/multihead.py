@@ -59,7 +59,7 @@ from .heads import (
     still_side_by_side,
 )
 from .kv_cache import KVCache
-from .rope import Rotary, check_rope_settings, check_rotary
+from .rope import Rotary, check_rope_settings, check_rotary, rope_step
 
 # the chapter-2 names of the key/value head split (kept for old imports)
 split_kv, merge_kv = split_heads, merge_heads
@@ -303,6 +303,14 @@ class GroupedQueryAttention:
         check_flag(causal, "causal")
         x3, unbatched = check_layer_input(x, self.d_model, _name(kv_cache))
         self.check_cache(kv_cache, x3)
+        if (
+            mask is None
+            and positions is None
+            and self._one_token(kv_cache, x3)
+        ):
+            y = self._decode_one(x3, kv_cache)  # [B, 1, d_model]
+            self._cache = None
+            return y[0] if unbatched else y
         # [B, n_kv, G, L, d_k], [B, n_kv, L, d_k], [B, n_kv, L, d_v]
         q, k, v = self.project(x3)
         rope, rotary = None, self.rotary
@@ -327,6 +335,51 @@ class GroupedQueryAttention:
             else (x3, out, self._att, rope, unbatched, fingerprint(x3))
         )
         return y[0] if unbatched else y
+
+    def _one_token(self, kv_cache, x3) -> bool:
+        """Whether ``x3`` is a decode step of one token over a plain
+        :class:`~attn_np.KVCache` (every position held, none rotated by
+        slot) in a layer of the plain parts: :meth:`_decode_one` takes
+        it."""
+        return (
+            x3.shape[1] == 1
+            and type(kv_cache) is KVCache
+            and kv_cache.window is None
+            and len(kv_cache) > 0
+            and self.projection is None
+            and self.out_projection is None
+            and type(self.rotary) in (Rotary, type(None))
+            and self._plain_step({"causal": True})
+        )
+
+    def _decode_one(self, x3, kv_cache):
+        """:meth:`forward`'s numbers for one token ``x3 [B, 1, d_model]``
+        over a plain cache, with the steps in between left out: the
+        position is the cache's length, the rotation the kept tables of
+        :func:`~attn_np.rope.rope_step`, the keys and values written
+        into the cache's next column without checking them again
+        (:meth:`~attn_np.KVCache.append_step`: made here from the input
+        just checked; an overflow shows in the scores, which are
+        checked), and the core :func:`~attn_np.grouped.
+        grouped_decode_step`. At SmolLM2's size these steps took longer
+        than the layer's arithmetic."""
+        q, k, v = self.project(x3)  # [B, n_kv, G, 1, d_k], [B, n_kv, 1, d]
+        if self.rotary is not None:
+            r, p = self.rotary, len(kv_cache)
+            kw = dict(base=r.base, layout=r.layout, rotary_dim=r.rotary_dim)
+            q, k = rope_step(q, p, **kw), rope_step(k, p, **kw)
+            if q is None or k is None:  # rope_forward names the error
+                q, k, _ = self.position(*self.project(x3)[:2], np.array([p]))
+            else:
+                q, k = q[0], k[0]
+        K, V = kv_cache.append_step(k, v)  # [B, n_kv, n, d], views
+        o, self._att = grouped_decode_step(
+            q, K, V, self.scale, min_stacked_rows=self.min_stacked_rows
+        )  # [B, n_kv, G, 1, d_v]
+        with np.errstate(over="ignore", invalid="ignore"):  # checked:
+            y, _ = self.output(o, x3)  # [B, 1, d_model]
+        check_overflow(y, "y", "x or the weights are too large")
+        return y
 
     def project(self, x3):
         """Step 1: ``x [B, L, d_model]`` -> ``q [B, n_kv, G, L, d_k]``, ``k

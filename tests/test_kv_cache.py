@@ -328,3 +328,41 @@ def test_per_head_rows_rule():
     assert not mha.per_head_rows(1)  # G = 1: nothing to stack
     assert gqa.per_head_rows(1) and not gqa.per_head_rows(2)  # 4, 8 rows
     assert not mqa.per_head_rows(1)  # G = 16 rows: one stacked product
+
+
+@pytest.mark.parametrize("rope_layout", [None, "half", "interleaved"])
+def test_one_token_step_equals_the_general_step(rope_layout):
+    """A decode step of one token over a plain cache takes the layer's
+    short path (:meth:`_decode_one`, :meth:`KVCache.append_step`); the
+    same step at an explicit position takes the general one. Bit for bit
+    the same outputs and caches, through the cache's growth."""
+    rng = np.random.default_rng(5)
+    kw = {} if rope_layout is None else dict(rope_layout=rope_layout)
+    layer = GroupedQueryAttention(
+        32,
+        4,
+        2,
+        seed=1,
+        rope_base=None if rope_layout is None else 1e4,
+        **kw,
+    )
+    x = rng.standard_normal((2, 9, 32))
+    short, general = KVCache(initial_capacity=2), KVCache(initial_capacity=2)
+    for c in (short, general):
+        layer.forward(x[:, :3], kv_cache=c)
+    assert layer._one_token(short, x[:, 3:4])
+    for t in range(3, 9):  # the capacity doubles at 4 and at 8
+        y1 = layer.forward(x[:, t : t + 1], kv_cache=short)
+        y2 = layer.forward(
+            x[:, t : t + 1], kv_cache=general, positions=np.array([t])
+        )
+        assert np.array_equal(y1, y2)
+        assert np.array_equal(short.keys, general.keys)
+        assert np.array_equal(short.values, general.values)
+    assert len(short) == len(general) == 9
+    assert short.reallocations == general.reallocations > 0
+    # a NaN in the input is still refused, naming it
+    bad = x[:, :1].copy()
+    bad[0, 0, 3] = np.nan
+    with pytest.raises(ValueError, match="x_chunk"):
+        layer.forward(bad, kv_cache=short)
