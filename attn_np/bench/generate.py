@@ -38,7 +38,10 @@ import io
 
 import numpy as np
 
-from attn_np.instruments.blas import get_blas_threads, set_blas_threads
+from attn_np.instruments.blas import (
+    get_blas_threads,
+    set_blas_threads,
+)
 from attn_np.instruments.measure import (
     alternating_times,
     capped_rounds,
@@ -51,6 +54,7 @@ from attn_np.instruments.plotting import format_bytes
 from attn_np.pretrained import load_gguf, smollm2_path
 
 from ._help import description as _description
+from .serve import kernels_text
 
 
 def prefill_flops(config, L) -> float:
@@ -238,7 +242,8 @@ def main(argv) -> int:
     print(
         f"SmolLM2-135M-Instruct, float32, {model.n_params:,} parameters "
         f"({format_bytes(weight_bytes)}, the tied embedding once); "
-        f"{threads} BLAS thread(s); {rounds} alternating rounds"
+        f"{threads} BLAS thread(s) ({kernels_text()}); {rounds} "
+        "alternating rounds"
     )
     print(
         f"streaming read (fastest probe, median): "

@@ -20,6 +20,16 @@ Three measurements, each ratio taken in one run:
   system prompt: prompt positions computed with prefix caching over
   without (counted), and the time of the two prefills (alternating
   rounds, A/A floor).
+
+The batch's gain rests on its weight products: ``[B, d] @ [d, n]`` for
+``B`` of 1 to 8 rows reads each matrix once, and is as fast as the BLAS
+kernel for few rows. OpenBLAS holds several sets of kernels and picks one
+for the CPU when NumPy loads it; the first line names the set, and the
+environment variable ``OPENBLAS_CORETYPE`` (for example ``Haswell``),
+set before Python starts, picks another. On a CPU where the sets differ
+in their few-row products, the ratio of batch 8 to batch 1 differs with
+them; ``--threads`` matters too (a product of 8 rows is not bound by
+memory alone, so a second core helps it more than it helps one row).
 """
 
 from __future__ import annotations
@@ -28,7 +38,11 @@ import argparse
 
 import numpy as np
 
-from attn_np.instruments.blas import get_blas_threads, set_blas_threads
+from attn_np.instruments.blas import (
+    blas_kernels,
+    get_blas_threads,
+    set_blas_threads,
+)
 from attn_np.instruments.measure import (
     alternating_times,
     capped_rounds,
@@ -49,6 +63,17 @@ from attn_np.instruments.serving_lab import (
 from attn_np.pretrained import load_gguf
 
 from ._help import description as _description
+
+
+def kernels_text() -> str:
+    """Which of OpenBLAS's kernel sets runs the products: it chooses
+    one for the CPU when NumPy loads it (:func:`~attn_np.instruments.
+    blas.blas_kernels`), and a batch's products of a few rows are where
+    the sets differ most."""
+    name = blas_kernels()
+    if name is None:
+        return "not OpenBLAS"
+    return f"OpenBLAS's {name} kernels; OPENBLAS_CORETYPE chooses others"
 
 
 def parse(argv):
@@ -129,7 +154,8 @@ def throughput(model, batch, context, rounds):
     matmul = mm_flops / t["matmul"]
     lines = [
         f"decode at {context} cached positions, float32, "
-        f"{get_blas_threads()} BLAS thread(s), {capped_rounds(rounds)} "
+        f"{get_blas_threads()} BLAS thread(s) ({kernels_text()}), "
+        f"{capped_rounds(rounds)} "
         "rounds",
         f"  streaming read {np.median(stream) / 1e9:.1f} GB/s, matmul "
         f"{np.median(matmul) / 1e9:.1f} GFLOP/s (medians)",

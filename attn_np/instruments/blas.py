@@ -28,6 +28,42 @@ _PREFIXES = ("scipy_openblas", "openblas")
 _SUFFIXES = ("64_", "")
 
 
+def _corename():
+    """OpenBLAS's ``get_corename`` (the kernels it chose), or ``None``."""
+    here = os.path.dirname(np.__file__)
+    for path in glob.glob(
+        os.path.join(here, "..", "numpy.libs", "*openblas*")
+    ) + glob.glob(os.path.join(here, ".dylibs", "*openblas*")):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for prefix in _PREFIXES:
+            for suffix in _SUFFIXES:
+                fn = getattr(lib, f"{prefix}_get_corename{suffix}", None)
+                if fn is not None:
+                    fn.restype = ctypes.c_char_p
+                    return fn
+    return None
+
+
+def blas_kernels() -> str | None:
+    """The set of kernels OpenBLAS chose for this CPU (its "core name":
+    ``Haswell``, ``SkylakeX``, ``Zen``, ...), or ``None`` with another
+    BLAS.
+
+    A NumPy wheel's OpenBLAS holds kernels for many CPUs and picks one set
+    when NumPy loads it. The environment variable ``OPENBLAS_CORETYPE``,
+    set before Python starts, picks another. The choice matters most for
+    products of a few rows with a large matrix (a decode step of a small
+    batch), where the sets differ most."""
+    fn = _corename()
+    if fn is None:
+        return None
+    name = fn()
+    return None if name is None else name.decode(errors="replace")
+
+
 def _openblas():
     """``(get, set)`` functions of the OpenBLAS bundled with NumPy, or
     ``None``."""
