@@ -33,10 +33,11 @@ ch  chapter                              modules
                                          :mod:`.grouped`)
 10  real attention layers: biases,       :mod:`.refinements`,
     QK-norm, soft-caps, scales, gates,   :mod:`.hf` (:mod:`.hf.config`,
-    ALiBi; any HF model's layer          :mod:`.hf.families`,
-                                         :mod:`.hf.weights`,
+    ALiBi; any HF model's layer;         :mod:`.hf.families`,
+    layers that share keys and values    :mod:`.hf.weights`,
                                          :mod:`.hf.layers`,
-                                         :mod:`.hf.build`)
+                                         :mod:`.hf.build`),
+                                         :mod:`.shared_kv`
 11  long context: RoPE scaling, NoPE     :mod:`.long_context`
     layers, chunked attention
 12  linear attention, DeltaNet, Gated    :mod:`.linear` (per operation:

@@ -524,9 +524,13 @@ class GroupedQueryAttention:
 
     # -----------------------------------------------------------------
     # backward
-    def backward(self, dy):
+    def backward(self, dy, dkv=None):
         """Gradient with respect to ``x``; fills ``self.grads`` (same keys as
-        ``self.params``)."""
+        ``self.params``). ``dkv = (dk, dv)``: gradients of the keys and
+        values the forward attended (``[B, n_kv, L, d_k]``, ``[B, n_kv, L,
+        d_v]``, after the rotation) from other uses of them: the layers
+        that read them (:mod:`attn_np.shared_kv`), added to this layer's
+        own before they go back through the rotation and ``W_k``, ``W_v``."""
         if self._cache is None:
             raise RuntimeError(
                 "backward needs a preceding forward without kv_cache "
@@ -552,6 +556,8 @@ class GroupedQueryAttention:
         del do  # read: freed before the projections' gradients
         for name in g.keys() - {"q", "k", "v"}:  # sinks, score mods' params
             self.grads[name] = g.pop(name).reshape(self.params[name].shape)
+        if dkv is not None:  # every use of k and v adds up
+            g["k"], g["v"] = _add_kv_grads(g["k"], g["v"], dkv)
         self.position_backward(g, rope)  # g["q"], g["k"] turned back
         dx = self.project_backward(x3, g)  # consumes g
         if dx_out is not None:  # an output step that reads x
@@ -753,6 +759,26 @@ def check_step_parts(*parts):
                 f"forward and backward, got {part!r}"
             )
     return [p for p in parts if p is not None]
+
+
+def _add_kv_grads(dk, dv, dkv):
+    """``dk + dkv[0]``, ``dv + dkv[1]``: the gradients of shared keys and
+    values, checked against the layer's own."""
+    if not (isinstance(dkv, tuple) and len(dkv) == 2):
+        raise TypeError(
+            f"dkv must be a tuple (dk, dv), got {type(dkv).__name__}"
+        )
+    out = []
+    for name, mine, theirs in (("dk", dk, dkv[0]), ("dv", dv, dkv[1])):
+        theirs = as_float_array(theirs, name)
+        if theirs.shape != mine.shape:
+            raise ValueError(
+                f"{name} must have the shape of the layer's "
+                f"{name[1:]} {mine.shape}, got {theirs.shape}"
+            )
+        check_finite(theirs, name)
+        out.append(mine + theirs)
+    return out
 
 
 def check_positions(positions, L, kv_cache):

@@ -48,8 +48,8 @@ import attn_np
 from attn_np import ffn as ffn_mod
 from attn_np import norms as norms_mod
 from attn_np import refinements as ref
+from attn_np import shared_kv, training
 from attn_np import sparse as sp
-from attn_np import training
 from attn_np import windows as win
 from attn_np.cross import CrossAttention
 from attn_np.linear import conv, gates
@@ -176,6 +176,36 @@ def layer(make, x, *, fw=None, **fw_kw):
         dname = next(iter(inspect.signature(m.backward).parameters))
         calls.append(Call("backward", backward, **{dname: n(*y.shape)}))
     return calls
+
+
+def _reader_calls(x):
+    """A KVReader's forward with the producer's k and v (a tuple: each
+    spoiled in turn) and its backward."""
+
+    def make():
+        producer = attn_np.GroupedQueryAttention(8, 2, 1, rope_base=1e4)
+        producer.forward(x, causal=True)
+        reader = shared_kv.KVReader(8, 2, 1, rope_base=1e4, seed=1)
+        return reader, shared_kv.shared_kv(producer)
+
+    reader, (k, v) = make()
+    y = reader.forward(x, (k, v))
+
+    def backward(dy):
+        r, kv = make()
+        r.forward(x, kv)
+        return r.backward(dy)
+
+    return [
+        Call(
+            "forward",
+            lambda x, k, v: make()[0].forward(x, (k, v)),
+            x=x,
+            k=np.array(k),
+            v=np.array(v),
+        ),  # fmt: skip
+        Call("backward", backward, dy=n(*y.shape)),
+    ]
 
 
 def one(*calls):
@@ -720,6 +750,14 @@ def _layers():
             ),
             x,
         ),
+        "attn_np.shared_kv.KVReader": lambda: _reader_calls(x),
+        "attn_np.shared_kv.SharedKVStack": lambda: layer(
+            lambda: shared_kv.SharedKVStack(
+                attn_np.GroupedQueryAttention(8, 2, 1, rope_base=1e4),
+                [shared_kv.KVReader(8, 2, 1, rope_base=1e4, seed=1)],
+            ),
+            x,
+        ),
         "attn_np.cross.CrossAttention": lambda: layer(
             lambda: CrossAttention(8, 2), x, fw=dict(memory=n(1, 4, 8))
         ),
@@ -1152,6 +1190,7 @@ exempt(
     "takes functions, layers, models or records, not arrays of numbers: "
     "the arrays inside reach the covered forwards, which check them",
     "attn_np.convert.mha_to_gqa",
+    "attn_np.shared_kv.shared_kv",
     "attn_np.masks.and_masks",
     "attn_np.masks.evaluate_mask",
     "attn_np.speculative.verify_tree",
