@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from attn_np.hf.families import NAMES
 from attn_np.instruments import atlas
@@ -50,3 +51,17 @@ def test_the_table_escapes_what_it_shows_and_carries_its_filter():
     page = atlas.html_table([row], {})
     assert "x&lt;y" in page and "a &amp; b" in page and "<b>" not in page
     assert "atlas-find" in page and "addEventListener" in page
+
+
+def test_a_refused_family_names_the_part_it_needs():
+    """A family examined and refused shows the part its attention needs,
+    never only that it is refused."""
+    rows = {r["family"]: r for r in atlas.table_rows(atlas.load())}
+    diff = rows.get("diffllama")
+    if diff is None or diff["status"] == "built":
+        pytest.skip("diffllama is not a refused row of this record")
+    assert diff["detail"].startswith("needs differential attention")
+    details = {
+        r["detail"] for r in rows.values() if r["status"] == "refused"
+    }
+    assert "family not admitted" not in details

@@ -231,18 +231,23 @@ def cache(row) -> str:
 
 
 def builds(row) -> tuple[str, str]:
-    """``(status, detail)``: ``("built", "")``, or ``("refused", the
-    first clause of attention_from_hf's message)``, for the family's
-    default config."""
+    """``(status, detail)``: ``("built", "")``, or ``("refused", why)``
+    for the family's default config: the part its attention needs (a
+    family examined and refused), "family not examined", or the first
+    clause of attention_from_hf's message (a key it refuses)."""
     config = row.get("config")
     if not config:
         return "refused", "no config"
     try:
         layer_settings(config, 0)
     except (ValueError, TypeError) as err:
-        text = str(err).split(";")[0]
+        text = str(err)
+        if "its attention needs " in text:  # a family examined: the part
+            part = text.split("its attention needs ", 1)[1]
+            return "refused", "needs " + part.split(", which the library")[0]
+        text = text.split(";")[0]
         if text.startswith("config model_type="):
-            return "refused", "family not admitted"
+            return "refused", "family not examined"
         return "refused", text
     return "built", ""
 
