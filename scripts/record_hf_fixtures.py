@@ -323,6 +323,17 @@ def record(
     )
 
 
+def _gdn_state(cache, i):
+    """A Gated DeltaNet layer's cached states (its recurrent state and its
+    convolution's), or nothing for an attention layer."""
+    try:  # HF refuses for a full-attention layer
+        rec = cache.get_recurrent_state(i, state_idx=0)
+    except ValueError:
+        return {}
+    conv = cache.get_conv_state(i, state_idx=0)
+    return {"recurrent_state": rec.clone(), "conv_state": conv.clone()}
+
+
 def cfg(cls, **kw):
     return cls(**{**BASE, **kw})
 
@@ -541,14 +552,6 @@ def families():
         ),
     )
 
-    def gdn_state(cache, i):
-        try:  # HF refuses for a full-attention layer
-            rec = cache.get_recurrent_state(i, state_idx=0)
-        except ValueError:
-            return {}
-        conv = cache.get_conv_state(i, state_idx=0)
-        return {"recurrent_state": rec.clone(), "conv_state": conv.clone()}
-
     yield (
         "qwen3_next",
         lambda: record(
@@ -575,7 +578,7 @@ def families():
             "Qwen3-Next: layer 0 Gated DeltaNet (2 key heads, 4 value heads, "
             "d 8, conv 4), layer 1 gated full attention with QK-norm and "
             "partial RoPE 0.25",
-            states=gdn_state,
+            states=_gdn_state,
         ),
     )
     # The scaled-RoPE families (chapter 11).
@@ -1553,6 +1556,36 @@ MORE = {
         "EXAONE MoE: EXAONE 4's attention (layer 1 full and NoPE)",
     ),
 }
+# Qwen3.5: a Gated DeltaNet layer (its projections split) and a gated
+# full-attention layer, as Qwen3-Next's fixture has them
+_QWEN35 = dict(
+    layer_types=["linear_attention", "full_attention"],
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+    },
+)
+MORE["qwen3_5_text"] = (
+    _QWEN35,
+    [0, 1],
+    "Qwen3.5's text model: layer 0 Gated DeltaNet with in_proj_qkv, "
+    "in_proj_z, in_proj_b, in_proj_a (2 key heads, 4 value heads, d 8, "
+    "conv 4), layer 1 Qwen3-Next's gated attention, partial RoPE 0.25",
+)
+MORE["qwen3_5_moe_text"] = (
+    dict(_QWEN35, num_experts=2, num_experts_per_tok=1,
+         moe_intermediate_size=16, shared_expert_intermediate_size=16),
+    [0, 1],
+    "Qwen3.5-MoE's text model: Qwen3.5's two layers (an MoE MLP)",
+)  # fmt: skip
+# families whose fixtures keep a Gated DeltaNet layer's cached states
+_GDN_MORE = ("qwen3_5_text", "qwen3_5_moe_text")
 _TINY_MOE_FAMILIES = ("aria_text", "hy_v3", "sarvam_moe", "exaone_moe")
 # a tiny mixture of experts, given to a family's config only where its
 # class has the key (its defaults are a released model's hundred experts)
@@ -1582,7 +1615,8 @@ def more_families():
                 moe = {k: v for k, v in _TINY_MOE.items() if hasattr(has, k)}
                 kw = {**moe, **kw}
             config = cls(**{**BASE, **kw})
-            record(name, config, layers, notes, folder=FAMILIES_OUT)
+            extra = {"states": _gdn_state} if name in _GDN_MORE else {}
+            record(name, config, layers, notes, folder=FAMILIES_OUT, **extra)
 
         yield name, job
 

@@ -202,3 +202,31 @@ def test_attention_bias_is_ignored_where_hf_ignores_it(family):
     config.update(model_type=family, attention_bias=True)
     _, _, kw, _ = layer_settings(config, 0)
     assert kw["biases"] == ()
+
+
+def test_qwen35_reads_its_split_projections_and_text_positions():
+    """Qwen3.5's Gated DeltaNet keeps in_proj_qkv, in_proj_z, in_proj_b
+    and in_proj_a (Qwen3-Next's fused in_proj_qkvz and in_proj_ba are
+    refused by name); multimodal RoPE's keys leave a text layer's
+    rotation as it is."""
+    path = FAMILY_FIXTURES / "qwen3_5_text.npz"
+    f = np.load(path)
+    cfg = json.loads(str(f["config"]))
+    state = {
+        k.split("param.")[1]: f[k] for k in f.files if "layer0.param" in k
+    }
+    assert "in_proj_qkv.weight" in state
+    fused = dict(state, **{"in_proj_qkvz.weight": state["in_proj_z.weight"]})
+    with pytest.raises(ValueError, match="unexpected.*in_proj_qkvz"):
+        attention_from_hf(cfg, 0, fused)
+    mm = dict(cfg)
+    mm["rope_parameters"] = dict(
+        cfg["rope_parameters"],
+        mrope_section=[1, 1, 0],
+        mrope_interleaved=True,
+    )
+    assert _kw(mm, 1) == _kw(cfg, 1)
+    other = dict(cfg, model_type="qwen3_next")  # Qwen3-Next reads them not
+    other["rope_parameters"] = mm["rope_parameters"]
+    with pytest.raises(ValueError, match="mrope"):
+        layer_settings(other, 1)

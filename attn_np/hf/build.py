@@ -49,8 +49,9 @@ def attention_from_hf(
     ``index_head_dim``, ``index_topk``), Qwen3-Next (its
     ``linear_attention`` layers are chapter 12's Gated DeltaNet, its
     weights read by ``gated_deltanet_from_hf``; ``kv_cache`` is then a
-    ``StateCache``), Llama 4's attention (chunked and NoPE layers) and 39
-    more decoder families, each a small difference from Llama's layer
+    ``StateCache``; Qwen3.5's the same, with its projections split),
+    Llama 4's attention (chunked and NoPE layers) and the other decoder
+    families, each a small difference from Llama's layer
     (``attn_np.hf.families.FAMILIES``: Mixtral, Gemma, OLMo 3, SmolLM3,
     Granite, Cohere 2, ERNIE 4.5, GLM-4, ...). RoPE
     as ``rope_theta``/``rope_scaling``/``partial_rotary_factor`` at the

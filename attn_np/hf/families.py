@@ -6,7 +6,8 @@ Every other q/k/v/o family is a difference from it, one small function
 in :data:`FAMILIES`, the way ``transformers``' ``modular_*.py`` files
 define a model as a diff of another (Qwen2: ``biases = q, k, v``; Qwen3:
 ``qk_norm = "head"``; ...). Falcon, the latent families (DeepSeek) and
-Qwen3-Next's ``linear_attention`` layers are layers of their own.
+Qwen3-Next's and Qwen3.5's ``linear_attention`` layers are layers of
+their own.
 
 Issue 44 admits every other decoder family of ``transformers`` 5.24.0
 that these parts build exactly (each matched by
@@ -63,6 +64,10 @@ from .keys import (
     _REFUSED,
 )
 from .layers import HFAttention, HFLatentAttention, HFSparseLatentAttention
+from .weights import SPLIT_LINEAR_TYPES as _SPLIT_TYPES
+
+# the families whose linear_attention layers are a Gated DeltaNet
+_GATED_DELTANET = ("qwen3_next", *_SPLIT_TYPES)
 
 
 def layer_settings(config, layer_idx=0):
@@ -499,6 +504,10 @@ FAMILIES = {
     "olmo2": _olmo2,
     "gpt_oss": _gpt_oss,
     "qwen3_next": _qwen3_next,
+    # Qwen3.5: Qwen3-Next's attention; its Gated DeltaNet keeps q, k, v,
+    # z, b and a in projections of their own (hf.weights)
+    "qwen3_5_text": _qwen3_next,
+    "qwen3_5_moe_text": _qwen3_next,
     "llama4_text": _llama4,
     # issue 44. Llama's layer: Mixtral, PhiMoE (the window on every
     # layer, as Mistral's), Ministral and CWM (window layers from
@@ -627,8 +636,10 @@ def _decoder(cfg, model_type, layer_idx):
     cfg = _class_layer_types(cfg, model_type)
     layer_idx = _layer_index(cfg, layer_idx)
     layer_type = _layer_type(cfg, layer_idx)
-    if layer_type == "linear_attention" and model_type == "qwen3_next":
+    if layer_type == "linear_attention" and model_type in _GATED_DELTANET:
         return _linear(cfg)
+    if model_type in _SPLIT_TYPES:
+        cfg = _text_positions(cfg)
     if layer_type not in (None, FULL, SLIDING, "chunked_attention"):
         raise ValueError(
             f"layer {layer_idx} has layer type {layer_type!r}, which "
@@ -645,6 +656,25 @@ def _decoder(cfg, model_type, layer_idx):
     layout = {"kind": "proj", "gate_rows": False}
     FAMILIES[model_type](cfg, layer_idx, layer_type, kw, layout)
     return HFAttention, args, kw, layout
+
+
+# multimodal RoPE's keys (Qwen3-VL, Qwen3.5): how the angles of a token's
+# three positions (time, height, width) share the frequencies
+_MROPE_KEYS = ("mrope_section", "mrope_interleaved")
+
+
+def _text_positions(cfg):
+    """``cfg`` without the multimodal RoPE keys of its ``rope_parameters``.
+    Qwen3.5 turns each token by three positions (time, height, width),
+    each over its own share of the frequencies (``mrope_section``); a
+    text token has the same position on all three, so every frequency
+    turns by that one position: the plain RoPE the layer builds, with the
+    same base and partial factor (the fixture matches to 1e-15)."""
+    rope = cfg.get("rope_parameters")
+    if not isinstance(rope, dict) or not set(rope) & set(_MROPE_KEYS):
+        return cfg
+    rope = {k: v for k, v in rope.items() if k not in _MROPE_KEYS}
+    return {**cfg, "rope_parameters": rope}
 
 
 # ------------------------------------------------ layers of their own
@@ -696,7 +726,9 @@ def _linear(cfg):
         conv_size=count(cfg, "linear_conv_kernel_dim"),
         eps=number(cfg, "rms_norm_eps", 1e-6),
     )
-    return GatedDeltaNet, args, kw, {"kind": "linear", "config": cfg}
+    split = cfg.get("model_type") in _SPLIT_TYPES  # Qwen3.5's
+    layout = {"kind": "linear", "config": cfg, "split": split}
+    return GatedDeltaNet, args, kw, layout
 
 
 def _mla(cfg, model_type, layer_idx):

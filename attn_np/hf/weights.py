@@ -11,7 +11,9 @@ out]``; some families fuse or interleave projections:
   key and value rows, and V3.2's indexer (:func:`indexer_to_hf`);
 * Qwen3-Next's Gated DeltaNet (:func:`gated_deltanet_from_hf`,
   :func:`gated_deltanet_grads_to_hf`): ``in_proj_qkvz`` grouped by key
-  head, ``in_proj_ba``, one ``conv1d`` over ``[q | k | v]``.
+  head, ``in_proj_ba``, one ``conv1d`` over ``[q | k | v]``; Qwen3.5's
+  the same layer with ``in_proj_qkv`` (``[q | k | v]``), ``in_proj_z``,
+  ``in_proj_b`` and ``in_proj_a`` each its own (:data:`SPLIT_LINEAR_TYPES`).
 """
 
 from __future__ import annotations
@@ -337,7 +339,8 @@ def load_linear(layer, layout, state_dict, dtype):
 def linear_to_hf(layer, d):
     view = copy.copy(layer)  # the same layer, reading d as its grads
     view.grads = d
-    return gated_deltanet_grads_to_hf(view)
+    split = layer.hf_layout.get("split", False)
+    return gated_deltanet_grads_to_hf(view, split=split)
 
 
 # ------------------------------------------------ Qwen3-Next's linear layer
@@ -350,6 +353,20 @@ HF_LINEAR_KEYS = (
     "norm.weight",
     "out_proj.weight",
 )
+# Qwen3.5's layer: the same Gated DeltaNet, its projections split
+HF_LINEAR_SPLIT_KEYS = (
+    "in_proj_qkv.weight",
+    "in_proj_z.weight",
+    "in_proj_b.weight",
+    "in_proj_a.weight",
+    "conv1d.weight",
+    "A_log",
+    "dt_bias",
+    "norm.weight",
+    "out_proj.weight",
+)
+# the model types whose linear_attention layers keep the split projections
+SPLIT_LINEAR_TYPES = ("qwen3_5_text", "qwen3_5_moe_text")
 _LINEAR_CONFIG = (
     "hidden_size",
     "linear_num_key_heads",
@@ -382,7 +399,9 @@ def _linear_dims(config) -> dict:
             f"gate's activation), got {act!r}"
         )
     d, n_k, n_v, d_k, d_v, K = (count(cfg, k) for k in _LINEAR_CONFIG)
-    return dict(d=d, n_k=n_k, n_v=n_v, d_k=d_k, d_v=d_v, K=K, cfg=cfg)
+    split = cfg.get("model_type") in SPLIT_LINEAR_TYPES
+    return dict(d=d, n_k=n_k, n_v=n_v, d_k=d_k, d_v=d_v, K=K, cfg=cfg,
+                split=split)  # fmt: skip
 
 
 def _linear_state(state_dict, s) -> dict:
@@ -392,29 +411,41 @@ def _linear_state(state_dict, s) -> dict:
             "state_dict must be a dict of arrays, got "
             f"{type(state_dict).__name__}"
         )
-    extra = sorted(set(state_dict) - set(HF_LINEAR_KEYS))
+    keys = HF_LINEAR_SPLIT_KEYS if s["split"] else HF_LINEAR_KEYS
+    extra = sorted(set(state_dict) - set(keys))
     if extra:
         raise ValueError(
             f"state_dict does not fit this layer: unexpected {extra} "
-            "(names without the 'model.layers.{i}.linear_attn.' prefix)"
+            "(names without the 'model.layers.{i}.linear_attn.' prefix; "
+            f"a {s['cfg'].get('model_type')} layer has {', '.join(keys)})"
         )
-    gone = [k for k in HF_LINEAR_KEYS if k not in state_dict]
+    gone = [k for k in keys if k not in state_dict]
     if gone:
         raise ValueError(
             f"state_dict lacks {', '.join(gone)} (keys are expected without "
             "the 'model.layers.{i}.linear_attn.' prefix)"
         )
     d, n_k, n_v, d_k, d_v, K = (s[k] for k in "d n_k n_v d_k d_v K".split())
-    expect = {
-        "in_proj_qkvz.weight": (2 * n_k * d_k + 2 * n_v * d_v, d),
-        "in_proj_ba.weight": (2 * n_v, d),
+    if s["split"]:  # Qwen3.5: [q | k | v], z, b, a, each its own
+        expect = {
+            "in_proj_qkv.weight": (2 * n_k * d_k + n_v * d_v, d),
+            "in_proj_z.weight": (n_v * d_v, d),
+            "in_proj_b.weight": (n_v, d),
+            "in_proj_a.weight": (n_v, d),
+        }
+    else:  # Qwen3-Next: grouped by key head
+        expect = {
+            "in_proj_qkvz.weight": (2 * n_k * d_k + 2 * n_v * d_v, d),
+            "in_proj_ba.weight": (2 * n_v, d),
+        }
+    expect |= {
         "conv1d.weight": (2 * n_k * d_k + n_v * d_v, 1, K),
         "A_log": (n_v,),
         "dt_bias": (n_v,),
         "norm.weight": (d_v,),
         "out_proj.weight": (d, n_v * d_v),
     }
-    sd = {k: np.asarray(state_dict[k]) for k in HF_LINEAR_KEYS}
+    sd = {k: np.asarray(state_dict[k]) for k in keys}
     for name, shape in expect.items():
         a = sd[name]
         if a.dtype.kind != "f":  # an int or complex weight is a mistake
@@ -440,20 +471,8 @@ def _linear_params(sd, s) -> dict:
     """HF's layout -> the layer's ``params`` (``W [in, out]``)."""
     d, n_k, n_v, d_k, d_v = (s[k] for k in "d n_k n_v d_k d_v".split())
     G = n_v // n_k
-    # [out, d] -> [d, n_k, q | k | v | z]
-    qkvz = sd["in_proj_qkvz.weight"].T.reshape(d, n_k, -1)
-    q, k, v, z = np.split(
-        qkvz, np.cumsum([d_k, d_k, G * d_v]), axis=-1
-    )  # [d, n_k, d_k], ..., [d, n_k, G*d_v]
-    ba = sd["in_proj_ba.weight"].T.reshape(d, n_k, 2 * G)
-    conv = sd["conv1d.weight"][:, 0, :].T  # [K, ch]
-    return {
-        "W_q": q.reshape(d, n_k * d_k),
-        "W_k": k.reshape(d, n_k * d_k),
-        "W_v": v.reshape(d, n_v * d_v),
-        "W_z": z.reshape(d, n_v * d_v),
-        "W_b": ba[..., :G].reshape(d, n_v),
-        "W_a": ba[..., G:].reshape(d, n_v),
+    conv = sd["conv1d.weight"][:, 0, :].T  # [K, ch]: ch = [q | k | v]
+    common = {
         "conv_q": conv[:, : n_k * d_k],
         "conv_k": conv[:, n_k * d_k : 2 * n_k * d_k],
         "conv_v": conv[:, 2 * n_k * d_k :],
@@ -461,6 +480,32 @@ def _linear_params(sd, s) -> dict:
         "dt_bias": sd["dt_bias"],
         "norm": sd["norm.weight"],
         "W_o": sd["out_proj.weight"].T,
+    }
+    if s["split"]:  # [out, d] -> [d, out]; v head j reads key head j // G
+        qkv = sd["in_proj_qkv.weight"].T  # [d, 2 n_k d_k + n_v d_v]
+        return {
+            "W_q": qkv[:, : n_k * d_k],
+            "W_k": qkv[:, n_k * d_k : 2 * n_k * d_k],
+            "W_v": qkv[:, 2 * n_k * d_k :],
+            "W_z": sd["in_proj_z.weight"].T,
+            "W_b": sd["in_proj_b.weight"].T,
+            "W_a": sd["in_proj_a.weight"].T,
+            **common,
+        }
+    # [out, d] -> [d, n_k, q | k | v | z]
+    qkvz = sd["in_proj_qkvz.weight"].T.reshape(d, n_k, -1)
+    q, k, v, z = np.split(
+        qkvz, np.cumsum([d_k, d_k, G * d_v]), axis=-1
+    )  # [d, n_k, d_k], ..., [d, n_k, G*d_v]
+    ba = sd["in_proj_ba.weight"].T.reshape(d, n_k, 2 * G)
+    return {
+        "W_q": q.reshape(d, n_k * d_k),
+        "W_k": k.reshape(d, n_k * d_k),
+        "W_v": v.reshape(d, n_v * d_v),
+        "W_z": z.reshape(d, n_v * d_v),
+        "W_b": ba[..., :G].reshape(d, n_v),
+        "W_a": ba[..., G:].reshape(d, n_v),
+        **common,
     }
 
 
@@ -499,11 +544,29 @@ def gated_deltanet_from_hf(config, state_dict, *, dtype=None, **kwargs):
     return layer
 
 
-def gated_deltanet_grads_to_hf(layer) -> dict:
+def gated_deltanet_grads_to_hf(layer, *, split=False) -> dict:
     """The layer's ``grads`` in HF's names and layout (the inverse of
-    :func:`gated_deltanet_from_hf`), to compare with HF's gradients."""
+    :func:`gated_deltanet_from_hf`), to compare with HF's gradients;
+    ``split=True``: Qwen3.5's split projections."""
     gr = layer.grads
     d, n_k, G = layer.d_model, layer.n_k_heads, layer.group_size
+    conv = np.concatenate([gr["conv_q"], gr["conv_k"], gr["conv_v"]], axis=1)
+    common = {
+        "conv1d.weight": conv.T[:, None, :],
+        "A_log": gr["A_log"],
+        "dt_bias": gr["dt_bias"],
+        "norm.weight": gr["norm"],
+        "out_proj.weight": gr["W_o"].T,
+    }
+    if split:  # [d, q | k | v] -> [out, d]
+        qkv = np.concatenate([gr["W_q"], gr["W_k"], gr["W_v"]], axis=1)
+        return {
+            "in_proj_qkv.weight": qkv.T,
+            "in_proj_z.weight": gr["W_z"].T,
+            "in_proj_b.weight": gr["W_b"].T,
+            "in_proj_a.weight": gr["W_a"].T,
+            **common,
+        }
     qkvz = np.concatenate(
         [
             gr["W_q"].reshape(d, n_k, -1),
@@ -517,13 +580,8 @@ def gated_deltanet_grads_to_hf(layer) -> dict:
         [gr["W_b"].reshape(d, n_k, G), gr["W_a"].reshape(d, n_k, G)],
         axis=-1,
     ).reshape(d, -1)
-    conv = np.concatenate([gr["conv_q"], gr["conv_k"], gr["conv_v"]], axis=1)
     return {
         "in_proj_qkvz.weight": qkvz.T,
         "in_proj_ba.weight": ba.T,
-        "conv1d.weight": conv.T[:, None, :],
-        "A_log": gr["A_log"],
-        "dt_bias": gr["dt_bias"],
-        "norm.weight": gr["norm"],
-        "out_proj.weight": gr["W_o"].T,
+        **common,
     }
