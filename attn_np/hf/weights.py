@@ -521,7 +521,11 @@ def gated_deltanet_from_hf(config, state_dict, *, dtype=None, **kwargs):
     (``d_k`` rows), ``k`` (``d_k``), ``v`` (``G d_v``) and ``z`` (``G
     d_v``); ``in_proj_ba.weight`` likewise ``b`` (``G``) then ``a``
     (``G``). ``conv1d.weight [ch, 1, K]`` runs over the channels ``[q | k
-    | v]``. Other keyword arguments go to the layer (``mode``,
+    | v]``. A Qwen3.5 config (``model_type`` in
+    :data:`SPLIT_LINEAR_TYPES`) reads ``in_proj_qkv.weight`` (``[q | k |
+    v]`` rows; value head ``j`` reads key head ``j // G``),
+    ``in_proj_z.weight``, ``in_proj_b.weight`` and ``in_proj_a.weight``
+    instead. Other keyword arguments go to the layer (``mode``,
     ``chunk_size``).
     """
     s = _linear_dims(config)
