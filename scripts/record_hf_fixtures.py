@@ -1584,9 +1584,21 @@ MORE["qwen3_5_moe_text"] = (
     [0, 1],
     "Qwen3.5-MoE's text model: Qwen3.5's two layers (an MoE MLP)",
 )  # fmt: skip
+MORE["afmoe"] = (
+    dict(sliding_window=4, layer_types=_TWO),
+    [0, 1],
+    "AFMoE: layer 0 sliding 4 with RoPE, layer 1 full and NoPE; per-head "
+    "QK RMSNorm and an output gate sigmoid(gate_proj(x)) on both",
+)
 # families whose fixtures keep a Gated DeltaNet layer's cached states
 _GDN_MORE = ("qwen3_5_text", "qwen3_5_moe_text")
-_TINY_MOE_FAMILIES = ("aria_text", "hy_v3", "sarvam_moe", "exaone_moe")
+_TINY_MOE_FAMILIES = (
+    "aria_text",
+    "hy_v3",
+    "sarvam_moe",
+    "exaone_moe",
+    "afmoe",
+)
 # a tiny mixture of experts, given to a family's config only where its
 # class has the key (its defaults are a released model's hundred experts)
 _TINY_MOE = dict(

@@ -157,7 +157,7 @@ def test_an_admitted_family_refuses_what_it_lacks(name, change, match):
         ("nanochat", "RoPE turned the other way"),
         ("diffllama", "differential attention"),
         ("phi3", "fused qkv_proj"),
-        ("afmoe", "output gate from its own gate_proj"),
+        ("laguna", "output gate from its own g_proj"),
         ("glm4_moe_lite", "multi-head latent attention"),
     ],
 )
@@ -230,3 +230,27 @@ def test_qwen35_reads_its_split_projections_and_text_positions():
     other["rope_parameters"] = mm["rope_parameters"]
     with pytest.raises(ValueError, match="mrope"):
         layer_settings(other, 1)
+
+
+def test_afmoe_gates_from_its_own_projection_and_turns_window_layers():
+    """AFMoE: RoPE on the window layers only, an elementwise output gate
+    from gate_proj; without layer_types, global_attn_every_n_layers sets
+    which layers are full, as AfmoeConfig writes them."""
+    cfg = _config("afmoe")
+    assert [_kw(cfg, i)["use_rope"] for i in (0, 1)] == [True, False]
+    assert _kw(cfg, 0)["gate"] == "elementwise"
+    assert layer_settings(cfg, 0)[3]["gate_proj"] == "gate_proj"
+    flat = {**cfg, "num_hidden_layers": 6, "global_attn_every_n_layers": 3}
+    del flat["layer_types"]
+    windows = [_kw(flat, i)["window"] for i in range(6)]
+    assert windows == [4, 4, None, 4, 4, None]
+    assert [_kw(flat, i)["use_rope"] for i in range(6)] == [
+        True,
+        True,
+        False,
+        True,
+        True,
+        False,
+    ]
+    with pytest.raises(ValueError, match="global_attn_every_n_layers"):
+        layer_settings({**_config("arcee"), "global_attn_every_n_layers": 2})

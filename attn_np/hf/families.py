@@ -454,6 +454,17 @@ def _rope_if_windowed(cfg, i, layer_type, kw, layout):
     kw["use_rope"] = kw["window"] is not None
 
 
+def _afmoe(cfg, i, layer_type, kw, layout):
+    """AFMoE (Arcee): Qwen3's per-head QK-norm, RoPE on the window layers
+    only (NoPE full layers, as Cohere 2), and an output gate from a
+    projection of its own: ``y = (o * sigmoid(x W_g)) W_o``, ``W_g``
+    HF's ``gate_proj``."""
+    _qwen3(cfg, i, layer_type, kw, layout)
+    _rope_if_windowed(cfg, i, layer_type, kw, layout)
+    kw["gate"] = "elementwise"
+    layout["gate_proj"] = "gate_proj"
+
+
 def _exaone4_rope(cfg, i, layer_type, kw, layout):
     """EXAONE 4: RoPE on the window layers, NoPE on the full ones; every
     layer turns when the config has no ``sliding_window``."""
@@ -576,6 +587,7 @@ FAMILIES = {
         _refuse("use_qk_norm", "a LayerNorm per head on q and k"),
     ),
     "cohere2": _and(_interleaved, _rope_if_windowed),
+    "afmoe": _afmoe,
     "exaone4": _and(_qwen3, _exaone4_rope),
     # Kolibri 1 is EXAONE 4's layer; Flint: QK-norm, gpt-oss's sinks,
     # RoPE on the window layers only (as Cohere 2); Mellum: QK-norm and
@@ -606,6 +618,7 @@ _CLASS_WINDOWS = {
     "phimoe": None,
     "starcoder2": None,
     "cohere2": 4,
+    "afmoe": 4,
     "exaone4": 4,
     "exaone_moe": 4,
     "kolibri1": 5,
@@ -628,6 +641,8 @@ def _class_layer_types(cfg, model_type):
     if every is None:
         return {**cfg, "layer_types": [SLIDING] * n}
     pattern = count(cfg, "sliding_window_pattern", required=False)
+    if model_type == "afmoe":  # AfmoeConfig's spelling of the pattern
+        pattern = count(cfg, "global_attn_every_n_layers", required=False)
     return {**cfg, "layer_types": list(alternate(n, pattern or every))}
 
 

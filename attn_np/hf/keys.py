@@ -92,6 +92,10 @@ _ELSEWHERE = {
     # the MoE and vocabulary of Aria, EXAONE-MoE, Hunyuan V3, Apertus 1.5
     "moe_topk",
     "num_shared_experts",
+    # AFMoE: its embedding's muP scale, dense MLP layers, router scale
+    "mup_enabled",
+    "num_dense_layers",
+    "route_scale",
     "enable_moe_fp32_combine",
     "router_scaling_factor",
     "output_vocab_size",
@@ -184,6 +188,7 @@ _ATTENTION = {
     "num_hidden_layers",
     # issue 44: biases under other keys, Granite's scale, what refuses
     "use_bias",
+    "global_attn_every_n_layers",
     "qkv_bias",
     "use_qkv_bias",
     "attention_out_bias",
@@ -197,6 +202,7 @@ _ATTENTION = {
 # layer would silently ignore it (a Llama config with qkv_bias: true).
 _FAMILY_KEYS = {
     "use_bias": ("ernie4_5", "ernie4_5_moe", "starcoder2"),
+    "global_attn_every_n_layers": ("afmoe",),
     "qkv_bias": ("qwen2_moe",),
     "use_qkv_bias": ("stablelm",),
     "attention_out_bias": ("seed_oss",),
@@ -267,7 +273,6 @@ _NOT_BUILT = {
     ),
     "lfm2": "short-convolution layers, out_proj and q_layernorm names",
     "lfm2_moe": "short-convolution layers, out_proj and q_layernorm names",
-    "afmoe": _GATE + "gate_proj (sigmoid) with NoPE full layers",
     "laguna": _GATE + "g_proj",
     "dory": _GATE + "gate_proj with sqk and s_gate",
     "beam": _GATE + "gate_proj with gate_bias",

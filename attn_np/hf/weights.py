@@ -62,6 +62,8 @@ def _hf_names(layout, layer):
             names[f"{n}_norm.weight"] = f"{n}_norm"
     if "sinks" in p:
         names["sinks"] = "sinks"
+    if layout.get("gate_proj"):  # an output gate's own projection (AFMoE)
+        names[f"{layout['gate_proj']}.weight"] = "W_g"
     return names
 
 
