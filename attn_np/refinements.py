@@ -227,12 +227,19 @@ class TemperatureCache:
     scale: np.ndarray  # [L, 1]: the factor on each query row
 
 
-def query_temperature(positions, *, floor_scale=8192.0, attn_scale=0.1):
+def query_temperature(
+    positions, *, floor_scale=8192.0, attn_scale=0.1, offset=1
+):
     """Llama 4's inference-time temperature for NoPE layers, ``[L]``:
-    ``1 + attn_scale ln(floor((p + 1) / floor_scale) + 1)``. It is 1 for
-    the first ``floor_scale - 1`` positions."""
+    ``1 + attn_scale ln(floor((p + offset) / floor_scale) + 1)``. It is 1
+    for the first ``floor_scale - offset`` positions. Llama 4 counts from
+    ``p + 1`` (``offset=1``); Ministral 3's ``llama_4_scaling_beta``
+    (``attn_scale``) over ``original_max_position_embeddings``
+    (``floor_scale``) counts from ``p`` (``offset=0``), on every layer."""
     floor_scale = check_positive_number(floor_scale, "floor_scale")
     attn_scale = check_number(attn_scale, "attn_scale")
+    if offset not in (0, 1) or isinstance(offset, bool):
+        raise ValueError(f"offset must be 0 or 1, got {offset!r}")
     p = np.asarray(positions)
     if (
         p.ndim != 1
@@ -249,12 +256,12 @@ def query_temperature(positions, *, floor_scale=8192.0, attn_scale=0.1):
                 else ""
             )
         )
-    p = p.astype(np.float64)
-    return 1.0 + attn_scale * np.log(np.floor((p + 1.0) / floor_scale) + 1.0)
+    p = p.astype(np.float64) + offset
+    return 1.0 + attn_scale * np.log(np.floor(p / floor_scale) + 1.0)
 
 
 def query_temperature_forward(
-    q, positions, *, floor_scale=8192.0, attn_scale=0.1
+    q, positions, *, floor_scale=8192.0, attn_scale=0.1, offset=1
 ):
     """``q [..., L, d]`` times the temperature of each row's position;
     ``(q2, cache)``."""
@@ -262,7 +269,10 @@ def query_temperature_forward(
     if not all_finite(q):  # two reductions; the scores of a layer too
         check_finite(q, "q")
     t = query_temperature(
-        positions, floor_scale=floor_scale, attn_scale=attn_scale
+        positions,
+        floor_scale=floor_scale,
+        attn_scale=attn_scale,
+        offset=offset,
     )
     if t.shape != (q.shape[-2],):
         raise ValueError(
@@ -296,6 +306,7 @@ class QueryTemperature:
 
     floor_scale: float = 8192.0
     attn_scale: float = 0.1
+    offset: int = 1
 
     def forward(self, s, ctx):
         # [B, n_kv, G, L_q, L_k] * [L_q, 1]
@@ -304,6 +315,7 @@ class QueryTemperature:
             ctx.q_positions,
             floor_scale=self.floor_scale,
             attn_scale=self.attn_scale,
+            offset=self.offset,
         )
 
     def backward(self, ds2, saved):
@@ -706,15 +718,16 @@ class RefinedAttention(GroupedQueryAttention):
         )
 
     def temperature(self, positions):
-        """Llama 4's NoPE query scale ``1 + a log(1 + floor((i + 1) /
+        """Llama 4's NoPE query scale ``1 + a log(1 + floor((i + c) /
         f))``, ``[L, 1]`` (:func:`query_temperature`), or None."""
         if self.query_temperature is None:
             return None
-        floor_scale, attn_scale = self.query_temperature
+        floor_scale, attn_scale, offset = self.query_temperature
         t = query_temperature(
             np.asarray(positions),
             floor_scale=floor_scale,
             attn_scale=attn_scale,
+            offset=offset,
         )
         return t[:, None]
 
@@ -808,15 +821,21 @@ def _check_refined(**kw):
     temp = kw["query_temperature"]
     if temp is not None:
         try:
-            floor_scale, attn_scale = temp
+            floor_scale, attn_scale, *rest = temp
+            (offset,) = rest or (1,)
         except (TypeError, ValueError):
             raise ValueError(
-                "query_temperature must be (floor_scale, attn_scale), "
-                f"got {temp!r}"
+                "query_temperature must be (floor_scale, attn_scale) or "
+                f"(floor_scale, attn_scale, offset), got {temp!r}"
             ) from None
+        if offset not in (0, 1) or isinstance(offset, bool):
+            raise ValueError(
+                f"query_temperature's offset must be 0 or 1, got {offset!r}"
+            )
         kw["query_temperature"] = (
             check_positive_number(floor_scale, "floor_scale"),
             check_number(attn_scale, "attn_scale"),
+            int(offset),
         )
     return _check_refined_rope(kw)
 

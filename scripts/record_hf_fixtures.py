@@ -1590,6 +1590,26 @@ MORE["afmoe"] = (
     "AFMoE: layer 0 sliding 4 with RoPE, layer 1 full and NoPE; per-head "
     "QK RMSNorm and an output gate sigmoid(gate_proj(x)) on both",
 )
+MORE["ministral3"] = (
+    dict(
+        sliding_window=4,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 1000000.0,
+            "factor": 16.0,
+            "original_max_position_embeddings": 4,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "llama_4_scaling_beta": 0.1,
+        },
+    ),
+    [0],
+    "Ministral 3: Mistral's window 4 on every layer, YaRN (factor 16 over "
+    "4 original positions, so that it bites) and the query scale "
+    "1 + 0.1 ln(1 + floor(p / 4)) after RoPE",
+)
 # families whose fixtures keep a Gated DeltaNet layer's cached states
 _GDN_MORE = ("qwen3_5_text", "qwen3_5_moe_text")
 _TINY_MOE_FAMILIES = (

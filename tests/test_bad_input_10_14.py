@@ -79,7 +79,7 @@ def test_llama4_empty_no_rope_layers_keeps_the_nope_layer():
 
 def test_llama4_defaults_floor_and_attn_scale():
     layer = attention_from_hf(scout(), 3)
-    assert layer.query_temperature == (8192.0, 0.1)
+    assert layer.query_temperature == (8192.0, 0.1, 1)
 
 
 @pytest.mark.parametrize(
@@ -721,6 +721,6 @@ def test_layer_types_property(n, types):
 def test_llama4_attn_temperature_tuning_as_released():
     cfg = scout()
     cfg["text_config"]["attn_temperature_tuning"] = 4  # the released file
-    assert attention_from_hf(cfg, 3).query_temperature == (8192.0, 0.1)
+    assert attention_from_hf(cfg, 3).query_temperature == (8192.0, 0.1, 1)
     cfg["text_config"]["attn_temperature_tuning"] = False
     assert attention_from_hf(cfg, 3).query_temperature is None

@@ -151,7 +151,6 @@ def test_an_admitted_family_refuses_what_it_lacks(name, change, match):
 @pytest.mark.parametrize(
     "model_type,match",
     [
-        ("ministral3", "llama_4_scaling_beta"),
         ("hunyuan_v1_dense", "QK RMSNorm after RoPE"),
         ("bitnet", "attn_sub_norm"),
         ("nanochat", "RoPE turned the other way"),
@@ -254,3 +253,22 @@ def test_afmoe_gates_from_its_own_projection_and_turns_window_layers():
     ]
     with pytest.raises(ValueError, match="global_attn_every_n_layers"):
         layer_settings({**_config("arcee"), "global_attn_every_n_layers": 2})
+
+
+def test_ministral3_scales_its_queries_by_position():
+    """Ministral 3's llama_4_scaling_beta: every query times 1 + b ln(1 +
+    floor(p / M)) after RoPE (Llama 4's temperature, counted from p).
+    Without it the layer misses HF's by far more than rounding."""
+    path = FAMILY_FIXTURES / "ministral3.npz"
+    cfg = _config("ministral3")
+    assert _kw(cfg)["query_temperature"] == (4, 0.1, 0)
+    f = np.load(path)
+    state = {
+        k.split("param.")[1]: f[k] for k in f.files if "layer0.param" in k
+    }
+    layer = attention_from_hf(cfg, 0, state)
+    assert np.abs(layer.forward(f["x"]) - f["layer0.out"]).max() < 1e-12
+    plain = dict(cfg, rope_parameters=dict(cfg["rope_parameters"]))
+    del plain["rope_parameters"]["llama_4_scaling_beta"]
+    off = attention_from_hf(plain, 0, state).forward(f["x"])
+    assert np.abs(off - f["layer0.out"]).max() > 1e-3

@@ -29,6 +29,7 @@ from attn_np.refinements import (
     linear_forward,
     qk_norm_backward,
     qk_norm_forward,
+    query_temperature,
     softcap_backward,
     softcap_forward,
 )
@@ -323,3 +324,20 @@ def test_flags_must_be_booleans(flag):
     # post-RoPE norm, a rotation the caller switched off)
     with pytest.raises(TypeError, match=f"{flag} must be True or False"):
         RefinedAttention(16, 4, 2, 4, qk_norm="head", **{flag: "no"})
+
+
+def test_query_temperature_counts_from_p_or_p_plus_one():
+    """Llama 4 counts from p + 1 (offset 1), Ministral 3 from p (0)."""
+    p = np.arange(10)
+    llama4 = query_temperature(p, floor_scale=4.0, attn_scale=0.1)
+    m3 = query_temperature(p, floor_scale=4.0, attn_scale=0.1, offset=0)
+    assert np.allclose(llama4, 1 + 0.1 * np.log(np.floor((p + 1) / 4) + 1))
+    assert np.allclose(m3, 1 + 0.1 * np.log(np.floor(p / 4) + 1))
+    assert llama4[3] > 1.0 and m3[3] == 1.0 and m3[4] > 1.0
+    for bad in (2, -1, True, 0.5):
+        with pytest.raises(ValueError, match="offset"):
+            query_temperature(p, offset=bad)
+    with pytest.raises(ValueError, match="offset"):
+        RefinedAttention(16, 4, query_temperature=(8.0, 0.1, 2))
+    layer = RefinedAttention(16, 4, query_temperature=(8.0, 0.1))
+    assert layer.query_temperature == (8.0, 0.1, 1)

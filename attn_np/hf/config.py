@@ -50,7 +50,7 @@ MAX_LAYERS = 100_000
 # model_type -> which layers a sliding_window applies to when the config
 # has neither layer_types nor sliding_window_pattern: Hugging Face's
 # defaults in each model's configuration class.
-_EVERY_LAYER = {"mistral", "mixtral"}
+_EVERY_LAYER = {"mistral", "mixtral", "ministral3"}
 # ... and where use_sliding_window puts it on every layer (Qwen3-MoE's
 # configuration class keeps sliding_window only when it is true)
 _EVERY_LAYER_WHEN_USED = {"qwen3_moe"}

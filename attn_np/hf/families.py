@@ -527,6 +527,9 @@ FAMILIES = {
     "mixtral": _no_bias,
     "phimoe": _same,
     "ministral": _no_bias,
+    # Ministral 3: Mistral's layer; its query scale by position is read
+    # with the RoPE (_llama_4_scaling)
+    "ministral3": _no_bias,
     "cwm": _no_bias,
     "arcee": _same,
     "gemma": _same,
@@ -655,6 +658,9 @@ def _decoder(cfg, model_type, layer_idx):
         return _linear(cfg)
     if model_type in _SPLIT_TYPES:
         cfg = _text_positions(cfg)
+    temperature = None
+    if model_type in _LLAMA_4_SCALED:
+        cfg, temperature = _llama_4_scaling(cfg)
     if layer_type not in (None, FULL, SLIDING, "chunked_attention"):
         raise ValueError(
             f"layer {layer_idx} has layer type {layer_type!r}, which "
@@ -670,7 +676,33 @@ def _decoder(cfg, model_type, layer_idx):
     )
     layout = {"kind": "proj", "gate_rows": False}
     FAMILIES[model_type](cfg, layer_idx, layer_type, kw, layout)
+    if temperature is not None:
+        kw["query_temperature"] = temperature
     return HFAttention, args, kw, layout
+
+
+# families whose rope_parameters carry Llama 4's query scale
+_LLAMA_4_SCALED = ("ministral3",)
+
+
+def _llama_4_scaling(cfg):
+    """``(cfg, temperature)``: Ministral 3 writes a query scale by
+    position into its ``rope_parameters``, ``llama_4_scaling_beta``
+    (``b``) over ``original_max_position_embeddings`` (``M``): every
+    query is multiplied by ``1 + b ln(1 + floor(p / M))`` after RoPE,
+    Llama 4's temperature counted from ``p`` (``offset`` 0), on every
+    layer. ``temperature`` is :class:`~attn_np.refinements.
+    RefinedAttention`'s ``(M, b, 0)`` (None without the key); ``cfg``
+    loses the key, and the copy of ``max_position_embeddings`` that HF's
+    RoPE does not read."""
+    rope = cfg.get("rope_parameters")
+    if not isinstance(rope, dict) or "llama_4_scaling_beta" not in rope:
+        return cfg, None
+    beta = number(rope, "llama_4_scaling_beta")
+    floor = count(rope, "original_max_position_embeddings")
+    drop = ("llama_4_scaling_beta", "max_position_embeddings")
+    rope = {k: v for k, v in rope.items() if k not in drop}
+    return {**cfg, "rope_parameters": rope}, (floor, beta, 0)
 
 
 # multimodal RoPE's keys (Qwen3-VL, Qwen3.5): how the angles of a token's

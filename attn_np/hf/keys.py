@@ -244,11 +244,6 @@ _GATE = "an output gate from its own "
 # Issue 44: decoder families examined in transformers 5.24.0 and refused,
 # model_type -> the part (or config key) their attention needs.
 _NOT_BUILT = {
-    "ministral3": (
-        "a query scale by position, rope_parameters' "
-        "llama_4_scaling_beta (1 + beta * log(1 + floor(pos / "
-        "original_max_position_embeddings)))"
-    ),
     "hunyuan_v1_dense": (
         "a learned QK RMSNorm after RoPE (query_layernorm, "
         "key_layernorm) and rope_type dynamic with alpha"
