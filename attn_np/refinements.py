@@ -811,6 +811,14 @@ def _check_refined(**kw):
         )
     for flag in ("qk_norm_learned", "qk_norm_after_rope", "use_rope"):
         kw[flag] = check_flag(kw[flag], flag)
+    if kw["qk_norm"] and kw["qk_norm_after_rope"] and kw["qk_norm_learned"]:
+        # the norm after RoPE is the position part's, which has no
+        # weights: a learned gain there would be dropped without a word
+        raise ValueError(
+            "qk_norm_after_rope=True builds Llama 4's norm without weights:"
+            " pass qk_norm_learned=False (a learned gain after RoPE, "
+            "HunYuan's, is not built)"
+        )
     if kw["chunk"] is not None:
         kw["chunk"] = check_positive_int(kw["chunk"], "chunk")
     for name in ("rope_factor", "norm_eps"):

@@ -341,3 +341,14 @@ def test_query_temperature_counts_from_p_or_p_plus_one():
         RefinedAttention(16, 4, query_temperature=(8.0, 0.1, 2))
     layer = RefinedAttention(16, 4, query_temperature=(8.0, 0.1))
     assert layer.query_temperature == (8.0, 0.1, 1)
+
+
+def test_a_learned_gain_after_rope_is_refused_not_dropped():
+    """The norm after RoPE has no weights (Llama 4's): asking for a
+    learned one is an error, not a layer that silently lacks it."""
+    with pytest.raises(ValueError, match="qk_norm_learned=False"):
+        RefinedAttention(16, 4, qk_norm="head", qk_norm_after_rope=True)
+    layer = RefinedAttention(
+        16, 4, qk_norm="head", qk_norm_after_rope=True, qk_norm_learned=False
+    )
+    assert "q_norm" not in layer.params
