@@ -1278,6 +1278,22 @@ _MOE = dict(num_experts_per_tok=2, moe_intermediate_size=16)
 # decoder families attention_from_hf admits beyond chapter 10's, each a
 # small difference from the plain (Llama) layer; recorded into
 # tests/fixtures/families/<model_type>.npz with the same record().
+# multi-head latent attention's sizes (BASE's head_dim is dropped for
+# these families: GLM-4.7-Flash maps head_dim onto qk_rope_head_dim)
+_MLA = dict(
+    num_key_value_heads=4,
+    q_lora_rank=24,
+    kv_lora_rank=16,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=4,
+    v_head_dim=8,
+    n_routed_experts=2,
+    num_experts_per_tok=1,
+    n_group=1,
+    topk_group=1,
+    moe_intermediate_size=16,
+    first_k_dense_replace=2,
+)
 MORE = {
     "mixtral": (
         dict(sliding_window=4, num_local_experts=4, **_MOE),
@@ -1552,8 +1568,67 @@ MORE = {
         [0, 1],
         "EXAONE MoE: EXAONE 4's attention (layer 1 full and NoPE)",
     ),
+    "cohere2_moe": (
+        dict(
+            num_hidden_layers=3,
+            sliding_window=4,
+            layer_types=["full_attention", "sliding_attention"]
+            + ["full_attention"],
+            mlp_layer_types=["dense", "sparse", "sparse"],
+            num_experts=4,
+            **_MOE,
+        ),
+        [0, 1, 2],
+        "Cohere 2 MoE: interleaved RoPE on layer 0 (full, a dense MLP: "
+        "force_rope) and layer 1 (sliding 4); layer 2 full and NoPE",
+    ),
+    "granite_swa": (
+        dict(
+            num_hidden_layers=3,
+            sliding_window=4,
+            layer_types=["full_attention", "sliding_attention"]
+            + ["sliding_attention"],
+            layer_rope_theta=[0, 10000.0, 50000.0],
+            attention_multiplier=0.2,
+        ),
+        [0, 1, 2],
+        "Granite SWA: sinks, scale 0.2; layer 0 full and NoPE (theta 0), "
+        "layers 1 and 2 sliding 4 with RoPE bases 1e4 and 5e4",
+    ),
+    "granitemoe_swa": (
+        dict(
+            num_hidden_layers=3,
+            sliding_window=4,
+            layer_types=["full_attention", "sliding_attention"]
+            + ["sliding_attention"],
+            layer_rope_theta=[0, 10000.0, 50000.0],
+            attention_multiplier=0.2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+        ),
+        [0, 1, 2],
+        "Granite MoE SWA: Granite SWA's attention (sinks, a RoPE base "
+        "per layer, 0 for NoPE)",
+    ),
+    "glm4_moe_lite": (
+        _MLA,
+        [0],
+        "GLM-4.7-Flash: DeepSeek-V3's MLA (interleaved RoPE)",
+    ),
+    "youtu": (_MLA, [0], "Youtu: DeepSeek-V3's MLA (interleaved RoPE)"),
+    "sarvam_mla": (
+        _MLA,
+        [0],
+        "Sarvam MLA: HF builds DeepseekV3Model (interleaved RoPE)",
+    ),
+    "minicpm3": (
+        _MLA,
+        [0],
+        "MiniCPM3: DeepSeek-V2's MLA with rotate-half RoPE",
+    ),
 }
 _TINY_MOE_FAMILIES = ("aria_text", "hy_v3", "sarvam_moe", "exaone_moe")
+_MLA_FAMILIES = ("glm4_moe_lite", "youtu", "sarvam_mla", "minicpm3")
 # a tiny mixture of experts, given to a family's config only where its
 # class has the key (its defaults are a released model's hundred experts)
 _TINY_MOE = dict(
@@ -1581,7 +1656,12 @@ def more_families():
                 has = cls()
                 moe = {k: v for k, v in _TINY_MOE.items() if hasattr(has, k)}
                 kw = {**moe, **kw}
-            config = cls(**{**BASE, **kw})
+            base = dict(BASE)
+            if name in _MLA_FAMILIES:
+                has = cls()
+                kw = {k: v for k, v in kw.items() if hasattr(has, k)}
+                del base["head_dim"]
+            config = cls(**{**base, **kw})
             record(name, config, layers, notes, folder=FAMILIES_OUT)
 
         yield name, job

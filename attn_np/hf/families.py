@@ -54,6 +54,12 @@ from .config import (
     rope_parameters,
     windows,
 )
+from .families_more import (
+    _cohere2_moe_rope,
+    _granite_swa,
+    _granite_swa_types,
+    _minicpm3_settings,
+)
 from .keys import (
     _ATTENTION,
     _BUILT_BY,
@@ -587,6 +593,11 @@ FAMILIES = {
     "hy_v3": _qwen3,
     "sarvam_moe": _and(_bias_keys("attention_bias"), _qk_norm_if_used),
     "exaone_moe": _and(_qwen3, _exaone4_rope),
+    # attn_np.hf.families_more: Cohere 2 MoE (Cohere 2's, RoPE on dense
+    # layers too); Granite SWA (sinks, a RoPE base per layer)
+    "cohere2_moe": _and(_interleaved, _cohere2_moe_rope),
+    "granite_swa": _granite_swa,
+    "granitemoe_swa": _granite_swa,
 }
 
 
@@ -600,6 +611,7 @@ _CLASS_WINDOWS = {
     "exaone4": 4,
     "exaone_moe": 4,
     "kolibri1": 5,
+    "cohere2_moe": 4,
 }
 
 
@@ -607,6 +619,8 @@ def _class_layer_types(cfg, model_type):
     """``cfg`` with ``layer_types`` written out by
     :data:`_CLASS_WINDOWS`'s rule when the file has a window and no
     ``layer_types`` (a ``sliding_window_pattern`` it writes wins)."""
+    if model_type in ("granite_swa", "granitemoe_swa"):
+        return _granite_swa_types(cfg)
     if (
         model_type not in _CLASS_WINDOWS
         or cfg.get("layer_types") is not None
@@ -772,6 +786,12 @@ _OWN_LAYERS = {
     "deepseek_v2": _mla,
     "deepseek_v3": _mla,
     "deepseek_v32": _mla,
+    # DeepSeek-V3's module under other names (families_more); MiniCPM3's
+    # with the rotate-half RoPE
+    "glm4_moe_lite": _mla,
+    "youtu": _mla,
+    "sarvam_mla": _mla,
+    "minicpm3": lambda cfg, t, i: _mla(_minicpm3_settings(cfg), t, i),
 }
 #: every model_type attention_from_hf builds
 NAMES = (*FAMILIES, *_OWN_LAYERS)

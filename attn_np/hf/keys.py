@@ -88,7 +88,6 @@ _ELSEWHERE = {
     "aux_loss_alpha",
     "seq_aux",
     "moe_layer_freq",
-    "mlp_layer_types",  # DeepSeek-V3.2: dense or MoE per layer
     # the MoE and vocabulary of Aria, EXAONE-MoE, Hunyuan V3, Apertus 1.5
     "moe_topk",
     "num_shared_experts",
@@ -130,6 +129,14 @@ _ELSEWHERE = {
     "layer_norm_eps",  # read in attention only when refused below
     "mtp_layer_types",
     "mtp_mlp_layer_types",
+    # Cohere 2 MoE's experts, MiniCPM3's and Youtu's scales and init
+    "shared_expert_combination_strategy",
+    "expert_selection_fn",
+    "prefix_dense_intermediate_size",
+    "scale_emb",
+    "scale_depth",
+    "dim_model_base",
+    "embedding_initializer_range",
 }
 
 _ATTENTION = {
@@ -191,6 +198,12 @@ _ATTENTION = {
     "clip_qkv",
     "qk_layernorm",
     "rotary_dim",  # MiniMax-M2's partial RoPE
+    # attn_np.hf.families_more: which layers Cohere 2 MoE turns (dense
+    # or MoE per layer; DeepSeek-V3.2 writes it too, and its layer does
+    # not read it), Granite SWA's RoPE base per layer
+    "mlp_layer_types",
+    "prefix_dense_sliding_window_pattern",
+    "layer_rope_theta",
 }
 # Keys only some families read: set (not null, false, 0 or empty) in
 # another family's config, each is refused by name, since that family's
@@ -205,12 +218,16 @@ _FAMILY_KEYS = {
         "granitemoe",
         "granitemoeshared",
         "hyperclovax",
+        "granite_swa",
+        "granitemoe_swa",
     ),
     "clip_qkv": ("olmo", "olmoe"),  # refused there too, when set
     "qk_layernorm": ("stablelm",),  # refused there too, when set
     "use_qk_norm": ("llama4_text", "cohere", "glm4_moe", "sarvam_moe"),
     "no_rope_layers": ("llama4_text", "smollm3"),
     "rotary_dim": ("minimax_m2",),
+    "layer_rope_theta": ("granite_swa", "granitemoe_swa"),
+    "prefix_dense_sliding_window_pattern": ("cohere2_moe",),
     "alibi": ("falcon",),
     "multi_query": ("falcon",),
     "new_decoder_architecture": ("falcon",),
@@ -271,14 +288,9 @@ _NOT_BUILT = {
     "laguna": _GATE + "g_proj",
     "dory": _GATE + "gate_proj with sqk and s_gate",
     "beam": _GATE + "gate_proj with gate_bias",
-    "granite_swa": "a RoPE base per layer or none (layer_rope_theta)",
-    "granitemoe_swa": "a RoPE base per layer or none (layer_rope_theta)",
     "zaya": (
         "convolutions on q and k (conv_qk_depthwise, conv_qk_grouped), "
         "a delayed value projection and a QK temperature"
     ),
-    "glm4_moe_lite": _MLA_ELSEWHERE,
-    "minicpm3": _MLA_ELSEWHERE,
-    "youtu": _MLA_ELSEWHERE,
     "mistral4": _MLA_ELSEWHERE,
 }
