@@ -142,14 +142,21 @@ BASE = dict(
 
 
 def attention_module(layer):
-    for name in ("self_attn", "linear_attn", "self_attention"):
+    """The layer's attention module: ``self_attn`` (most), ``attn``
+    (GPT-J; GPT-Neo's wraps the module in ``attn.attention``),
+    ``multi_head_attention`` (CTRL), ..."""
+    names = ("self_attn", "linear_attn", "self_attention", "attn")
+    for name in (*names, "multi_head_attention"):
         mod = getattr(layer, name, None)
         if isinstance(mod, torch.nn.Module):
-            return mod
+            inner = getattr(mod, "attention", None)
+            return inner if isinstance(inner, torch.nn.Module) else mod
     raise LookupError(f"no attention module in {type(layer).__name__}")
 
 
 def decoder_layers(model):
+    if hasattr(model, "decoder"):  # OPT: model.decoder.layers
+        model = model.decoder
     return model.layers if hasattr(model, "layers") else model.h
 
 
@@ -186,6 +193,8 @@ def run(model, x_in, emb, cache=None, use_cache=False, layer=0):
     def pre(m, args, kwargs):
         if "hidden_states" in kwargs:
             kwargs["hidden_states"] = x_in
+        elif hasattr(m, "Wq"):  # CTRL's forward(v, k, q, ...)
+            args = (x_in, x_in, x_in, *args[3:])
         else:
             args = (x_in, *args[1:])
         return args, kwargs
@@ -1626,8 +1635,49 @@ MORE = {
         [0],
         "MiniCPM3: DeepSeek-V2's MLA with rotate-half RoPE",
     ),
+    "opt": (
+        dict(ffn_dim=32, enable_bias=True),
+        [0],
+        "OPT: NoPE (learned positions outside), q/k/v/out_proj biases",
+    ),
+    "biogpt": ({}, [0], "BioGPT: NoPE, q/k/v/out_proj biases"),
+    "xglm": (
+        dict(ffn_dim=32),
+        [0],
+        "XGLM: NoPE (sinusoidal positions outside), biases",
+    ),
+    "ctrl": (
+        dict(dff=32),
+        [0],
+        "CTRL: NoPE (sinusoidal positions outside), Wq/Wk/Wv/dense "
+        "with biases",
+    ),
+    "gptj": (
+        dict(rotary_dim=8, n_inner=32),
+        [0],
+        "GPT-J: RoPE on the first 8 of 16 features, interleaved pairs",
+    ),
+    "phi": (
+        dict(partial_rotary_factor=0.5, qk_layernorm=False),
+        [0],
+        "Phi: q/k/v/dense biases, partial rotate-half RoPE 0.5",
+    ),
+    "gpt_neo": (
+        dict(attention_types=[[["global", "local"], 1]], window_size=4),
+        [0, 1],
+        "GPT-Neo: unscaled scores; layer 0 global, layer 1 local "
+        "(window 4); out_proj bias",
+    ),
+    "nanochat": (
+        {},
+        [0],
+        "nanochat: RoPE the other way, parameter-free QK RMSNorm after",
+    ),
 }
 _TINY_MOE_FAMILIES = ("aria_text", "hy_v3", "sarvam_moe", "exaone_moe")
+# every head its own keys and values, heads hidden_size // heads wide:
+# BASE's num_key_value_heads and head_dim are dropped
+_MHA_FAMILIES = ("opt", "biogpt", "xglm", "ctrl", "gptj", "gpt_neo")
 _MLA_FAMILIES = ("glm4_moe_lite", "youtu", "sarvam_mla", "minicpm3")
 # a tiny mixture of experts, given to a family's config only where its
 # class has the key (its defaults are a released model's hundred experts)
@@ -1657,6 +1707,9 @@ def more_families():
                 moe = {k: v for k, v in _TINY_MOE.items() if hasattr(has, k)}
                 kw = {**moe, **kw}
             base = dict(BASE)
+            if name in _MHA_FAMILIES:
+                del base["head_dim"], base["num_key_value_heads"]
+                del base["intermediate_size"]
             if name in _MLA_FAMILIES:
                 has = cls()
                 kw = {k: v for k, v in kw.items() if hasattr(has, k)}

@@ -154,7 +154,7 @@ def test_an_admitted_family_refuses_what_it_lacks(name, change, match):
         ("ministral3", "llama_4_scaling_beta"),
         ("hunyuan_v1_dense", "QK RMSNorm after RoPE"),
         ("bitnet", "attn_sub_norm"),
-        ("nanochat", "RoPE turned the other way"),
+        ("zaya", "convolutions on q and k"),
         ("diffllama", "differential attention"),
         ("phi3", "fused qkv_proj"),
         ("afmoe", "output gate from its own gate_proj"),

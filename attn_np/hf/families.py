@@ -56,9 +56,15 @@ from .config import (
 )
 from .families_more import (
     _cohere2_moe_rope,
+    _gpt_neo,
+    _gptj,
     _granite_swa,
     _granite_swa_types,
+    _learned_positions,
     _minicpm3_settings,
+    _nanochat,
+    _phi,
+    _respell,
 )
 from .keys import (
     _ATTENTION,
@@ -82,6 +88,7 @@ def layer_settings(config, layer_idx=0):
     cfg = language_model(data)
     model_type = cfg.get("model_type")
     model_type = MODEL_TYPE_ALIASES.get(model_type, model_type)
+    cfg = _respell(cfg, model_type)  # XGLM's d_model, GPT-J's n_embd, ...
     if model_type in _NOT_BUILT:
         raise ValueError(
             f"config model_type={model_type!r} is not built by "
@@ -598,6 +605,17 @@ FAMILIES = {
     "cohere2_moe": _and(_interleaved, _cohere2_moe_rope),
     "granite_swa": _granite_swa,
     "granitemoe_swa": _granite_swa,
+    # NoPE layers with biases (positions added outside): OPT, BioGPT,
+    # XGLM, CTRL; GPT-J (partial interleaved RoPE), Phi (dense), GPT-Neo
+    # (unscaled, local windows), nanochat (RoPE the other way)
+    "opt": _learned_positions("enable_bias"),
+    "biogpt": _learned_positions(),
+    "xglm": _learned_positions(),
+    "ctrl": _learned_positions(),
+    "gptj": _gptj,
+    "phi": _phi,
+    "gpt_neo": _gpt_neo,
+    "nanochat": _nanochat,
 }
 
 
@@ -822,4 +840,5 @@ _CLASS_ROPE = {
     "apertus1p5_text": (1.2e7, 1.0),
     "hy_v3": (11158840.0, 1.0),
     "sarvam_moe": (8e6, 1.0),
+    "phi": (1e4, 0.5),
 }

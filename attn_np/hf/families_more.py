@@ -16,15 +16,32 @@ Read off each family's attention class in ``transformers`` 5.24.0
 * multi-head latent attention under other model types: GLM-4.7-Flash
   (``glm4_moe_lite``), Youtu and Sarvam's MLA build DeepSeek-V3's
   module line for line; MiniCPM3 builds it with the rotate-half RoPE
-  always (its forward never reads ``rope_interleave``).
+  always (its forward never reads ``rope_interleave``);
+* NoPE layers with biases, whose positions are learned or sinusoidal
+  vectors added to the embeddings before the first layer (so the
+  attention layer itself turns nothing): OPT (``enable_bias``), BioGPT,
+  XGLM (``q_proj ... out_proj``) and CTRL (``Wq``, ``Wk``, ``Wv``,
+  ``dense``);
+* GPT-J: RoPE on the first ``rotary_dim`` features of each head, on
+  interleaved pairs, no biases, ``out_proj``;
+* Phi: q/k/v and ``dense`` with biases, partial rotate-half RoPE (its
+  ``qk_layernorm``, a LayerNorm per head with a bias, is refused);
+* GPT-Neo: scores not divided by ``sqrt(d)``, ``local`` layers with a
+  window of ``window_size`` alternating with ``global`` ones
+  (``attention_types``), a bias on ``out_proj`` only;
+* nanochat: RoPE turned the other way, then a parameter-free QK RMSNorm
+  (built as a permutation of its weights, :func:`_nanochat`).
 
-:mod:`attn_np.hf.families` registers them; this module holds only the
-differences.
+Some of these configuration classes spell the sizes their own way
+(``attribute_map``: XGLM's ``d_model``, CTRL's and GPT-J's ``n_embd``,
+GPT-Neo's ``num_heads``); :func:`_respell` reads them under the common
+names first. :mod:`attn_np.hf.families` registers the families; this
+module holds only the differences.
 """
 
 from __future__ import annotations
 
-from .config import FULL, SLIDING, count, number
+from .config import FULL, SLIDING, count, flag, number
 
 # ------------------------------------------------------ Cohere 2 MoE
 
@@ -118,3 +135,239 @@ def _minicpm3_settings(cfg):
         d = count(cfg, "hidden_size") // count(cfg, "num_attention_heads")
         cfg["v_head_dim"] = d
     return cfg
+
+
+# ------------------------------------------- spellings (attribute_map)
+#: model_type -> {the family's key: the common key it stands for}
+_SPELLINGS = {
+    "xglm": {
+        "d_model": "hidden_size",
+        "attention_heads": "num_attention_heads",
+        "num_layers": "num_hidden_layers",
+    },
+    "ctrl": {
+        "n_embd": "hidden_size",
+        "n_head": "num_attention_heads",
+        "n_layer": "num_hidden_layers",
+        "n_positions": "max_position_embeddings",
+    },
+    "gptj": {
+        "n_embd": "hidden_size",
+        "n_head": "num_attention_heads",
+        "n_layer": "num_hidden_layers",
+        "n_positions": "max_position_embeddings",
+    },
+    "gpt_neo": {
+        "num_heads": "num_attention_heads",
+        "num_layers": "num_hidden_layers",
+    },
+}
+
+
+def _respell(cfg, model_type):
+    """``cfg`` with the family's own spellings of the sizes under the
+    common names (its configuration class's ``attribute_map``); a file
+    that writes both spellings with different values is refused."""
+    spell = _SPELLINGS.get(model_type)
+    if not spell:
+        return cfg
+    out = dict(cfg)
+    for own, common in spell.items():
+        if own not in out:
+            continue
+        value = out.pop(own)
+        if common in out and out[common] != value:
+            raise ValueError(
+                f"config is contradictory: {own}={value!r} and "
+                f"{common}={out[common]!r} name the same size for "
+                f"{model_type}"
+            )
+        out[common] = value
+    return out
+
+
+# ------------------------------- classes that derive their own sizes
+
+
+def _mha_only(cfg, kw, model_type, *, reads_head_dim=False):
+    """Refuse what the family's class never reads, rather than build
+    it: ``num_key_value_heads`` other than the head count (its heads are
+    all key/value heads), ``head_dim`` other than ``hidden_size //
+    num_attention_heads`` (unless the class reads it), and a window."""
+    d_model = count(cfg, "hidden_size")
+    n_heads = count(cfg, "num_attention_heads")
+    n_kv = cfg.get("num_key_value_heads")
+    if n_kv is not None and n_kv != n_heads:
+        raise ValueError(
+            f"config key num_key_value_heads={n_kv!r} is not read by "
+            f"{model_type}'s attention (every head has its own keys and "
+            "values); refusing to build grouped queries it lacks"
+        )
+    head_dim = cfg.get("head_dim")
+    if not reads_head_dim and head_dim not in (None, d_model // n_heads):
+        raise ValueError(
+            f"config key head_dim={head_dim!r} is not read by "
+            f"{model_type}'s attention (its heads are hidden_size // "
+            f"num_attention_heads = {d_model // n_heads} wide)"
+        )
+    for key in ("sliding_window", "layer_types"):
+        if cfg.get(key) is not None:
+            raise ValueError(
+                f"config key {key}={cfg[key]!r:.80} is not read by "
+                f"{model_type}'s attention; refusing to build a window "
+                "it lacks"
+            )
+
+
+def _no_rope_keys(cfg, model_type, why):
+    """Refuse RoPE keys the family's class never reads (``why``: where
+    its positions come from instead)."""
+    for key in ("rope_parameters", "rope_theta", "rope_scaling"):
+        if cfg.get(key) is not None:
+            raise ValueError(
+                f"config key {key}={cfg[key]!r:.80} is not read by "
+                f"{model_type}'s attention ({why})"
+            )
+
+
+_OUTSIDE = "positions are added to the embeddings before the layers"
+
+
+def _learned_positions(qkv_bias_key=None):
+    """OPT, BioGPT, XGLM, CTRL: a NoPE layer (its positions are vectors
+    added to the embeddings outside it) with ``out_proj`` and biases on
+    all four projections (OPT: when ``enable_bias``, true by default)."""
+
+    def diff(cfg, i, layer_type, kw, layout):
+        model_type = cfg.get("model_type")
+        _mha_only(cfg, kw, model_type)
+        _no_rope_keys(cfg, model_type, _OUTSIDE)
+        on = True if qkv_bias_key is None else flag(cfg, qkv_bias_key)
+        kw.update(
+            use_rope=False,
+            window=None,
+            biases=("q", "k", "v", "o") if on is not False else (),
+        )
+        layout["names"] = (
+            _CTRL_NAMES if model_type == "ctrl" else {"o": "out_proj"}
+        )
+
+    return diff
+
+
+_CTRL_NAMES = {"q": "Wq", "k": "Wk", "v": "Wv", "o": "dense"}
+
+
+def _gptj(cfg, i, layer_type, kw, layout):
+    """GPT-J: RoPE of base 10000 (fixed in HF's code) on the first
+    ``rotary_dim`` features of each head, pairs ``(0, 1), (2, 3), ...``
+    (``rotate_every_two``); no biases; ``out_proj``. HF turns a table
+    ``hidden_size`` wide when ``rotary_dim`` is null, which fits a head
+    only with one head: refused."""
+    _mha_only(cfg, kw, "gptj")
+    _no_rope_keys(cfg, "gptj", "its RoPE base is 10000 in HF's code")
+    head_dim = count(cfg, "hidden_size") // count(cfg, "num_attention_heads")
+    rotary_dim = count(cfg, "rotary_dim", required=False)
+    if rotary_dim is None:
+        raise ValueError(
+            "config key rotary_dim is null for gptj: HF then turns a "
+            "table hidden_size wide, which fits a head only when there is "
+            "one; refusing to guess"
+        )
+    if rotary_dim > head_dim or rotary_dim % 2:
+        raise ValueError(
+            f"config key rotary_dim must be even and at most the head "
+            f"width {head_dim}, got {rotary_dim}"
+        )
+    kw.update(
+        biases=(),
+        rope_base=10000.0,
+        rope_layout="interleaved",
+        rotary_dim=None if rotary_dim == head_dim else rotary_dim,
+    )
+    layout["names"] = {"o": "out_proj"}
+
+
+def _phi(cfg, i, layer_type, kw, layout):
+    """Phi: biases on q, k, v and ``dense`` always (HF writes
+    ``bias=True``), partial rotate-half RoPE (``partial_rotary_factor``,
+    0.5 when not written: ``PhiConfig``'s). ``qk_layernorm``, a LayerNorm
+    per head with a bias, is refused when true."""
+    if flag(cfg, "qk_layernorm"):
+        raise ValueError(
+            "config key qk_layernorm=True (a LayerNorm per head on q and k, "
+            "with a bias) is not built by attention_from_hf for phi"
+        )
+    kw["biases"] = ("q", "k", "v", "o")
+    layout["names"] = {"o": "dense"}
+
+
+def _gpt_neo(cfg, i, layer_type, kw, layout):
+    """GPT-Neo: scores ``q . k`` not divided by ``sqrt(d)`` (scale 1); a
+    ``local`` layer sees the ``window_size`` latest keys, a ``global``
+    one all; NoPE (learned positions outside); only ``out_proj`` has a
+    bias."""
+    _mha_only(cfg, kw, "gpt_neo")
+    _no_rope_keys(cfg, "gpt_neo", _OUTSIDE)
+    kind = _neo_layers(cfg)[i]
+    window = None
+    if kind == "local":
+        window = count(cfg, "window_size", required=False) or 256
+    kw.update(use_rope=False, scale=1.0, biases=("o",), window=window)
+    layout["names"] = {"o": "out_proj"}
+
+
+def _neo_layers(cfg):
+    """Each layer's kind, ``global`` or ``local``, from
+    ``attention_types`` (``[[kinds, repeats], ...]``, each ``kinds``
+    repeated; ``GPTNeoConfig``'s default ``[[["global", "local"], 12]]``)
+    and checked against ``attention_layers`` when the file has both."""
+    n = count(cfg, "num_hidden_layers")
+    spec = cfg.get("attention_types")
+    if spec is None:
+        spec = [[["global", "local"], 12]]
+    kinds = []
+    try:
+        for item_kinds, repeats in spec:
+            if isinstance(repeats, bool) or not isinstance(repeats, int):
+                raise TypeError
+            for _ in range(repeats):
+                kinds.extend(item_kinds)
+    except (TypeError, ValueError):
+        raise ValueError(
+            "config key attention_types must be a list of [kinds, "
+            f"repeats] pairs, got {spec!r:.200}"
+        ) from None
+    bad = sorted({k for k in kinds if k not in ("global", "local")})
+    if len(kinds) != n or bad:
+        raise ValueError(
+            f"config key attention_types gives layers {kinds!r:.200}: "
+            f"it must give {n} (num_layers), each 'global' or 'local'"
+        )
+    written = cfg.get("attention_layers")
+    if written is not None and list(written) != kinds:
+        raise ValueError(
+            "config is contradictory: attention_layers "
+            f"{written!r:.200} is not what attention_types gives"
+        )
+    return kinds
+
+
+def _nanochat(cfg, i, layer_type, kw, layout):
+    """nanochat turns each pair ``(x1, x2)`` of a head's two halves by
+    ``-theta`` (its ``rotate_half`` gives ``(x2, -x1)``), then normalises
+    q and k by their RMS with no gain. Let ``P`` swap a head's halves.
+    Turning by ``-theta`` is ``P R(theta) P`` (R: the usual rotate-half
+    RoPE), and the RMS norm commutes with ``P``, so nanochat's ``q`` is
+    ``P`` times the usual layer's ``q`` made from rows swapped by ``P``;
+    the same for ``k``; and ``(P a) . (P b) = a . b``. So the usual layer
+    with each head's q and k rows (and biases) swapped by halves gives
+    nanochat's scores exactly: the swap is a layout of the state dict
+    (``layout["swap_halves"]``, undone for the gradients)."""
+    if kw["rotary_dim"] is not None:
+        raise ValueError(
+            "config key partial_rotary_factor must be 1 for nanochat (HF "
+            "turns the whole head; the swap of halves holds only then)"
+        )
+    kw.update(qk_norm="head", qk_norm_learned=False, qk_norm_after_rope=True)
+    layout["swap_halves"] = True

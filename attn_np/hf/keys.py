@@ -137,6 +137,31 @@ _ELSEWHERE = {
     "scale_depth",
     "dim_model_base",
     "embedding_initializer_range",
+    # OPT, BioGPT, XGLM, CTRL, GPT-J, GPT-Neo: MLP widths, dropouts,
+    # where the LayerNorms sit, the embedding's projection and scale
+    "ffn_dim",
+    "do_layer_norm_before",
+    "_remove_final_layer_norm",
+    "word_embed_proj_dim",
+    "layer_norm_elementwise_affine",
+    "dropout",
+    "activation_function",
+    "activation_dropout",
+    "layerdrop",
+    "init_std",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "scale_embedding",
+    "decoder_start_token_id",
+    "add_cross_attention",  # XGLM: a second module; self_attn unchanged
+    "dff",
+    "n_inner",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "resid_dropout",
+    "embed_dropout",
+    "classifier_dropout",
 }
 
 _ATTENTION = {
@@ -204,6 +229,11 @@ _ATTENTION = {
     "mlp_layer_types",
     "prefix_dense_sliding_window_pattern",
     "layer_rope_theta",
+    # OPT's biases; GPT-Neo's layer kinds and window
+    "enable_bias",
+    "attention_types",
+    "attention_layers",
+    "window_size",
 }
 # Keys only some families read: set (not null, false, 0 or empty) in
 # another family's config, each is refused by name, since that family's
@@ -222,10 +252,14 @@ _FAMILY_KEYS = {
         "granitemoe_swa",
     ),
     "clip_qkv": ("olmo", "olmoe"),  # refused there too, when set
-    "qk_layernorm": ("stablelm",),  # refused there too, when set
+    "qk_layernorm": ("stablelm", "phi"),  # refused there too, when set
     "use_qk_norm": ("llama4_text", "cohere", "glm4_moe", "sarvam_moe"),
     "no_rope_layers": ("llama4_text", "smollm3"),
-    "rotary_dim": ("minimax_m2",),
+    "rotary_dim": ("minimax_m2", "gptj"),
+    "enable_bias": ("opt",),
+    "attention_types": ("gpt_neo",),
+    "attention_layers": ("gpt_neo",),
+    "window_size": ("gpt_neo",),
     "layer_rope_theta": ("granite_swa", "granitemoe_swa"),
     "prefix_dense_sliding_window_pattern": ("cohere2_moe",),
     "alibi": ("falcon",),
@@ -269,16 +303,12 @@ _NOT_BUILT = {
         "key_layernorm) and rope_type dynamic with alpha"
     ),
     "bitnet": "attn_sub_norm, an RMSNorm of the heads before o_proj",
-    "nanochat": (
-        "RoPE turned the other way (its rotate_half gives (x2, -x1))"
-    ),
     "diffllama": (
         "differential attention (two softmaxes, lambda_q1, lambda_k1, "
         "lambda_q2, lambda_k2)"
     ),
     "doge": "a dynamic mask from the values (A, dt_proj)",
     "phi3": "one fused qkv_proj weight (a state-dict layout)",
-    "phi": "an output projection named dense and qk_layernorm",
     "persimmon": (
         "a fused query_key_value and a LayerNorm per head on q and k"
     ),
