@@ -34,6 +34,7 @@ import numpy as np
 
 from .config import count, language_model, load_config
 from .families import layer_settings
+from .families_more import _respell
 from .weights import linear_to_hf, load_linear, load_state, to_hf
 
 
@@ -83,6 +84,7 @@ def attention_layers_from_hf(config, state_dicts=None, dtype=np.float64):
     dict per layer (HF's names without the layer's module prefix)."""
     data, _, _ = load_config(config)
     cfg = language_model(data)
+    cfg = _respell(cfg, cfg.get("model_type"))  # XGLM's num_layers, ...
     n = count(cfg, "num_hidden_layers")
     if state_dicts is not None and len(state_dicts) != n:
         raise ValueError(
