@@ -185,8 +185,10 @@ def redraw(module, gen):
                 p.copy_(0.3 * r)
 
 
-def run(model, x_in, emb, cache=None, use_cache=False, layer=0):
-    """Run the model with layer ``layer``'s attention input replaced."""
+def run(model, x_in, emb, cache=None, use_cache=False, layer=0, start=None):
+    """Run the model with layer ``layer``'s attention input replaced
+    (``start``: pass the positions ``start, start + 1, ...`` explicitly,
+    for a model that does not count its cache's length itself)."""
     mod = attention_module(decoder_layers(model)[layer])
     got = {}
 
@@ -204,8 +206,14 @@ def run(model, x_in, emb, cache=None, use_cache=False, layer=0):
 
     h1 = mod.register_forward_pre_hook(pre, with_kwargs=True)
     h2 = mod.register_forward_hook(post, with_kwargs=True)
+    kw = {}
+    if start is not None:
+        pos = torch.arange(start, start + emb.shape[1])[None]
+        kw["position_ids"] = pos.expand(emb.shape[0], -1)
     try:
-        res = model(inputs_embeds=emb, cache=cache, use_cache=use_cache)
+        res = model(
+            inputs_embeds=emb, cache=cache, use_cache=use_cache, **kw
+        )
     finally:
         h1.remove()
         h2.remove()
@@ -227,6 +235,7 @@ def record(
     capture=(),
     attn="eager",
     folder=OUT,
+    positions=False,
 ):
     """Record one family's fixture to ``folder``/NAME.npz (``folder``:
     tests/fixtures, or tests/fixtures/families for :func:`more_families`).
@@ -235,7 +244,9 @@ def record(
     (DeepSeek-V3.2's indexer, whose output enters only through top-k);
     ``capture``: names of submodules of the attention module whose forward
     output is recorded too (``layer{i}.capture.{name}``); ``attn``: HF's
-    attention implementation (eager unless a family's eager path is wrong).
+    attention implementation (eager unless a family's eager path is wrong);
+    ``positions``: pass ``position_ids`` to every call (Bamba's model
+    starts them at 0 at every call unless given).
     """
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -270,7 +281,9 @@ def record(
                 for c in capture
             ]
             xin = x.clone().requires_grad_(True)
-            out, _ = run(model, xin, emb, layer=i)
+            out, _ = run(
+                model, xin, emb, layer=i, start=0 if positions else None
+            )
             for h in hooks:
                 h.remove()
             for c, o in seen.items():
@@ -297,6 +310,7 @@ def record(
                         cache=cache,
                         use_cache=True,
                         layer=i,
+                        start=start if positions else None,
                     )
                     outs.append(o)
                     if start == 0 and states is not None:
@@ -1673,10 +1687,50 @@ MORE = {
         [0],
         "nanochat: RoPE the other way, parameter-free QK RMSNorm after",
     ),
+    "bamba": (
+        dict(
+            attn_layer_indices=[1],
+            mamba_n_heads=8,
+            mamba_d_head=16,
+            mamba_d_state=8,
+            mamba_chunk_size=4,
+        ),
+        [1],
+        "Bamba: layer 1 attention (partial RoPE 0.5), layer 0 Mamba-2",
+    ),
+    "jamba": (
+        dict(
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            num_experts=2,
+            mamba_d_state=8,
+            mamba_dt_rank=8,
+        ),
+        [1],
+        "Jamba: layer 1 attention (NoPE), layer 0 Mamba",
+    ),
+    "falcon_h1": (
+        dict(
+            key_multiplier=0.5,
+            attention_in_multiplier=1.5,
+            attention_out_multiplier=0.7,
+            mamba_d_ssm=64,
+            mamba_n_heads=8,
+            mamba_d_state=8,
+            mamba_chunk_size=4,
+        ),
+        [0],
+        "Falcon-H1: key_multiplier 0.5 (attention beside a Mamba-2 "
+        "mixer in every layer)",
+    ),
 }
 _TINY_MOE_FAMILIES = ("aria_text", "hy_v3", "sarvam_moe", "exaone_moe")
 # every head its own keys and values, heads hidden_size // heads wide:
 # BASE's num_key_value_heads and head_dim are dropped
+# models that start position_ids at 0 at every call unless given them
+_POSITIONS = ("bamba",)
 _MHA_FAMILIES = ("opt", "biogpt", "xglm", "ctrl", "gptj", "gpt_neo")
 _MLA_FAMILIES = ("glm4_moe_lite", "youtu", "sarvam_mla", "minicpm3")
 # a tiny mixture of experts, given to a family's config only where its
@@ -1715,7 +1769,14 @@ def more_families():
                 kw = {k: v for k, v in kw.items() if hasattr(has, k)}
                 del base["head_dim"]
             config = cls(**{**base, **kw})
-            record(name, config, layers, notes, folder=FAMILIES_OUT)
+            record(
+                name,
+                config,
+                layers,
+                notes,
+                folder=FAMILIES_OUT,
+                positions=name in _POSITIONS,
+            )
 
         yield name, job
 

@@ -222,3 +222,57 @@ def test_a_family_key_on_llama_is_refused(key, value):
     config = json.loads(str(np.load(top)["config"]))
     with pytest.raises(ValueError, match=key):
         layer_settings({**config, key: value}, 0)
+
+
+@pytest.mark.parametrize(
+    "name,layer,match",
+    [
+        ("bamba", 0, "layer 0 of bamba is a Mamba-2 mixer layer"),
+        ("jamba", 0, "layer 0 of jamba is a Mamba mixer layer"),
+    ],
+)
+def test_a_hybrids_mamba_layers_are_refused_by_name(name, layer, match):
+    with pytest.raises(ValueError, match=match):
+        layer_settings(_config(name), layer)
+    with pytest.raises(ValueError, match=match):
+        attention_layers_from_hf(_config(name))
+
+
+def test_hybrid_attention_layers_read_their_keys():
+    bamba = _config("bamba")
+    assert _kw(bamba, 1)["rotary_dim"] == 8  # 0.5 of 16
+    bare = {**bamba, "rope_parameters": None, "partial_rotary_factor": 1.0}
+    with pytest.raises(ValueError, match="replaced by 0.5"):
+        layer_settings(bare, 1)
+    del bare["partial_rotary_factor"]
+    assert _kw(bare, 1)["rotary_dim"] == 8  # BambaConfig's 0.5
+    with pytest.raises(ValueError, match="attn_layer_indices"):
+        layer_settings({**bamba, "attn_layer_indices": "1"}, 1)
+    jamba = _config("jamba")
+    assert (_kw(jamba, 1)["use_rope"], _kw(jamba, 1)["biases"]) == (
+        False,
+        (),
+    )
+    moved = {**jamba, "attn_layer_offset": 0}
+    assert _kw(moved, 0)["use_rope"] is False
+    with pytest.raises(ValueError, match="layer 1 of jamba"):
+        layer_settings(moved, 1)
+    falcon = _config("falcon_h1")
+    assert _kw(falcon)["scale"] == 0.5 / 4
+    with pytest.raises(ValueError, match="key_multiplier"):
+        layer_settings({**falcon, "key_multiplier": -1.0}, 0)
+    with pytest.raises(ValueError, match="key_multiplier"):
+        layer_settings({**_config("opt"), "key_multiplier": 2.0}, 0)
+
+
+@pytest.mark.parametrize(
+    "model_type,match",
+    [
+        ("zamba", r"read 2 \* hidden_size"),
+        ("zamba2", "LoRA adapters"),
+    ],
+)
+def test_zamba_is_refused_with_what_it_needs(model_type, match):
+    config = {**_config("jamba"), "model_type": model_type}
+    with pytest.raises(ValueError, match=match):
+        layer_settings(config, 1)

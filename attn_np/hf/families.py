@@ -55,11 +55,14 @@ from .config import (
     windows,
 )
 from .families_more import (
+    _bamba,
     _cohere2_moe_rope,
+    _falcon_h1,
     _gpt_neo,
     _gptj,
     _granite_swa,
     _granite_swa_types,
+    _jamba,
     _learned_positions,
     _minicpm3_settings,
     _nanochat,
@@ -616,6 +619,11 @@ FAMILIES = {
     "phi": _phi,
     "gpt_neo": _gpt_neo,
     "nanochat": _nanochat,
+    # hybrids' attention layers (their Mamba layers refused by name):
+    # Bamba (partial RoPE 0.5), Jamba (NoPE), Falcon-H1 (key_multiplier)
+    "bamba": _bamba,
+    "jamba": _jamba,
+    "falcon_h1": _falcon_h1,
 }
 
 
@@ -841,4 +849,5 @@ _CLASS_ROPE = {
     "hy_v3": (11158840.0, 1.0),
     "sarvam_moe": (8e6, 1.0),
     "phi": (1e4, 0.5),
+    "bamba": (1e4, 0.5),
 }

@@ -371,3 +371,77 @@ def _nanochat(cfg, i, layer_type, kw, layout):
         )
     kw.update(qk_norm="head", qk_norm_learned=False, qk_norm_after_rope=True)
     layout["swap_halves"] = True
+
+
+# ------------------------------------------- hybrids: attention layers
+def _index_list(cfg, key):
+    """``cfg[key]``, a list of layer indices."""
+    value = cfg.get(key)
+    ok = isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    )
+    if not ok:
+        raise ValueError(
+            f"config key {key} must be a list of layer indices, got "
+            f"{value!r:.200}"
+        )
+    return value
+
+
+def _mamba_layer(model_type, i, mixer, rule):
+    """The refusal of a hybrid's layer ``i`` that is not attention."""
+    return ValueError(
+        f"layer {i} of {model_type} is a {mixer} layer, not attention "
+        f"({rule}): attention_from_hf builds only its attention layers"
+    )
+
+
+def _bamba(cfg, i, layer_type, kw, layout):
+    """Bamba: Llama's layer with RoPE on the first half of each head
+    (``BambaConfig`` sets ``partial_rotary_factor`` 0.5 unless
+    ``rope_parameters`` gives one) at the layers ``attn_layer_indices``
+    lists; every other layer is a Mamba-2 mixer, refused by name."""
+    indices = _index_list(cfg, "attn_layer_indices")
+    if i not in indices:
+        rule = f"attn_layer_indices={indices}"
+        raise _mamba_layer("bamba", i, "Mamba-2 mixer", rule)
+    top = cfg.get("partial_rotary_factor")
+    inner = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor")
+    if top is not None and inner is None and top != 0.5:
+        raise ValueError(
+            f"config key partial_rotary_factor={top!r} is replaced by 0.5 "
+            "in HF's BambaConfig (only rope_parameters' is read); "
+            "refusing to guess which the file means"
+        )
+
+
+def _jamba(cfg, i, layer_type, kw, layout):
+    """Jamba: an attention layer where ``i % attn_layer_period ==
+    attn_layer_offset`` (8 and 4 by default), a Mamba mixer elsewhere
+    (refused by name); NoPE (the Mamba layers carry position), no
+    biases (HF writes ``bias=False``)."""
+    period = count(cfg, "attn_layer_period", required=False) or 8
+    offset = count(cfg, "attn_layer_offset", required=False, minimum=0)
+    offset = 4 if offset is None else offset
+    if i % period != offset:
+        rule = f"attn_layer_period={period}, attn_layer_offset={offset}"
+        raise _mamba_layer("jamba", i, "Mamba mixer", rule)
+    if cfg.get("sliding_window") is not None:
+        raise ValueError(
+            "config key sliding_window is not read by jamba's attention; "
+            "refusing to build a window it lacks"
+        )
+    _no_rope_keys(cfg, "jamba", "its attention layers are NoPE")
+    kw.update(use_rope=False, biases=(), window=None)
+
+
+def _falcon_h1(cfg, i, layer_type, kw, layout):
+    """Falcon-H1: Llama's layer with the keys multiplied by
+    ``key_multiplier`` (1.0 by default) before RoPE; RoPE is linear, so
+    it is the softmax scale ``key_multiplier / sqrt(d)``. Its
+    ``attention_in_multiplier`` and ``attention_out_multiplier`` scale
+    the module's input and output in the decoder layer, outside it."""
+    d_model = count(cfg, "hidden_size")
+    head_dim = count(cfg, "head_dim", required=False)
+    head_dim = head_dim or d_model // count(cfg, "num_attention_heads")
+    kw["scale"] = number(cfg, "key_multiplier", 1.0) * head_dim**-0.5

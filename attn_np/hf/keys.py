@@ -162,6 +162,39 @@ _ELSEWHERE = {
     "resid_dropout",
     "embed_dropout",
     "classifier_dropout",
+    # Bamba, Jamba, Falcon-H1: their Mamba mixers, MoE and multipliers
+    # outside the attention module (Falcon-H1's attention_in_multiplier
+    # and attention_out_multiplier scale its input and output in the
+    # decoder layer)
+    "mamba_n_heads",
+    "mamba_d_head",
+    "mamba_n_groups",
+    "mamba_d_state",
+    "mamba_d_conv",
+    "mamba_expand",
+    "mamba_chunk_size",
+    "mamba_conv_bias",
+    "mamba_proj_bias",
+    "mamba_d_ssm",
+    "mamba_norm_before_gate",
+    "mamba_rms_norm",
+    "mamba_dt_rank",
+    "use_mamba_kernels",
+    "use_mambapy",
+    "use_associative_scan",
+    "time_step_limit",
+    "z_loss_coefficient",
+    "num_logits_to_keep",
+    "expert_layer_period",
+    "expert_layer_offset",
+    "projectors_bias",
+    "lm_head_multiplier",
+    "mlp_multipliers",
+    "ssm_multipliers",
+    "ssm_in_multiplier",
+    "ssm_out_multiplier",
+    "attention_in_multiplier",
+    "attention_out_multiplier",
 }
 
 _ATTENTION = {
@@ -234,6 +267,11 @@ _ATTENTION = {
     "attention_types",
     "attention_layers",
     "window_size",
+    # which layers of Bamba and Jamba are attention; Falcon-H1's keys
+    "attn_layer_indices",
+    "attn_layer_period",
+    "attn_layer_offset",
+    "key_multiplier",
 }
 # Keys only some families read: set (not null, false, 0 or empty) in
 # another family's config, each is refused by name, since that family's
@@ -260,6 +298,10 @@ _FAMILY_KEYS = {
     "attention_types": ("gpt_neo",),
     "attention_layers": ("gpt_neo",),
     "window_size": ("gpt_neo",),
+    "attn_layer_indices": ("bamba",),
+    "attn_layer_period": ("jamba",),
+    "attn_layer_offset": ("jamba",),
+    "key_multiplier": ("falcon_h1",),
     "layer_rope_theta": ("granite_swa", "granitemoe_swa"),
     "prefix_dense_sliding_window_pattern": ("cohere2_moe",),
     "alibi": ("falcon",),
@@ -323,4 +365,14 @@ _NOT_BUILT = {
         "a delayed value projection and a QK temperature"
     ),
     "mistral4": _MLA_ELSEWHERE,
+    "zamba": (
+        "an input and an output of different widths (q, k and v read 2 * "
+        "hidden_size features, the hidden state beside the embeddings; "
+        "o_proj writes hidden_size) in a block shared by several layers"
+    ),
+    "zamba2": (
+        "an input and an output of different widths (q, k and v read 2 * "
+        "hidden_size features; o_proj writes hidden_size) and LoRA "
+        "adapters on q, k and v per use of the shared block"
+    ),
 }
