@@ -50,10 +50,13 @@ def attention_from_hf(
     ``index_head_dim``, ``index_topk``), Qwen3-Next (its
     ``linear_attention`` layers are chapter 12's Gated DeltaNet, its
     weights read by ``gated_deltanet_from_hf``; ``kv_cache`` is then a
-    ``StateCache``), Llama 4's attention (chunked and NoPE layers) and 39
+    ``StateCache``), Llama 4's attention (chunked and NoPE layers) and
     more decoder families, each a small difference from Llama's layer
     (``attn_np.hf.families.FAMILIES``: Mixtral, Gemma, OLMo 3, SmolLM3,
-    Granite, Cohere 2, ERNIE 4.5, GLM-4, ...). RoPE
+    Granite, Cohere 2, ERNIE 4.5, GLM-4, ...; in
+    ``attn_np.hf.families_more``: OPT, GPT-J, GPT-Neo, Phi, nanochat,
+    Granite SWA, the attention layers of Bamba, Jamba and Falcon-H1, MLA
+    under GLM-4.7-Flash, Youtu, Sarvam and MiniCPM3). RoPE
     as ``rope_theta``/``rope_scaling``/``partial_rotary_factor`` at the
     top level or under ``rope_parameters`` (transformers 5; per layer type
     for Gemma 3); ``rope_type`` ``default``, ``linear``, and chapter 11's

@@ -29,6 +29,11 @@ in an admitted family, ``clip_qkv``,
 building anything; :func:`layer_rope` turns a layer's RoPE parameters
 (read by :func:`attn_np.hf.config.rope_parameters`, the one reader of
 both spellings) into the layer's arguments.
+
+:mod:`attn_np.hf.families_more` holds the differences of the families
+admitted since (Cohere 2 MoE, Granite SWA, MLA under other model types,
+OPT-style NoPE layers, GPT-J, Phi, GPT-Neo, nanochat, the attention
+layers of Bamba, Jamba and Falcon-H1); they are registered here.
 """
 
 from __future__ import annotations
