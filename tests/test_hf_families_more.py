@@ -98,9 +98,9 @@ def test_mla_under_other_names_is_deepseek_v3s(name):
     assert layer_settings(cfg, 0)[:3] == layer_settings(ds, 0)[:3]
 
 
-def test_mla_under_an_unchecked_name_stays_refused():
+def test_mistral4s_mla_is_refused_naming_its_query_scale():
     cfg = {**_config("youtu"), "model_type": "mistral4"}
-    with pytest.raises(ValueError, match="multi-head latent attention"):
+    with pytest.raises(ValueError, match="llama_4_scaling_beta"):
         layer_settings(cfg, 0)
 
 

@@ -322,11 +322,6 @@ _REFUSED = {
 _BUILT_BY = {"use_bidirectional_attention": ("gemma3_text",)}
 
 
-_MLA_ELSEWHERE = (
-    "DeepSeek's multi-head latent attention under another model_type "
-    "(built for deepseek_v2/v3/v32 only; not yet checked against this "
-    "family)"
-)
 _GATE = "an output gate from its own "
 # Issue 44: decoder families examined in transformers 5.24.0 and refused,
 # model_type -> the part (or config key) their attention needs.
@@ -364,7 +359,12 @@ _NOT_BUILT = {
         "convolutions on q and k (conv_qk_depthwise, conv_qk_grouped), "
         "a delayed value projection and a QK temperature"
     ),
-    "mistral4": _MLA_ELSEWHERE,
+    "mistral4": (
+        "DeepSeek's multi-head latent attention (checked: the same "
+        "module) with a query scale by position, rope_parameters' "
+        "llama_4_scaling_beta (1 + beta * log(1 + floor(pos / "
+        "original_max_position_embeddings)))"
+    ),
     "zamba": (
         "an input and an output of different widths (q, k and v read 2 * "
         "hidden_size features, the hidden state beside the embeddings; "
