@@ -1725,12 +1725,29 @@ MORE = {
         "Falcon-H1: key_multiplier 0.5 (attention beside a Mamba-2 "
         "mixer in every layer)",
     ),
+    "granitemoehybrid": (
+        dict(
+            layer_types=["linear_attention", "full_attention"],
+            position_embedding_type="rope",
+            attention_multiplier=0.2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            shared_intermediate_size=16,
+            mamba_n_heads=8,
+            mamba_d_head=16,
+            mamba_d_state=8,
+            mamba_chunk_size=4,
+        ),
+        [1],
+        "Granite 4 (granitemoehybrid): layer 1 attention with RoPE and "
+        "scale attention_multiplier 0.2, layer 0 Mamba-2",
+    ),
 }
 _TINY_MOE_FAMILIES = ("aria_text", "hy_v3", "sarvam_moe", "exaone_moe")
 # every head its own keys and values, heads hidden_size // heads wide:
 # BASE's num_key_value_heads and head_dim are dropped
 # models that start position_ids at 0 at every call unless given them
-_POSITIONS = ("bamba",)
+_POSITIONS = ("bamba", "granitemoehybrid")
 _MHA_FAMILIES = ("opt", "biogpt", "xglm", "ctrl", "gptj", "gpt_neo")
 _MLA_FAMILIES = ("glm4_moe_lite", "youtu", "sarvam_mla", "minicpm3")
 # a tiny mixture of experts, given to a family's config only where its

@@ -276,3 +276,26 @@ def test_zamba_is_refused_with_what_it_needs(model_type, match):
     config = {**_config("jamba"), "model_type": model_type}
     with pytest.raises(ValueError, match=match):
         layer_settings(config, 1)
+
+
+def test_granite_4_hybrid():
+    cfg = _config("granitemoehybrid")
+    kw = _kw(cfg, 1)
+    assert (kw["scale"], kw["use_rope"]) == (0.2, True)
+    nope = {**cfg, "position_embedding_type": None}
+    assert _kw(nope, 1)["use_rope"] is False
+    with pytest.raises(ValueError, match="position_embedding_type"):
+        layer_settings({**cfg, "position_embedding_type": "alibi"}, 1)
+    match = "layer 0 of granitemoehybrid is a Mamba-2 mixer layer"
+    with pytest.raises(ValueError, match=match):
+        layer_settings(cfg, 0)
+    # an older file: layers_block_type with the legacy names
+    old = {k: v for k, v in cfg.items() if k != "layer_types"}
+    old["layers_block_type"] = ["mamba", "attention"]
+    assert _kw(old, 1)["scale"] == 0.2
+    with pytest.raises(ValueError, match="Mamba-2 mixer"):
+        layer_settings(old, 0)
+    # no layer_types at all: GraniteMoeHybridConfig makes every layer Mamba
+    bare = {k: v for k, v in cfg.items() if k != "layer_types"}
+    with pytest.raises(ValueError, match="Mamba-2 mixer"):
+        layer_settings(bare, 1)

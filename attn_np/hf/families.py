@@ -33,7 +33,8 @@ both spellings) into the layer's arguments.
 :mod:`attn_np.hf.families_more` holds the differences of the families
 admitted since (Cohere 2 MoE, Granite SWA, MLA under other model types,
 OPT-style NoPE layers, GPT-J, Phi, GPT-Neo, nanochat, the attention
-layers of Bamba, Jamba and Falcon-H1); they are registered here.
+layers of Bamba, Jamba, Granite 4 and Falcon-H1); they are registered
+here.
 """
 
 from __future__ import annotations
@@ -60,15 +61,18 @@ from .config import (
     windows,
 )
 from .families_more import (
+    _CLASS_TYPES,
+    _MIXERS,
     _bamba,
     _cohere2_moe_rope,
     _falcon_h1,
     _gpt_neo,
     _gptj,
     _granite_swa,
-    _granite_swa_types,
+    _granitemoehybrid,
     _jamba,
     _learned_positions,
+    _mamba_layer,
     _minicpm3_settings,
     _nanochat,
     _phi,
@@ -629,6 +633,7 @@ FAMILIES = {
     "bamba": _bamba,
     "jamba": _jamba,
     "falcon_h1": _falcon_h1,
+    "granitemoehybrid": _granitemoehybrid,
 }
 
 
@@ -650,8 +655,8 @@ def _class_layer_types(cfg, model_type):
     """``cfg`` with ``layer_types`` written out by
     :data:`_CLASS_WINDOWS`'s rule when the file has a window and no
     ``layer_types`` (a ``sliding_window_pattern`` it writes wins)."""
-    if model_type in ("granite_swa", "granitemoe_swa"):
-        return _granite_swa_types(cfg)
+    if model_type in _CLASS_TYPES:  # families_more's rules
+        return _CLASS_TYPES[model_type](cfg)
     if (
         model_type not in _CLASS_WINDOWS
         or cfg.get("layer_types") is not None
@@ -674,6 +679,9 @@ def _decoder(cfg, model_type, layer_idx):
     layer_type = _layer_type(cfg, layer_idx)
     if layer_type == "linear_attention" and model_type == "qwen3_next":
         return _linear(cfg)
+    if layer_type == "linear_attention" and model_type in _MIXERS:
+        mixer = _MIXERS[model_type]
+        raise _mamba_layer(model_type, layer_idx, mixer, "layer_types")
     if layer_type not in (None, FULL, SLIDING, "chunked_attention"):
         raise ValueError(
             f"layer {layer_idx} has layer type {layer_type!r}, which "

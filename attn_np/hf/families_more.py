@@ -30,7 +30,10 @@ Read off each family's attention class in ``transformers`` 5.24.0
   window of ``window_size`` alternating with ``global`` ones
   (``attention_types``), a bias on ``out_proj`` only;
 * nanochat: RoPE turned the other way, then a parameter-free QK RMSNorm
-  (built as a permutation of its weights, :func:`_nanochat`).
+  (built as a permutation of its weights, :func:`_nanochat`);
+* the attention layers of hybrids whose other layers are Mamba mixers
+  (refused by name): Bamba, Jamba, Granite 4 (``granitemoehybrid``), and
+  Falcon-H1, whose every layer runs attention beside a mixer.
 
 Some of these configuration classes spell the sizes their own way
 (``attribute_map``: XGLM's ``d_model``, CTRL's and GPT-J's ``n_embd``,
@@ -161,7 +164,10 @@ _SPELLINGS = {
         "num_heads": "num_attention_heads",
         "num_layers": "num_hidden_layers",
     },
+    "granitemoehybrid": {"layers_block_type": "layer_types"},
 }
+# older files' layer type names, as transformers renames them
+_LEGACY_TYPES = {"mamba": "linear_attention", "attention": FULL}
 
 
 def _respell(cfg, model_type):
@@ -183,6 +189,9 @@ def _respell(cfg, model_type):
                 f"{model_type}"
             )
         out[common] = value
+    types = out.get("layer_types")
+    if model_type == "granitemoehybrid" and isinstance(types, list):
+        out["layer_types"] = [_LEGACY_TYPES.get(t, t) for t in types]
     return out
 
 
@@ -445,3 +454,40 @@ def _falcon_h1(cfg, i, layer_type, kw, layout):
     head_dim = count(cfg, "head_dim", required=False)
     head_dim = head_dim or d_model // count(cfg, "num_attention_heads")
     kw["scale"] = number(cfg, "key_multiplier", 1.0) * head_dim**-0.5
+
+
+#: hybrids whose ``linear_attention`` layers are Mamba mixers (refused)
+_MIXERS = {"granitemoehybrid": "Mamba-2 mixer"}
+
+
+def _granitemoehybrid(cfg, i, layer_type, kw, layout):
+    """Granite 4 (``granitemoehybrid``): Granite's scale
+    ``attention_multiplier`` at its ``full_attention`` layers (its
+    ``linear_attention`` layers are Mamba-2 mixers, refused by name);
+    RoPE only when ``position_embedding_type`` is ``"rope"``, NoPE when
+    it is null (the class's default)."""
+    kw["scale"] = number(cfg, "attention_multiplier", 1.0)
+    kind = cfg.get("position_embedding_type")
+    if kind not in (None, "rope"):
+        raise ValueError(
+            "config key position_embedding_type must be null (NoPE) or "
+            f"'rope' for granitemoehybrid, got {kind!r}"
+        )
+    kw["use_rope"] = kind == "rope"
+
+
+def _all_mamba_types(cfg):
+    """``layer_types`` as ``GraniteMoeHybridConfig`` fills it when the
+    file has none: every layer a Mamba-2 mixer (``linear_attention``)."""
+    if cfg.get("layer_types") is not None:
+        return cfg
+    n = count(cfg, "num_hidden_layers")
+    return {**cfg, "layer_types": ["linear_attention"] * n}
+
+
+#: model_type -> the rule its configuration class fills layer_types with
+_CLASS_TYPES = {
+    "granite_swa": _granite_swa_types,
+    "granitemoe_swa": _granite_swa_types,
+    "granitemoehybrid": _all_mamba_types,
+}

@@ -272,6 +272,7 @@ _ATTENTION = {
     "attn_layer_period",
     "attn_layer_offset",
     "key_multiplier",
+    "position_embedding_type",  # Granite 4: "rope" or null (NoPE)
 }
 # Keys only some families read: set (not null, false, 0 or empty) in
 # another family's config, each is refused by name, since that family's
@@ -288,6 +289,7 @@ _FAMILY_KEYS = {
         "hyperclovax",
         "granite_swa",
         "granitemoe_swa",
+        "granitemoehybrid",
     ),
     "clip_qkv": ("olmo", "olmoe"),  # refused there too, when set
     "qk_layernorm": ("stablelm", "phi"),  # refused there too, when set
@@ -302,6 +304,7 @@ _FAMILY_KEYS = {
     "attn_layer_period": ("jamba",),
     "attn_layer_offset": ("jamba",),
     "key_multiplier": ("falcon_h1",),
+    "position_embedding_type": ("granitemoehybrid",),
     "layer_rope_theta": ("granite_swa", "granitemoe_swa"),
     "prefix_dense_sliding_window_pattern": ("cohere2_moe",),
     "alibi": ("falcon",),
