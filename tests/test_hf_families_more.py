@@ -215,6 +215,14 @@ def test_nanochat_needs_its_swap_of_halves():
         ("layer_rope_theta", [0, 0]),
         ("prefix_dense_sliding_window_pattern", 2),
         ("attention_types", [[["global"], 2]]),
+        ("attention_layers", ["global", "global"]),
+        ("window_size", 4),
+        ("enable_bias", True),
+        ("attn_layer_indices", [1]),
+        ("attn_layer_period", 2),
+        ("attn_layer_offset", 1),
+        ("key_multiplier", 0.5),
+        ("position_embedding_type", "rope"),
     ],
 )
 def test_a_family_key_on_llama_is_refused(key, value):

@@ -5,7 +5,10 @@ out]``; some families fuse or interleave projections:
 
 * q/k/v/o families (:func:`load_state`, :func:`to_hf`): ``q_proj`` ...
   ``o_proj`` with their biases and QK-norms, gpt-oss's ``sinks``;
-  Qwen3-Next's ``q_proj`` holds each head's query then its gate;
+  Qwen3-Next's ``q_proj`` holds each head's query then its gate; other
+  names where the layout says (``out_proj``, Phi's ``dense``, CTRL's
+  ``Wq`` ... ``dense``); nanochat's q and k with each head's halves
+  swapped (:func:`_swap_halves`);
 * Falcon: ``query_key_value`` fused per group, per head or as MQA;
 * MLA (DeepSeek): ``kv_a_proj_with_mqa``, ``kv_b_proj`` with each head's
   key and value rows, and V3.2's indexer (:func:`indexer_to_hf`);
