@@ -144,9 +144,10 @@ BASE = dict(
 def attention_module(layer):
     """The layer's attention module: ``self_attn`` (most), ``attn``
     (GPT-J; GPT-Neo's wraps the module in ``attn.attention``),
-    ``multi_head_attention`` (CTRL), ..."""
+    ``multi_head_attention`` (CTRL), ``mixer`` (Nemotron-H's attention
+    layers), ..."""
     names = ("self_attn", "linear_attn", "self_attention", "attn")
-    for name in (*names, "multi_head_attention"):
+    for name in (*names, "multi_head_attention", "mixer"):
         mod = getattr(layer, name, None)
         if isinstance(mod, torch.nn.Module):
             inner = getattr(mod, "attention", None)
@@ -1742,12 +1743,24 @@ MORE = {
         "Granite 4 (granitemoehybrid): layer 1 attention with RoPE and "
         "scale attention_multiplier 0.2, layer 0 Mamba-2",
     ),
+    "nemotron_h": (
+        dict(
+            layer_types=["linear_attention", "full_attention"],
+            mamba_num_heads=8,
+            mamba_head_dim=16,
+            ssm_state_size=8,
+            n_groups=1,
+            chunk_size=4,
+        ),
+        [1],
+        "Nemotron-H: layer 1 attention (NoPE), layer 0 Mamba-2",
+    ),
 }
 _TINY_MOE_FAMILIES = ("aria_text", "hy_v3", "sarvam_moe", "exaone_moe")
 # every head its own keys and values, heads hidden_size // heads wide:
 # BASE's num_key_value_heads and head_dim are dropped
 # models that start position_ids at 0 at every call unless given them
-_POSITIONS = ("bamba", "granitemoehybrid")
+_POSITIONS = ("bamba", "granitemoehybrid", "nemotron_h")
 _MHA_FAMILIES = ("opt", "biogpt", "xglm", "ctrl", "gptj", "gpt_neo")
 _MLA_FAMILIES = ("glm4_moe_lite", "youtu", "sarvam_mla", "minicpm3")
 # a tiny mixture of experts, given to a family's config only where its

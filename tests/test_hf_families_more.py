@@ -307,3 +307,25 @@ def test_granite_4_hybrid():
     bare = {k: v for k, v in cfg.items() if k != "layer_types"}
     with pytest.raises(ValueError, match="Mamba-2 mixer"):
         layer_settings(bare, 1)
+
+
+def test_nemotron_h():
+    cfg = _config("nemotron_h")
+    kw = _kw(cfg, 1)
+    assert (kw["use_rope"], kw["biases"], kw["window"]) == (False, (), None)
+    with pytest.raises(ValueError, match="layer 0 of nemotron_h is a Mamba"):
+        layer_settings(cfg, 0)
+    # an older file: hybrid_override_pattern, one character a layer; the
+    # pattern's length is the number of layers
+    old = {k: v for k, v in cfg.items() if k != "layers_block_type"}
+    old.update(hybrid_override_pattern="M-E*", num_hidden_layers=2)
+    assert _kw(old, 3)["use_rope"] is False
+    for i, what in [(1, "an MLP layer"), (2, "a mixture-of-experts MLP")]:
+        with pytest.raises(
+            ValueError, match=f"layer {i} of nemotron_h is {what}"
+        ):
+            layer_settings(old, i)
+    with pytest.raises(ValueError, match="hybrid_override_pattern"):
+        layer_settings({**old, "hybrid_override_pattern": "M*X"}, 1)
+    with pytest.raises(ValueError, match="sliding_window=4"):
+        layer_settings({**cfg, "sliding_window": 4}, 1)

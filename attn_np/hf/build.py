@@ -55,7 +55,8 @@ def attention_from_hf(
     (``attn_np.hf.families.FAMILIES``: Mixtral, Gemma, OLMo 3, SmolLM3,
     Granite, Cohere 2, ERNIE 4.5, GLM-4, ...; in
     ``attn_np.hf.families_more``: OPT, GPT-J, GPT-Neo, Phi, nanochat,
-    Granite SWA, the attention layers of Bamba, Jamba and Falcon-H1, MLA
+    Granite SWA, the attention layers of Bamba, Jamba, Granite 4,
+    Nemotron-H and Falcon-H1, MLA
     under GLM-4.7-Flash, Youtu, Sarvam and MiniCPM3). RoPE
     as ``rope_theta``/``rope_scaling``/``partial_rotary_factor`` at the
     top level or under ``rope_parameters`` (transformers 5; per layer type

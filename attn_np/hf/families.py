@@ -33,8 +33,8 @@ both spellings) into the layer's arguments.
 :mod:`attn_np.hf.families_more` holds the differences of the families
 admitted since (Cohere 2 MoE, Granite SWA, MLA under other model types,
 OPT-style NoPE layers, GPT-J, Phi, GPT-Neo, nanochat, the attention
-layers of Bamba, Jamba, Granite 4 and Falcon-H1); they are registered
-here.
+layers of Bamba, Jamba, Granite 4, Nemotron-H and Falcon-H1); they are
+registered here.
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ from .config import (
 )
 from .families_more import (
     _CLASS_TYPES,
-    _MIXERS,
     _bamba,
     _cohere2_moe_rope,
     _falcon_h1,
@@ -70,11 +69,12 @@ from .families_more import (
     _gptj,
     _granite_swa,
     _granitemoehybrid,
+    _hybrid_layer,
     _jamba,
     _learned_positions,
-    _mamba_layer,
     _minicpm3_settings,
     _nanochat,
+    _nemotron_h,
     _phi,
     _respell,
 )
@@ -634,6 +634,7 @@ FAMILIES = {
     "jamba": _jamba,
     "falcon_h1": _falcon_h1,
     "granitemoehybrid": _granitemoehybrid,
+    "nemotron_h": _nemotron_h,
 }
 
 
@@ -676,12 +677,10 @@ def _decoder(cfg, model_type, layer_idx):
     """Every family with q_proj/k_proj/v_proj/o_proj."""
     cfg = _class_layer_types(cfg, model_type)
     layer_idx = _layer_index(cfg, layer_idx)
+    cfg = _hybrid_layer(cfg, model_type, layer_idx)  # a Mamba layer: no
     layer_type = _layer_type(cfg, layer_idx)
     if layer_type == "linear_attention" and model_type == "qwen3_next":
         return _linear(cfg)
-    if layer_type == "linear_attention" and model_type in _MIXERS:
-        mixer = _MIXERS[model_type]
-        raise _mamba_layer(model_type, layer_idx, mixer, "layer_types")
     if layer_type not in (None, FULL, SLIDING, "chunked_attention"):
         raise ValueError(
             f"layer {layer_idx} has layer type {layer_type!r}, which "

@@ -32,8 +32,9 @@ Read off each family's attention class in ``transformers`` 5.24.0
 * nanochat: RoPE turned the other way, then a parameter-free QK RMSNorm
   (built as a permutation of its weights, :func:`_nanochat`);
 * the attention layers of hybrids whose other layers are Mamba mixers
-  (refused by name): Bamba, Jamba, Granite 4 (``granitemoehybrid``), and
-  Falcon-H1, whose every layer runs attention beside a mixer.
+  or MLPs (refused by name): Bamba, Jamba, Granite 4
+  (``granitemoehybrid``), Nemotron-H, and Falcon-H1, whose every layer
+  runs attention beside a mixer.
 
 Some of these configuration classes spell the sizes their own way
 (``attribute_map``: XGLM's ``d_model``, CTRL's and GPT-J's ``n_embd``,
@@ -165,6 +166,7 @@ _SPELLINGS = {
         "num_layers": "num_hidden_layers",
     },
     "granitemoehybrid": {"layers_block_type": "layer_types"},
+    "nemotron_h": {"layers_block_type": "layer_types"},
 }
 # older files' layer type names, as transformers renames them
 _LEGACY_TYPES = {"mamba": "linear_attention", "attention": FULL}
@@ -189,9 +191,35 @@ def _respell(cfg, model_type):
                 f"{model_type}"
             )
         out[common] = value
+    if model_type == "nemotron_h":
+        out = _nemotron_h_types(out)
     types = out.get("layer_types")
-    if model_type == "granitemoehybrid" and isinstance(types, list):
+    if model_type in _MIXERS and isinstance(types, list):
         out["layer_types"] = [_LEGACY_TYPES.get(t, t) for t in types]
+    return out
+
+
+def _nemotron_h_types(cfg):
+    """Nemotron-H's layer list as ``NemotronHConfig`` reads it: an older
+    file's ``hybrid_override_pattern`` (``M`` Mamba-2, ``*`` attention,
+    ``E`` MoE, ``-`` MLP, one character a layer) when no list is written;
+    the list's length is the number of layers (its
+    ``num_hidden_layers`` is ignored then)."""
+    out = dict(cfg)
+    pattern = out.pop("hybrid_override_pattern", None)
+    if out.get("layer_types") is None and pattern is not None:
+        kinds = {"M": "linear_attention", "E": "moe", "*": FULL, "-": "mlp"}
+        if not isinstance(pattern, str) or set(pattern) - set(kinds):
+            raise ValueError(
+                "config key hybrid_override_pattern must be a string of "
+                f"M, E, * and -, got {pattern!r:.200}"
+            )
+        out["layer_types"] = [kinds[c] for c in pattern]
+    types = out.get("layer_types")
+    if types is None:  # the class's default
+        types = out["layer_types"] = ["linear_attention", "moe", FULL, "mlp"]
+    if isinstance(types, list):
+        out["num_hidden_layers"] = len(types)
     return out
 
 
@@ -400,7 +428,7 @@ def _index_list(cfg, key):
 def _mamba_layer(model_type, i, mixer, rule):
     """The refusal of a hybrid's layer ``i`` that is not attention."""
     return ValueError(
-        f"layer {i} of {model_type} is a {mixer} layer, not attention "
+        f"layer {i} of {model_type} is {mixer} layer, not attention "
         f"({rule}): attention_from_hf builds only its attention layers"
     )
 
@@ -413,7 +441,7 @@ def _bamba(cfg, i, layer_type, kw, layout):
     indices = _index_list(cfg, "attn_layer_indices")
     if i not in indices:
         rule = f"attn_layer_indices={indices}"
-        raise _mamba_layer("bamba", i, "Mamba-2 mixer", rule)
+        raise _mamba_layer("bamba", i, "a Mamba-2 mixer", rule)
     top = cfg.get("partial_rotary_factor")
     inner = (cfg.get("rope_parameters") or {}).get("partial_rotary_factor")
     if top is not None and inner is None and top != 0.5:
@@ -434,7 +462,7 @@ def _jamba(cfg, i, layer_type, kw, layout):
     offset = 4 if offset is None else offset
     if i % period != offset:
         rule = f"attn_layer_period={period}, attn_layer_offset={offset}"
-        raise _mamba_layer("jamba", i, "Mamba mixer", rule)
+        raise _mamba_layer("jamba", i, "a Mamba mixer", rule)
     if cfg.get("sliding_window") is not None:
         raise ValueError(
             "config key sliding_window is not read by jamba's attention; "
@@ -456,8 +484,15 @@ def _falcon_h1(cfg, i, layer_type, kw, layout):
     kw["scale"] = number(cfg, "key_multiplier", 1.0) * head_dim**-0.5
 
 
-#: hybrids whose ``linear_attention`` layers are Mamba mixers (refused)
-_MIXERS = {"granitemoehybrid": "Mamba-2 mixer"}
+#: hybrids -> {a layer type that is not attention: what it is} (refused)
+_MIXERS = {
+    "granitemoehybrid": {"linear_attention": "a Mamba-2 mixer"},
+    "nemotron_h": {
+        "linear_attention": "a Mamba-2 mixer",
+        "moe": "a mixture-of-experts MLP",
+        "mlp": "an MLP",
+    },
+}
 
 
 def _granitemoehybrid(cfg, i, layer_type, kw, layout):
@@ -491,3 +526,35 @@ _CLASS_TYPES = {
     "granitemoe_swa": _granite_swa_types,
     "granitemoehybrid": _all_mamba_types,
 }
+
+
+def _hybrid_layer(cfg, model_type, i):
+    """``cfg`` for a hybrid's attention layer ``i``, or the refusal of a
+    layer of another kind by name (:data:`_MIXERS`). The kinds that are
+    not attention are written ``linear_attention`` in the returned
+    ``layer_types``: the layer-type reader knows no MLP layers, and only
+    layer ``i``'s own type matters from here."""
+    other = _MIXERS.get(model_type)
+    types = cfg.get("layer_types")
+    if not other or not isinstance(types, list) or not 0 <= i < len(types):
+        return cfg
+    if types[i] in other:
+        raise _mamba_layer(model_type, i, other[types[i]], "layer_types")
+    mixed = ["linear_attention" if t in other else t for t in types]
+    return {**cfg, "layer_types": mixed}
+
+
+def _nemotron_h(cfg, i, layer_type, kw, layout):
+    """Nemotron-H: its ``full_attention`` layers are Llama's layer
+    without RoPE (the Mamba-2 layers carry position) and without biases
+    (HF writes ``bias=False``); its other layers (Mamba-2, MoE, MLP) are
+    refused by name. A ``sliding_window`` is refused: its attention
+    never reads one."""
+    if cfg.get("sliding_window") is not None:
+        raise ValueError(
+            f"config key sliding_window={cfg['sliding_window']!r} is not "
+            "read by nemotron_h's attention; refusing to build a window it "
+            "lacks"
+        )
+    _no_rope_keys(cfg, "nemotron_h", "its attention layers are NoPE")
+    kw.update(use_rope=False, biases=(), window=None)

@@ -195,6 +195,32 @@ _ELSEWHERE = {
     "ssm_out_multiplier",
     "attention_in_multiplier",
     "attention_out_multiplier",
+    # Nemotron-H's Mamba-2 mixers (and their older mamba_* spellings),
+    # MoE, MLP and residual stream
+    "ssm_state_size",
+    "mamba_num_heads",
+    "mamba_head_dim",
+    "mamba_hidden_act",
+    "mamba_ssm_cache_dtype",
+    "mamba_dt_min",
+    "mamba_dt_max",
+    "mamba_dt_limit",
+    "mamba_dt_init_floor",
+    "n_groups",
+    "conv_kernel",
+    "expand",
+    "time_step_min",
+    "time_step_max",
+    "time_step_floor",
+    "use_conv_bias",
+    "chunk_size",
+    "moe_shared_expert_intermediate_size",
+    "moe_latent_size",
+    "moe_shared_expert_overlap",
+    "mtp_layers_block_type",
+    "mlp_hidden_act",
+    "residual_in_fp32",
+    "rescale_prenorm_residual",
 }
 
 _ATTENTION = {
@@ -273,12 +299,14 @@ _ATTENTION = {
     "attn_layer_offset",
     "key_multiplier",
     "position_embedding_type",  # Granite 4: "rope" or null (NoPE)
+    "hybrid_override_pattern",  # Nemotron-H's layer kinds, older files
 }
 # Keys only some families read: set (not null, false, 0 or empty) in
 # another family's config, each is refused by name, since that family's
 # layer would silently ignore it (a Llama config with qkv_bias: true).
 _FAMILY_KEYS = {
-    "use_bias": ("ernie4_5", "ernie4_5_moe", "starcoder2"),
+    # Nemotron-H: the Mamba mixer's biases (its attention has none)
+    "use_bias": ("ernie4_5", "ernie4_5_moe", "starcoder2", "nemotron_h"),
     "qkv_bias": ("qwen2_moe",),
     "use_qkv_bias": ("stablelm",),
     "attention_out_bias": ("seed_oss",),
