@@ -226,11 +226,11 @@ def _nemotron_h_types(cfg):
 # ------------------------------- classes that derive their own sizes
 
 
-def _mha_only(cfg, kw, model_type, *, reads_head_dim=False):
+def _mha_only(cfg, model_type):
     """Refuse what the family's class never reads, rather than build
     it: ``num_key_value_heads`` other than the head count (its heads are
     all key/value heads), ``head_dim`` other than ``hidden_size //
-    num_attention_heads`` (unless the class reads it), and a window."""
+    num_attention_heads``, and a window."""
     d_model = count(cfg, "hidden_size")
     n_heads = count(cfg, "num_attention_heads")
     n_kv = cfg.get("num_key_value_heads")
@@ -241,7 +241,7 @@ def _mha_only(cfg, kw, model_type, *, reads_head_dim=False):
             "values); refusing to build grouped queries it lacks"
         )
     head_dim = cfg.get("head_dim")
-    if not reads_head_dim and head_dim not in (None, d_model // n_heads):
+    if head_dim not in (None, d_model // n_heads):
         raise ValueError(
             f"config key head_dim={head_dim!r} is not read by "
             f"{model_type}'s attention (its heads are hidden_size // "
@@ -277,7 +277,7 @@ def _learned_positions(qkv_bias_key=None):
 
     def diff(cfg, i, layer_type, kw, layout):
         model_type = cfg.get("model_type")
-        _mha_only(cfg, kw, model_type)
+        _mha_only(cfg, model_type)
         _no_rope_keys(cfg, model_type, _OUTSIDE)
         on = True if qkv_bias_key is None else flag(cfg, qkv_bias_key)
         kw.update(
@@ -301,7 +301,7 @@ def _gptj(cfg, i, layer_type, kw, layout):
     (``rotate_every_two``); no biases; ``out_proj``. HF turns a table
     ``hidden_size`` wide when ``rotary_dim`` is null, which fits a head
     only with one head: refused."""
-    _mha_only(cfg, kw, "gptj")
+    _mha_only(cfg, "gptj")
     _no_rope_keys(cfg, "gptj", "its RoPE base is 10000 in HF's code")
     head_dim = count(cfg, "hidden_size") // count(cfg, "num_attention_heads")
     rotary_dim = count(cfg, "rotary_dim", required=False)
@@ -344,7 +344,7 @@ def _gpt_neo(cfg, i, layer_type, kw, layout):
     ``local`` layer sees the ``window_size`` latest keys, a ``global``
     one all; NoPE (learned positions outside); only ``out_proj`` has a
     bias."""
-    _mha_only(cfg, kw, "gpt_neo")
+    _mha_only(cfg, "gpt_neo")
     _no_rope_keys(cfg, "gpt_neo", _OUTSIDE)
     kind = _neo_layers(cfg)[i]
     window = None
