@@ -256,6 +256,8 @@ def test_hybrid_attention_layers_read_their_keys():
     assert _kw(bare, 1)["rotary_dim"] == 8  # BambaConfig's 0.5
     with pytest.raises(ValueError, match="attn_layer_indices"):
         layer_settings({**bamba, "attn_layer_indices": "1"}, 1)
+    with pytest.raises(ValueError, match="layer 1 of bamba is a Mamba-2"):
+        layer_settings({**bamba, "attn_layer_indices": None}, 1)
     jamba = _config("jamba")
     assert (_kw(jamba, 1)["use_rope"], _kw(jamba, 1)["biases"]) == (
         False,

@@ -438,7 +438,9 @@ def _bamba(cfg, i, layer_type, kw, layout):
     (``BambaConfig`` sets ``partial_rotary_factor`` 0.5 unless
     ``rope_parameters`` gives one) at the layers ``attn_layer_indices``
     lists; every other layer is a Mamba-2 mixer, refused by name."""
-    indices = _index_list(cfg, "attn_layer_indices")
+    indices = []  # BambaConfig: none listed, every layer is Mamba-2
+    if cfg.get("attn_layer_indices") is not None:
+        indices = _index_list(cfg, "attn_layer_indices")
     if i not in indices:
         rule = f"attn_layer_indices={indices}"
         raise _mamba_layer("bamba", i, "a Mamba-2 mixer", rule)
