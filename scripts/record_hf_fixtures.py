@@ -142,14 +142,22 @@ BASE = dict(
 
 
 def attention_module(layer):
-    for name in ("self_attn", "linear_attn", "self_attention"):
+    """The layer's attention module: ``self_attn`` (most), ``attn``
+    (GPT-J; GPT-Neo's wraps the module in ``attn.attention``),
+    ``multi_head_attention`` (CTRL), ``mixer`` (Nemotron-H's attention
+    layers), ..."""
+    names = ("self_attn", "linear_attn", "self_attention", "attn")
+    for name in (*names, "multi_head_attention", "mixer"):
         mod = getattr(layer, name, None)
         if isinstance(mod, torch.nn.Module):
-            return mod
+            inner = getattr(mod, "attention", None)
+            return inner if isinstance(inner, torch.nn.Module) else mod
     raise LookupError(f"no attention module in {type(layer).__name__}")
 
 
 def decoder_layers(model):
+    if hasattr(model, "decoder"):  # OPT: model.decoder.layers
+        model = model.decoder
     return model.layers if hasattr(model, "layers") else model.h
 
 
@@ -178,14 +186,18 @@ def redraw(module, gen):
                 p.copy_(0.3 * r)
 
 
-def run(model, x_in, emb, cache=None, use_cache=False, layer=0):
-    """Run the model with layer ``layer``'s attention input replaced."""
+def run(model, x_in, emb, cache=None, use_cache=False, layer=0, start=None):
+    """Run the model with layer ``layer``'s attention input replaced
+    (``start``: pass the positions ``start, start + 1, ...`` explicitly,
+    for a model that does not count its cache's length itself)."""
     mod = attention_module(decoder_layers(model)[layer])
     got = {}
 
     def pre(m, args, kwargs):
         if "hidden_states" in kwargs:
             kwargs["hidden_states"] = x_in
+        elif hasattr(m, "Wq"):  # CTRL's forward(v, k, q, ...)
+            args = (x_in, x_in, x_in, *args[3:])
         else:
             args = (x_in, *args[1:])
         return args, kwargs
@@ -195,8 +207,14 @@ def run(model, x_in, emb, cache=None, use_cache=False, layer=0):
 
     h1 = mod.register_forward_pre_hook(pre, with_kwargs=True)
     h2 = mod.register_forward_hook(post, with_kwargs=True)
+    kw = {}
+    if start is not None:
+        pos = torch.arange(start, start + emb.shape[1])[None]
+        kw["position_ids"] = pos.expand(emb.shape[0], -1)
     try:
-        res = model(inputs_embeds=emb, cache=cache, use_cache=use_cache)
+        res = model(
+            inputs_embeds=emb, cache=cache, use_cache=use_cache, **kw
+        )
     finally:
         h1.remove()
         h2.remove()
@@ -218,6 +236,7 @@ def record(
     capture=(),
     attn="eager",
     folder=OUT,
+    positions=False,
 ):
     """Record one family's fixture to ``folder``/NAME.npz (``folder``:
     tests/fixtures, or tests/fixtures/families for :func:`more_families`).
@@ -226,7 +245,9 @@ def record(
     (DeepSeek-V3.2's indexer, whose output enters only through top-k);
     ``capture``: names of submodules of the attention module whose forward
     output is recorded too (``layer{i}.capture.{name}``); ``attn``: HF's
-    attention implementation (eager unless a family's eager path is wrong).
+    attention implementation (eager unless a family's eager path is wrong);
+    ``positions``: pass ``position_ids`` to every call (Bamba's model
+    starts them at 0 at every call unless given).
     """
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -261,7 +282,9 @@ def record(
                 for c in capture
             ]
             xin = x.clone().requires_grad_(True)
-            out, _ = run(model, xin, emb, layer=i)
+            out, _ = run(
+                model, xin, emb, layer=i, start=0 if positions else None
+            )
             for h in hooks:
                 h.remove()
             for c, o in seen.items():
@@ -288,6 +311,7 @@ def record(
                         cache=cache,
                         use_cache=True,
                         layer=i,
+                        start=start if positions else None,
                     )
                     outs.append(o)
                     if start == 0 and states is not None:
@@ -1281,6 +1305,22 @@ _MOE = dict(num_experts_per_tok=2, moe_intermediate_size=16)
 # decoder families attention_from_hf admits beyond chapter 10's, each a
 # small difference from the plain (Llama) layer; recorded into
 # tests/fixtures/families/<model_type>.npz with the same record().
+# multi-head latent attention's sizes (BASE's head_dim is dropped for
+# these families: GLM-4.7-Flash maps head_dim onto qk_rope_head_dim)
+_MLA = dict(
+    num_key_value_heads=4,
+    q_lora_rank=24,
+    kv_lora_rank=16,
+    qk_nope_head_dim=8,
+    qk_rope_head_dim=4,
+    v_head_dim=8,
+    n_routed_experts=2,
+    num_experts_per_tok=1,
+    n_group=1,
+    topk_group=1,
+    moe_intermediate_size=16,
+    first_k_dense_replace=2,
+)
 MORE = {
     "mixtral": (
         dict(sliding_window=4, num_local_experts=4, **_MOE),
@@ -1555,6 +1595,169 @@ MORE = {
         [0, 1],
         "EXAONE MoE: EXAONE 4's attention (layer 1 full and NoPE)",
     ),
+    "cohere2_moe": (
+        dict(
+            num_hidden_layers=3,
+            sliding_window=4,
+            layer_types=["full_attention", "sliding_attention"]
+            + ["full_attention"],
+            mlp_layer_types=["dense", "sparse", "sparse"],
+            num_experts=4,
+            **_MOE,
+        ),
+        [0, 1, 2],
+        "Cohere 2 MoE: interleaved RoPE on layer 0 (full, a dense MLP: "
+        "force_rope) and layer 1 (sliding 4); layer 2 full and NoPE",
+    ),
+    "granite_swa": (
+        dict(
+            num_hidden_layers=3,
+            sliding_window=4,
+            layer_types=["full_attention", "sliding_attention"]
+            + ["sliding_attention"],
+            layer_rope_theta=[0, 10000.0, 50000.0],
+            attention_multiplier=0.2,
+        ),
+        [0, 1, 2],
+        "Granite SWA: sinks, scale 0.2; layer 0 full and NoPE (theta 0), "
+        "layers 1 and 2 sliding 4 with RoPE bases 1e4 and 5e4",
+    ),
+    "granitemoe_swa": (
+        dict(
+            num_hidden_layers=3,
+            sliding_window=4,
+            layer_types=["full_attention", "sliding_attention"]
+            + ["sliding_attention"],
+            layer_rope_theta=[0, 10000.0, 50000.0],
+            attention_multiplier=0.2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+        ),
+        [0, 1, 2],
+        "Granite MoE SWA: Granite SWA's attention (sinks, a RoPE base "
+        "per layer, 0 for NoPE)",
+    ),
+    "glm4_moe_lite": (
+        _MLA,
+        [0],
+        "GLM-4.7-Flash: DeepSeek-V3's MLA (interleaved RoPE)",
+    ),
+    "youtu": (_MLA, [0], "Youtu: DeepSeek-V3's MLA (interleaved RoPE)"),
+    "sarvam_mla": (
+        _MLA,
+        [0],
+        "Sarvam MLA: HF builds DeepseekV3Model (interleaved RoPE)",
+    ),
+    "minicpm3": (
+        _MLA,
+        [0],
+        "MiniCPM3: DeepSeek-V2's MLA with rotate-half RoPE",
+    ),
+    "opt": (
+        dict(ffn_dim=32, enable_bias=True),
+        [0],
+        "OPT: NoPE (learned positions outside), q/k/v/out_proj biases",
+    ),
+    "biogpt": ({}, [0], "BioGPT: NoPE, q/k/v/out_proj biases"),
+    "xglm": (
+        dict(ffn_dim=32),
+        [0],
+        "XGLM: NoPE (sinusoidal positions outside), biases",
+    ),
+    "ctrl": (
+        dict(dff=32),
+        [0],
+        "CTRL: NoPE (sinusoidal positions outside), Wq/Wk/Wv/dense "
+        "with biases",
+    ),
+    "gptj": (
+        dict(rotary_dim=8, n_inner=32),
+        [0],
+        "GPT-J: RoPE on the first 8 of 16 features, interleaved pairs",
+    ),
+    "phi": (
+        dict(partial_rotary_factor=0.5, qk_layernorm=False),
+        [0],
+        "Phi: q/k/v/dense biases, partial rotate-half RoPE 0.5",
+    ),
+    "gpt_neo": (
+        dict(attention_types=[[["global", "local"], 1]], window_size=4),
+        [0, 1],
+        "GPT-Neo: unscaled scores; layer 0 global, layer 1 local "
+        "(window 4); out_proj bias",
+    ),
+    "nanochat": (
+        {},
+        [0],
+        "nanochat: RoPE the other way, parameter-free QK RMSNorm after",
+    ),
+    "bamba": (
+        dict(
+            attn_layer_indices=[1],
+            mamba_n_heads=8,
+            mamba_d_head=16,
+            mamba_d_state=8,
+            mamba_chunk_size=4,
+        ),
+        [1],
+        "Bamba: layer 1 attention (partial RoPE 0.5), layer 0 Mamba-2",
+    ),
+    "jamba": (
+        dict(
+            attn_layer_period=2,
+            attn_layer_offset=1,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            num_experts=2,
+            mamba_d_state=8,
+            mamba_dt_rank=8,
+        ),
+        [1],
+        "Jamba: layer 1 attention (NoPE), layer 0 Mamba",
+    ),
+    "falcon_h1": (
+        dict(
+            key_multiplier=0.5,
+            attention_in_multiplier=1.5,
+            attention_out_multiplier=0.7,
+            mamba_d_ssm=64,
+            mamba_n_heads=8,
+            mamba_d_state=8,
+            mamba_chunk_size=4,
+        ),
+        [0],
+        "Falcon-H1: key_multiplier 0.5 (attention beside a Mamba-2 "
+        "mixer in every layer)",
+    ),
+    "granitemoehybrid": (
+        dict(
+            layer_types=["linear_attention", "full_attention"],
+            position_embedding_type="rope",
+            attention_multiplier=0.2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            shared_intermediate_size=16,
+            mamba_n_heads=8,
+            mamba_d_head=16,
+            mamba_d_state=8,
+            mamba_chunk_size=4,
+        ),
+        [1],
+        "Granite 4 (granitemoehybrid): layer 1 attention with RoPE and "
+        "scale attention_multiplier 0.2, layer 0 Mamba-2",
+    ),
+    "nemotron_h": (
+        dict(
+            layer_types=["linear_attention", "full_attention"],
+            mamba_num_heads=8,
+            mamba_head_dim=16,
+            ssm_state_size=8,
+            n_groups=1,
+            chunk_size=4,
+        ),
+        [1],
+        "Nemotron-H: layer 1 attention (NoPE), layer 0 Mamba-2",
+    ),
 }
 # Qwen3.5: a Gated DeltaNet layer (its projections split) and a gated
 # full-attention layer, as Qwen3-Next's fixture has them
@@ -1619,6 +1822,12 @@ _TINY_MOE_FAMILIES = (
     "exaone_moe",
     "afmoe",
 )
+# every head its own keys and values, heads hidden_size // heads wide:
+# BASE's num_key_value_heads and head_dim are dropped
+# models that start position_ids at 0 at every call unless given them
+_POSITIONS = ("bamba", "granitemoehybrid", "nemotron_h")
+_MHA_FAMILIES = ("opt", "biogpt", "xglm", "ctrl", "gptj", "gpt_neo")
+_MLA_FAMILIES = ("glm4_moe_lite", "youtu", "sarvam_mla", "minicpm3")
 # a tiny mixture of experts, given to a family's config only where its
 # class has the key (its defaults are a released model's hundred experts)
 _TINY_MOE = dict(
@@ -1646,9 +1855,25 @@ def more_families():
                 has = cls()
                 moe = {k: v for k, v in _TINY_MOE.items() if hasattr(has, k)}
                 kw = {**moe, **kw}
-            config = cls(**{**BASE, **kw})
+            base = dict(BASE)
+            if name in _MHA_FAMILIES:
+                del base["head_dim"], base["num_key_value_heads"]
+                del base["intermediate_size"]
+            if name in _MLA_FAMILIES:
+                has = cls()
+                kw = {k: v for k, v in kw.items() if hasattr(has, k)}
+                del base["head_dim"]
+            config = cls(**{**base, **kw})
             extra = {"states": _gdn_state} if name in _GDN_MORE else {}
-            record(name, config, layers, notes, folder=FAMILIES_OUT, **extra)
+            record(
+                name,
+                config,
+                layers,
+                notes,
+                folder=FAMILIES_OUT,
+                positions=name in _POSITIONS,
+                **extra,
+            )
 
         yield name, job
 

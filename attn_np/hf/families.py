@@ -30,6 +30,12 @@ in an admitted family, ``clip_qkv``,
 building anything; :func:`layer_rope` turns a layer's RoPE parameters
 (read by :func:`attn_np.hf.config.rope_parameters`, the one reader of
 both spellings) into the layer's arguments.
+
+:mod:`attn_np.hf.families_more` holds the differences of the families
+admitted since (Cohere 2 MoE, Granite SWA, MLA under other model types,
+OPT-style NoPE layers, GPT-J, Phi, GPT-Neo, nanochat, the attention
+layers of Bamba, Jamba, Granite 4, Nemotron-H and Falcon-H1); they are
+registered here.
 """
 
 from __future__ import annotations
@@ -54,6 +60,28 @@ from .config import (
     rope_flags,
     rope_parameters,
     windows,
+)
+from .families_more import (
+    _CLASS_TYPES,
+    _LLAMA_4_SCALED,
+    _afmoe,
+    _bamba,
+    _cohere2_moe_rope,
+    _falcon_h1,
+    _gpt_neo,
+    _gptj,
+    _granite_swa,
+    _granitemoehybrid,
+    _hybrid_layer,
+    _jamba,
+    _learned_positions,
+    _llama_4_scaling,
+    _minicpm3_settings,
+    _nanochat,
+    _nemotron_h,
+    _phi,
+    _respell,
+    _text_positions,
 )
 from .keys import (
     _ATTENTION,
@@ -81,6 +109,7 @@ def layer_settings(config, layer_idx=0):
     cfg = language_model(data)
     model_type = cfg.get("model_type")
     model_type = MODEL_TYPE_ALIASES.get(model_type, model_type)
+    cfg = _respell(cfg, model_type)  # XGLM's d_model, GPT-J's n_embd, ...
     if model_type in _NOT_BUILT:
         raise ValueError(
             f"config model_type={model_type!r} is not built by "
@@ -454,17 +483,6 @@ def _rope_if_windowed(cfg, i, layer_type, kw, layout):
     kw["use_rope"] = kw["window"] is not None
 
 
-def _afmoe(cfg, i, layer_type, kw, layout):
-    """AFMoE (Arcee): Qwen3's per-head QK-norm, RoPE on the window layers
-    only (NoPE full layers, as Cohere 2), and an output gate from a
-    projection of its own: ``y = (o * sigmoid(x W_g)) W_o``, ``W_g``
-    HF's ``gate_proj``."""
-    _qwen3(cfg, i, layer_type, kw, layout)
-    _rope_if_windowed(cfg, i, layer_type, kw, layout)
-    kw["gate"] = "elementwise"
-    layout["gate_proj"] = "gate_proj"
-
-
 def _exaone4_rope(cfg, i, layer_type, kw, layout):
     """EXAONE 4: RoPE on the window layers, NoPE on the full ones; every
     layer turns when the config has no ``sliding_window``."""
@@ -611,6 +629,29 @@ FAMILIES = {
     "hy_v3": _qwen3,
     "sarvam_moe": _and(_bias_keys("attention_bias"), _qk_norm_if_used),
     "exaone_moe": _and(_qwen3, _exaone4_rope),
+    # attn_np.hf.families_more: Cohere 2 MoE (Cohere 2's, RoPE on dense
+    # layers too); Granite SWA (sinks, a RoPE base per layer)
+    "cohere2_moe": _and(_interleaved, _cohere2_moe_rope),
+    "granite_swa": _granite_swa,
+    "granitemoe_swa": _granite_swa,
+    # NoPE layers with biases (positions added outside): OPT, BioGPT,
+    # XGLM, CTRL; GPT-J (partial interleaved RoPE), Phi (dense), GPT-Neo
+    # (unscaled, local windows), nanochat (RoPE the other way)
+    "opt": _learned_positions("enable_bias"),
+    "biogpt": _learned_positions(),
+    "xglm": _learned_positions(),
+    "ctrl": _learned_positions(),
+    "gptj": _gptj,
+    "phi": _phi,
+    "gpt_neo": _gpt_neo,
+    "nanochat": _nanochat,
+    # hybrids' attention layers (their Mamba layers refused by name):
+    # Bamba (partial RoPE 0.5), Jamba (NoPE), Falcon-H1 (key_multiplier)
+    "bamba": _bamba,
+    "jamba": _jamba,
+    "falcon_h1": _falcon_h1,
+    "granitemoehybrid": _granitemoehybrid,
+    "nemotron_h": _nemotron_h,
 }
 
 
@@ -625,6 +666,7 @@ _CLASS_WINDOWS = {
     "exaone4": 4,
     "exaone_moe": 4,
     "kolibri1": 5,
+    "cohere2_moe": 4,
 }
 
 
@@ -632,6 +674,8 @@ def _class_layer_types(cfg, model_type):
     """``cfg`` with ``layer_types`` written out by
     :data:`_CLASS_WINDOWS`'s rule when the file has a window and no
     ``layer_types`` (a ``sliding_window_pattern`` it writes wins)."""
+    if model_type in _CLASS_TYPES:  # families_more's rules
+        return _CLASS_TYPES[model_type](cfg)
     if (
         model_type not in _CLASS_WINDOWS
         or cfg.get("layer_types") is not None
@@ -653,6 +697,7 @@ def _decoder(cfg, model_type, layer_idx):
     """Every family with q_proj/k_proj/v_proj/o_proj."""
     cfg = _class_layer_types(cfg, model_type)
     layer_idx = _layer_index(cfg, layer_idx)
+    cfg = _hybrid_layer(cfg, model_type, layer_idx)  # a Mamba layer: no
     layer_type = _layer_type(cfg, layer_idx)
     if layer_type == "linear_attention" and model_type in _GATED_DELTANET:
         return _linear(cfg)
@@ -679,49 +724,6 @@ def _decoder(cfg, model_type, layer_idx):
     if temperature is not None:
         kw["query_temperature"] = temperature
     return HFAttention, args, kw, layout
-
-
-# families whose rope_parameters carry Llama 4's query scale
-_LLAMA_4_SCALED = ("ministral3",)
-
-
-def _llama_4_scaling(cfg):
-    """``(cfg, temperature)``: Ministral 3 writes a query scale by
-    position into its ``rope_parameters``, ``llama_4_scaling_beta``
-    (``b``) over ``original_max_position_embeddings`` (``M``): every
-    query is multiplied by ``1 + b ln(1 + floor(p / M))`` after RoPE,
-    Llama 4's temperature counted from ``p`` (``offset`` 0), on every
-    layer. ``temperature`` is :class:`~attn_np.refinements.
-    RefinedAttention`'s ``(M, b, 0)`` (None without the key); ``cfg``
-    loses the key, and the copy of ``max_position_embeddings`` that HF's
-    RoPE does not read."""
-    rope = cfg.get("rope_parameters")
-    if not isinstance(rope, dict) or "llama_4_scaling_beta" not in rope:
-        return cfg, None
-    beta = number(rope, "llama_4_scaling_beta")
-    floor = count(rope, "original_max_position_embeddings")
-    drop = ("llama_4_scaling_beta", "max_position_embeddings")
-    rope = {k: v for k, v in rope.items() if k not in drop}
-    return {**cfg, "rope_parameters": rope}, (floor, beta, 0)
-
-
-# multimodal RoPE's keys (Qwen3-VL, Qwen3.5): how the angles of a token's
-# three positions (time, height, width) share the frequencies
-_MROPE_KEYS = ("mrope_section", "mrope_interleaved")
-
-
-def _text_positions(cfg):
-    """``cfg`` without the multimodal RoPE keys of its ``rope_parameters``.
-    Qwen3.5 turns each token by three positions (time, height, width),
-    each over its own share of the frequencies (``mrope_section``); a
-    text token has the same position on all three, so every frequency
-    turns by that one position: the plain RoPE the layer builds, with the
-    same base and partial factor (the fixture matches to 1e-15)."""
-    rope = cfg.get("rope_parameters")
-    if not isinstance(rope, dict) or not set(rope) & set(_MROPE_KEYS):
-        return cfg
-    rope = {k: v for k, v in rope.items() if k not in _MROPE_KEYS}
-    return {**cfg, "rope_parameters": rope}
 
 
 # ------------------------------------------------ layers of their own
@@ -851,6 +853,12 @@ _OWN_LAYERS = {
     "deepseek_v2": _mla,
     "deepseek_v3": _mla,
     "deepseek_v32": _mla,
+    # DeepSeek-V3's module under other names (families_more); MiniCPM3's
+    # with the rotate-half RoPE
+    "glm4_moe_lite": _mla,
+    "youtu": _mla,
+    "sarvam_mla": _mla,
+    "minicpm3": lambda cfg, t, i: _mla(_minicpm3_settings(cfg), t, i),
 }
 #: every model_type attention_from_hf builds
 NAMES = (*FAMILIES, *_OWN_LAYERS)
@@ -881,4 +889,6 @@ _CLASS_ROPE = {
     "apertus1p5_text": (1.2e7, 1.0),
     "hy_v3": (11158840.0, 1.0),
     "sarvam_moe": (8e6, 1.0),
+    "phi": (1e4, 0.5),
+    "bamba": (1e4, 0.5),
 }

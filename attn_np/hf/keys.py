@@ -88,7 +88,6 @@ _ELSEWHERE = {
     "aux_loss_alpha",
     "seq_aux",
     "moe_layer_freq",
-    "mlp_layer_types",  # DeepSeek-V3.2: dense or MoE per layer
     # the MoE and vocabulary of Aria, EXAONE-MoE, Hunyuan V3, Apertus 1.5
     "moe_topk",
     "num_shared_experts",
@@ -134,6 +133,98 @@ _ELSEWHERE = {
     "layer_norm_eps",  # read in attention only when refused below
     "mtp_layer_types",
     "mtp_mlp_layer_types",
+    # Cohere 2 MoE's experts, MiniCPM3's and Youtu's scales and init
+    "shared_expert_combination_strategy",
+    "expert_selection_fn",
+    "prefix_dense_intermediate_size",
+    "scale_emb",
+    "scale_depth",
+    "dim_model_base",
+    "embedding_initializer_range",
+    # OPT, BioGPT, XGLM, CTRL, GPT-J, GPT-Neo: MLP widths, dropouts,
+    # where the LayerNorms sit, the embedding's projection and scale
+    "ffn_dim",
+    "do_layer_norm_before",
+    "_remove_final_layer_norm",
+    "word_embed_proj_dim",
+    "layer_norm_elementwise_affine",
+    "dropout",
+    "activation_function",
+    "activation_dropout",
+    "layerdrop",
+    "init_std",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "scale_embedding",
+    "decoder_start_token_id",
+    "add_cross_attention",  # XGLM: a second module; self_attn unchanged
+    "dff",
+    "n_inner",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "resid_dropout",
+    "embed_dropout",
+    "classifier_dropout",
+    # Bamba, Jamba, Falcon-H1: their Mamba mixers, MoE and multipliers
+    # outside the attention module (Falcon-H1's attention_in_multiplier
+    # and attention_out_multiplier scale its input and output in the
+    # decoder layer)
+    "mamba_n_heads",
+    "mamba_d_head",
+    "mamba_n_groups",
+    "mamba_d_state",
+    "mamba_d_conv",
+    "mamba_expand",
+    "mamba_chunk_size",
+    "mamba_conv_bias",
+    "mamba_proj_bias",
+    "mamba_d_ssm",
+    "mamba_norm_before_gate",
+    "mamba_rms_norm",
+    "mamba_dt_rank",
+    "use_mamba_kernels",
+    "use_mambapy",
+    "use_associative_scan",
+    "time_step_limit",
+    "z_loss_coefficient",
+    "num_logits_to_keep",
+    "expert_layer_period",
+    "expert_layer_offset",
+    "projectors_bias",
+    "lm_head_multiplier",
+    "mlp_multipliers",
+    "ssm_multipliers",
+    "ssm_in_multiplier",
+    "ssm_out_multiplier",
+    "attention_in_multiplier",
+    "attention_out_multiplier",
+    # Nemotron-H's Mamba-2 mixers (and their older mamba_* spellings),
+    # MoE, MLP and residual stream
+    "ssm_state_size",
+    "mamba_num_heads",
+    "mamba_head_dim",
+    "mamba_hidden_act",
+    "mamba_ssm_cache_dtype",
+    "mamba_dt_min",
+    "mamba_dt_max",
+    "mamba_dt_limit",
+    "mamba_dt_init_floor",
+    "n_groups",
+    "conv_kernel",
+    "expand",
+    "time_step_min",
+    "time_step_max",
+    "time_step_floor",
+    "use_conv_bias",
+    "chunk_size",
+    "moe_shared_expert_intermediate_size",
+    "moe_latent_size",
+    "moe_shared_expert_overlap",
+    "mtp_layers_block_type",
+    "mlp_hidden_act",
+    "residual_in_fp32",
+    "rescale_prenorm_residual",
 }
 
 _ATTENTION = {
@@ -196,12 +287,31 @@ _ATTENTION = {
     "clip_qkv",
     "qk_layernorm",
     "rotary_dim",  # MiniMax-M2's partial RoPE
+    # attn_np.hf.families_more: which layers Cohere 2 MoE turns (dense
+    # or MoE per layer; DeepSeek-V3.2 writes it too, and its layer does
+    # not read it), Granite SWA's RoPE base per layer
+    "mlp_layer_types",
+    "prefix_dense_sliding_window_pattern",
+    "layer_rope_theta",
+    # OPT's biases; GPT-Neo's layer kinds and window
+    "enable_bias",
+    "attention_types",
+    "attention_layers",
+    "window_size",
+    # which layers of Bamba and Jamba are attention; Falcon-H1's keys
+    "attn_layer_indices",
+    "attn_layer_period",
+    "attn_layer_offset",
+    "key_multiplier",
+    "position_embedding_type",  # Granite 4: "rope" or null (NoPE)
+    "hybrid_override_pattern",  # Nemotron-H's layer kinds, older files
 }
 # Keys only some families read: set (not null, false, 0 or empty) in
 # another family's config, each is refused by name, since that family's
 # layer would silently ignore it (a Llama config with qkv_bias: true).
 _FAMILY_KEYS = {
-    "use_bias": ("ernie4_5", "ernie4_5_moe", "starcoder2"),
+    # Nemotron-H: the Mamba mixer's biases (its attention has none)
+    "use_bias": ("ernie4_5", "ernie4_5_moe", "starcoder2", "nemotron_h"),
     "global_attn_every_n_layers": ("afmoe",),
     "qkv_bias": ("qwen2_moe",),
     "use_qkv_bias": ("stablelm",),
@@ -211,12 +321,26 @@ _FAMILY_KEYS = {
         "granitemoe",
         "granitemoeshared",
         "hyperclovax",
+        "granite_swa",
+        "granitemoe_swa",
+        "granitemoehybrid",
     ),
     "clip_qkv": ("olmo", "olmoe"),  # refused there too, when set
-    "qk_layernorm": ("stablelm",),  # refused there too, when set
+    "qk_layernorm": ("stablelm", "phi"),  # refused there too, when set
     "use_qk_norm": ("llama4_text", "cohere", "glm4_moe", "sarvam_moe"),
     "no_rope_layers": ("llama4_text", "smollm3"),
-    "rotary_dim": ("minimax_m2",),
+    "rotary_dim": ("minimax_m2", "gptj"),
+    "enable_bias": ("opt",),
+    "attention_types": ("gpt_neo",),
+    "attention_layers": ("gpt_neo",),
+    "window_size": ("gpt_neo",),
+    "attn_layer_indices": ("bamba",),
+    "attn_layer_period": ("jamba",),
+    "attn_layer_offset": ("jamba",),
+    "key_multiplier": ("falcon_h1",),
+    "position_embedding_type": ("granitemoehybrid",),
+    "layer_rope_theta": ("granite_swa", "granitemoe_swa"),
+    "prefix_dense_sliding_window_pattern": ("cohere2_moe",),
     "alibi": ("falcon",),
     "multi_query": ("falcon",),
     "new_decoder_architecture": ("falcon",),
@@ -235,11 +359,6 @@ _REFUSED = {
 _BUILT_BY = {"use_bidirectional_attention": ("gemma3_text",)}
 
 
-_MLA_ELSEWHERE = (
-    "DeepSeek's multi-head latent attention under another model_type "
-    "(built for deepseek_v2/v3/v32 only; not yet checked against this "
-    "family)"
-)
 _GATE = "an output gate from its own "
 # Issue 44: decoder families examined in transformers 5.24.0 and refused,
 # model_type -> the part (or config key) their attention needs.
@@ -253,16 +372,12 @@ _NOT_BUILT = {
         "key_layernorm) and rope_type dynamic with alpha"
     ),
     "bitnet": "attn_sub_norm, an RMSNorm of the heads before o_proj",
-    "nanochat": (
-        "RoPE turned the other way (its rotate_half gives (x2, -x1))"
-    ),
     "diffllama": (
         "differential attention (two softmaxes, lambda_q1, lambda_k1, "
         "lambda_q2, lambda_k2)"
     ),
     "doge": "a dynamic mask from the values (A, dt_proj)",
     "phi3": "one fused qkv_proj weight (a state-dict layout)",
-    "phi": "an output projection named dense and qk_layernorm",
     "persimmon": (
         "a fused query_key_value and a LayerNorm per head on q and k"
     ),
@@ -271,14 +386,24 @@ _NOT_BUILT = {
     "laguna": _GATE + "g_proj",
     "dory": _GATE + "gate_proj with sqk and s_gate",
     "beam": _GATE + "gate_proj with gate_bias",
-    "granite_swa": "a RoPE base per layer or none (layer_rope_theta)",
-    "granitemoe_swa": "a RoPE base per layer or none (layer_rope_theta)",
     "zaya": (
         "convolutions on q and k (conv_qk_depthwise, conv_qk_grouped), "
         "a delayed value projection and a QK temperature"
     ),
-    "glm4_moe_lite": _MLA_ELSEWHERE,
-    "minicpm3": _MLA_ELSEWHERE,
-    "youtu": _MLA_ELSEWHERE,
-    "mistral4": _MLA_ELSEWHERE,
+    "mistral4": (
+        "DeepSeek's multi-head latent attention (checked: the same "
+        "module) with a query scale by position, rope_parameters' "
+        "llama_4_scaling_beta (1 + beta * log(1 + floor(pos / "
+        "original_max_position_embeddings)))"
+    ),
+    "zamba": (
+        "an input and an output of different widths (q, k and v read 2 * "
+        "hidden_size features, the hidden state beside the embeddings; "
+        "o_proj writes hidden_size) in a block shared by several layers"
+    ),
+    "zamba2": (
+        "an input and an output of different widths (q, k and v read 2 * "
+        "hidden_size features; o_proj writes hidden_size) and LoRA "
+        "adapters on q, k and v per use of the shared block"
+    ),
 }

@@ -5,7 +5,10 @@ out]``; some families fuse or interleave projections:
 
 * q/k/v/o families (:func:`load_state`, :func:`to_hf`): ``q_proj`` ...
   ``o_proj`` with their biases and QK-norms, gpt-oss's ``sinks``;
-  Qwen3-Next's ``q_proj`` holds each head's query then its gate;
+  Qwen3-Next's ``q_proj`` holds each head's query then its gate; other
+  names where the layout says (``out_proj``, Phi's ``dense``, CTRL's
+  ``Wq`` ... ``dense``); nanochat's q and k with each head's halves
+  swapped (:func:`_swap_halves`);
 * Falcon: ``query_key_value`` fused per group, per head or as MQA;
 * MLA (DeepSeek): ``kv_a_proj_with_mqa``, ``kv_b_proj`` with each head's
   key and value rows, and V3.2's indexer (:func:`indexer_to_hf`);
@@ -53,10 +56,12 @@ def _hf_names(layout, layer):
             names.update({"query_key_value.bias": None, "dense.bias": "b_o"})
         return names
     names = {}
+    spell = layout.get("names", {})  # OPT's out_proj, CTRL's Wq, ...
     for n in ("q", "k", "v", "o"):
-        names[f"{n}_proj.weight"] = f"W_{n}"
+        pre = spell.get(n, f"{n}_proj")
+        names[f"{pre}.weight"] = f"W_{n}"
         if f"b_{n}" in p:
-            names[f"{n}_proj.bias"] = f"b_{n}"
+            names[f"{pre}.bias"] = f"b_{n}"
     for n in ("q", "k"):
         if f"{n}_norm" in p:
             names[f"{n}_norm.weight"] = f"{n}_norm"
@@ -232,6 +237,10 @@ def load_state(layer, layout, state_dict, dtype):
     if layout.get("gate_rows"):
         q, g = _gate_split(layer, got["q_proj.weight"])
         new["W_q"], new["W_g"] = q.T, g.T
+    if layout.get("swap_halves"):
+        for key in _SWAPPED:
+            if key in new and new[key].shape == p[key].shape:
+                new[key] = _swap_halves(new[key], layer.d)
     for key, a in new.items():
         _store(p, key, a, source.get(key, f"for {key}"))
 
@@ -239,6 +248,11 @@ def load_state(layer, layout, state_dict, dtype):
 def to_hf(layout, layer, d):
     """A dict in the layer's keys -> HF's names and layout."""
     names = _hf_names(layout, layer)
+    if layout.get("swap_halves"):
+        d = {
+            k: _swap_halves(a, layer.d) if k in _SWAPPED else a
+            for k, a in d.items()
+        }
     out = {}
     for hf, key in names.items():
         if key is None:
@@ -263,6 +277,17 @@ def to_hf(layout, layer, d):
             2 * H * dd, -1
         )
     return out
+
+
+_SWAPPED = ("W_q", "W_k", "b_q", "b_k")
+
+
+def _swap_halves(a, d):
+    """nanochat's layout (:func:`~attn_np.hf.families_more._nanochat`):
+    each head's two halves of its ``d`` q or k features swapped, along
+    the last axis (``W [in, H d]`` or ``b [H d]``). Its own inverse."""
+    t = a.reshape(*a.shape[:-1], -1, 2, d // 2)  # [..., H, 2, d/2]
+    return np.ascontiguousarray(t[..., ::-1, :]).reshape(a.shape)
 
 
 def _head_split(w, n_heads, sizes):
