@@ -65,3 +65,14 @@ def test_a_refused_family_names_the_part_it_needs():
         r["detail"] for r in rows.values() if r["status"] == "refused"
     }
     assert "family not admitted" not in details
+
+
+def test_a_hybrid_is_built_by_its_attention_layers():
+    """Jamba's layer 0 is a Mamba layer; its attention layers are built,
+    and the row says which is the first."""
+    rows = {r["family"]: r for r in atlas.table_rows(atlas.load())}
+    jamba = rows.get("jamba")
+    if jamba is None:
+        pytest.skip("no jamba row in this record")
+    assert jamba["status"] == "built"
+    assert jamba["detail"].startswith("its attention layers (the first: ")

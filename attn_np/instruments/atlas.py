@@ -234,13 +234,18 @@ def builds(row) -> tuple[str, str]:
     """``(status, detail)``: ``("built", "")``, or ``("refused", why)``
     for the family's default config: the part its attention needs (a
     family examined and refused), "family not examined", or the first
-    clause of attention_from_hf's message (a key it refuses)."""
+    clause of attention_from_hf's message (a key it refuses). A hybrid
+    whose layer 0 is not attention (a Mamba layer) is built when one of
+    its attention layers is, and says so."""
     config = row.get("config")
     if not config:
         return "refused", "no config"
     try:
         layer_settings(config, 0)
     except (ValueError, TypeError) as err:
+        first = _first_built(config)  # a hybrid whose layer 0 is not
+        if first is not None:  # attention (Mamba, a state layer)
+            return "built", f"its attention layers (the first: {first})"
         text = str(err)
         if "its attention needs " in text:  # a family examined: the part
             part = text.split("its attention needs ", 1)[1]
@@ -250,6 +255,22 @@ def builds(row) -> tuple[str, str]:
             return "refused", "family not examined"
         return "refused", text
     return "built", ""
+
+
+def _first_built(config, most=64):
+    """The first layer index (below ``most``) that
+    :func:`~attn_np.hf.families.layer_settings` builds, or None."""
+    n = config.get("num_hidden_layers")
+    if not isinstance(n, int) or isinstance(n, bool):  # Nemotron-H
+        types = config.get("layer_types")
+        n = len(types) if isinstance(types, list) else 0
+    for i in range(1, min(n, most)):
+        try:
+            layer_settings(config, i)
+        except (ValueError, TypeError):
+            continue
+        return i
+    return None
 
 
 def table_rows(data) -> list[dict]:
