@@ -218,3 +218,30 @@ def test_bench_help_describes_every_benchmark_and_option():
             helped = len(words) > (2 if metavar else 1)
             nxt = lines[i + 1] if i + 1 < len(lines) else ""
             assert helped or nxt.startswith(" " * 8), (name, line)
+
+
+def test_bench_blas_kernels_choice_and_restart(monkeypatch):
+    """--blas-kernels takes one of OpenBLAS's core names; a run asking
+    for another set than the one loaded starts the command again with
+    OPENBLAS_CORETYPE set (here: the start is caught, not made)."""
+    from attn_np.bench import __main__ as bench
+    from attn_np.instruments.blas import blas_kernels
+
+    with pytest.raises(ValueError, match="--blas-kernels must be one of"):
+        bench.check_args("serve", ["--blas-kernels", "Nope"])
+    assert bench._kernels_asked(["--rounds", "2", "--blas-kernels=Zen"]) == (
+        "Zen"
+    )
+    if blas_kernels() is None:
+        pytest.skip("NumPy's BLAS is not its bundled OpenBLAS")
+    other = "Sandybridge" if blas_kernels() != "Sandybridge" else "Haswell"
+    started = []
+    monkeypatch.delenv(bench._RESTARTED, raising=False)
+    monkeypatch.setattr(
+        bench.os, "execve", lambda exe, args, env: started.append(env)
+    )
+    bench.restart_with_kernels(["serve", "--blas-kernels", other], other)
+    assert started and started[0]["OPENBLAS_CORETYPE"] == other
+    started.clear()
+    bench.restart_with_kernels(["serve"], blas_kernels())  # already so
+    assert not started

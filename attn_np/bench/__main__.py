@@ -16,6 +16,7 @@ a benchmark raises on arguments it cannot use.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import textwrap
 import time
@@ -25,6 +26,11 @@ from ._help import description
 
 #: The largest size any option takes (sizes beyond it only exhaust memory).
 MAX_SIZE = 2**31 - 1
+#: OpenBLAS kernel sets ``--blas-kernels`` may ask for (its core names;
+#: ``OPENBLAS_CORETYPE``): AVX2, AVX-512 and older x86 sets.
+KERNEL_SETS = ("Haswell", "SkylakeX", "Cooperlake", "Zen", "Sandybridge")
+# set in the environment of a benchmark started again with other kernels
+_RESTARTED = "ATTN_NP_BENCH_KERNELS"
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ BENCHMARKS: dict[str, Bench] = {
         "attn_np.bench.generate",
         sizes=("--prompt", "--new-tokens", "--rounds", "--threads"),
         flags=("--skip-hf",),
+        choices={"--blas-kernels": KERNEL_SETS},
     ),
     "linear": Bench(
         "attn_np.bench.linear",
@@ -97,6 +104,7 @@ BENCHMARKS: dict[str, Bench] = {
             "--rounds",
             "--threads",
         ),
+        choices={"--blas-kernels": KERNEL_SETS},
     ),
     "window": Bench(
         "attn_np.bench.window",
@@ -163,6 +171,39 @@ def check_args(name: str, argv: list[str]) -> None:
                 f"{option} must be one of {', '.join(bench.choices[option])}"
                 f", got {value!r}"
             )
+
+
+def _kernels_asked(argv) -> str | None:
+    """The value of ``--blas-kernels`` in ``argv`` (checked), or None."""
+    for i, token in enumerate(argv):
+        option, eq, inline = token.partition("=")
+        if option == "--blas-kernels":
+            return inline if eq else argv[i + 1]
+    return None
+
+
+def restart_with_kernels(argv_all, asked) -> None:
+    """OpenBLAS chooses its kernels once, when NumPy loads it: to run
+    with the set ``asked``, start this command again with
+    ``OPENBLAS_CORETYPE`` set (once; the benchmark prints the set it got,
+    which is OpenBLAS's choice if the CPU cannot run the one asked)."""
+    from attn_np.instruments.blas import blas_kernels
+
+    got = blas_kernels()
+    if got is None:
+        raise ValueError(
+            "--blas-kernels needs NumPy's bundled OpenBLAS; this NumPy "
+            "uses another BLAS"
+        )
+    if got.lower() == asked.lower() or os.environ.get(_RESTARTED):
+        return
+    env = dict(os.environ, OPENBLAS_CORETYPE=asked, **{_RESTARTED: "1"})
+    sys.stdout.flush()
+    os.execve(
+        sys.executable,
+        [sys.executable, "-m", "attn_np.bench", *argv_all],
+        env,
+    )
 
 
 def run(name: str, argv: list[str]) -> int:
@@ -241,6 +282,9 @@ def main(argv: list[str]) -> int:
     try:
         for n in chosen:
             check_args(n, rest)
+        asked = _kernels_asked(rest)
+        if asked is not None:
+            restart_with_kernels(argv, asked)
         status = 0
         for n in chosen:
             status |= run(n, rest)

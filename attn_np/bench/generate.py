@@ -184,6 +184,13 @@ def main(argv) -> int:
         help="timing rounds, the contenders alternating",
     )
     parser.add_argument(
+        "--blas-kernels",
+        default=None,
+        help="OpenBLAS's kernel set to run with (OPENBLAS_CORETYPE; the "
+        "command starts again with it set). Default: the one OpenBLAS "
+        "chose for this CPU",
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,

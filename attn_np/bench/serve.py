@@ -106,6 +106,13 @@ def parse(argv):
         "--rounds", type=int, default=5, help="alternating timing rounds"
     )
     p.add_argument(
+        "--blas-kernels",
+        default=None,
+        help="OpenBLAS's kernel set to run with (OPENBLAS_CORETYPE; the "
+        "command starts again with it set). Default: the one OpenBLAS "
+        "chose for this CPU",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=None,
