@@ -54,6 +54,7 @@ from .config import (
     rope_parameters,
     windows,
 )
+from .fused import _FUSED_LAYERS, _fused, _phi3, _spelled
 from .keys import (
     _ATTENTION,
     _BUILT_BY,
@@ -76,6 +77,7 @@ def layer_settings(config, layer_idx=0):
     cfg = language_model(data)
     model_type = cfg.get("model_type")
     model_type = MODEL_TYPE_ALIASES.get(model_type, model_type)
+    cfg = _spelled(cfg, model_type)  # GPT-2's n_embd, MPT's d_model, ...
     if model_type in _NOT_BUILT:
         raise ValueError(
             f"config model_type={model_type!r} is not built by "
@@ -587,6 +589,9 @@ FAMILIES = {
     "hy_v3": _qwen3,
     "sarvam_moe": _and(_bias_keys("attention_bias"), _qk_norm_if_used),
     "exaone_moe": _and(_qwen3, _exaone4_rope),
+    # one fused qkv_proj (attn_np.hf.fused): Phi-3, its window on every
+    # layer (as Mistral's)
+    "phi3": _phi3,
 }
 
 
@@ -595,6 +600,7 @@ FAMILIES = {
 # layer; n: every n-th layer full). Read here, for the layers only.
 _CLASS_WINDOWS = {
     "phimoe": None,
+    "phi3": None,
     "starcoder2": None,
     "cohere2": 4,
     "exaone4": 4,
@@ -674,7 +680,8 @@ def _falcon(cfg, model_type=None, layer_idx=0):
         slopes = alibi_slopes(n_heads) / math.sqrt(head_dim)
         kw.update(use_rope=False, score_mods=(ALiBi(slopes),))
     args = (d_model, n_heads, n_kv, head_dim)
-    return HFAttention, args, kw, {"kind": "falcon", "fused": fused}
+    rows = "blocks" if fused == "mqa" else fused  # attn_np.hf.fused
+    return HFAttention, args, kw, _fused("query_key_value", "dense", rows)
 
 
 def _linear(cfg):
@@ -767,11 +774,24 @@ def _latent(cfg, model_type):
     return HFLatentAttention, args, kw, {"kind": "mla"}
 
 
+def _checked_index(build):
+    """A builder of :mod:`attn_np.hf.fused`, given a checked layer
+    index."""
+
+    def own(cfg, model_type, layer_idx):
+        return build(cfg, model_type, _layer_index(cfg, layer_idx))
+
+    return own
+
+
 _OWN_LAYERS = {
     "falcon": _falcon,
     "deepseek_v2": _mla,
     "deepseek_v3": _mla,
     "deepseek_v32": _mla,
+    # fused and Conv1D projections without RoPE: GPT-2, OpenAI GPT,
+    # GPT-BigCode, BLOOM and MPT (ALiBi)
+    **{name: _checked_index(b) for name, b in _FUSED_LAYERS.items()},
 }
 #: every model_type attention_from_hf builds
 NAMES = (*FAMILIES, *_OWN_LAYERS)

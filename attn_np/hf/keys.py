@@ -130,6 +130,37 @@ _ELSEWHERE = {
     "layer_norm_eps",  # read in attention only when refused below
     "mtp_layer_types",
     "mtp_mlp_layer_types",
+    # the fused families (attn_np.hf.fused): MLP width and activation,
+    # dropouts, GPT-2's sequence-summary head; cross-attention modules a
+    # GPT-2 decoder may add beside its self-attention (left unchanged)
+    "n_inner",
+    "activation_function",
+    "afn",
+    "resid_pdrop",
+    "embd_pdrop",
+    "emb_pdrop",
+    "attn_pdrop",
+    "summary_type",
+    "summary_use_proj",
+    "summary_activation",
+    "summary_proj_to_labels",
+    "summary_first_dropout",
+    "add_cross_attention",
+    # switches of precision only: GPT-BigCode's float32 softmax, BLOOM's
+    # output projection summed slice by slice (pretraining_tp)
+    "attention_softmax_in_fp32",
+    "scale_attention_softmax_in_fp32",
+    "slow_but_exact",
+    # MPT outside its attention: the MLP, the embedding, the norms; HF's
+    # MptModel has no position table (learned_pos_emb) and no bias in
+    # its attention (no_bias), whatever these say
+    "expansion_ratio",
+    "max_seq_len",
+    "learned_pos_emb",
+    "init_device",
+    "no_bias",
+    "embedding_fraction",
+    "norm_type",
 }
 
 _ATTENTION = {
@@ -191,6 +222,13 @@ _ATTENTION = {
     "clip_qkv",
     "qk_layernorm",
     "rotary_dim",  # MiniMax-M2's partial RoPE
+    # the fused families (attn_np.hf.fused)
+    "scale_attn_weights",
+    "scale_attn_by_inverse_layer_idx",
+    "reorder_and_upcast_attn",
+    "attn_config",  # MPT's, every key checked there
+    # Phi-3: read by its LongRoPE only (a rope_type refused there)
+    "original_max_position_embeddings",
 }
 # Keys only some families read: set (not null, false, 0 or empty) in
 # another family's config, each is refused by name, since that family's
@@ -212,7 +250,12 @@ _FAMILY_KEYS = {
     "no_rope_layers": ("llama4_text", "smollm3"),
     "rotary_dim": ("minimax_m2",),
     "alibi": ("falcon",),
-    "multi_query": ("falcon",),
+    "multi_query": ("falcon", "gpt_bigcode"),
+    "scale_attn_weights": ("gpt2", "gpt_bigcode"),
+    "scale_attn_by_inverse_layer_idx": ("gpt2",),
+    "reorder_and_upcast_attn": ("gpt2",),
+    "attn_config": ("mpt",),
+    "original_max_position_embeddings": ("phi3",),
     "new_decoder_architecture": ("falcon",),
     "bias": ("falcon",),
     "num_kv_heads": ("falcon",),
@@ -260,7 +303,6 @@ _NOT_BUILT = {
         "lambda_q2, lambda_k2)"
     ),
     "doge": "a dynamic mask from the values (A, dt_proj)",
-    "phi3": "one fused qkv_proj weight (a state-dict layout)",
     "phi": "an output projection named dense and qk_layernorm",
     "persimmon": (
         "a fused query_key_value and a LayerNorm per head on q and k"
