@@ -37,8 +37,6 @@ them (``b_q`` for the fused one, ``b_o`` for the output's).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..refinements import ALiBi, alibi_slopes
@@ -321,18 +319,6 @@ def _bloom(cfg, model_type, i):
     return HFAttention, (d_model, n_heads, n_heads, head_dim), kw, layout
 
 
-def _mpt_slopes(n_heads, bias_max=8):
-    """MPT's ALiBi slopes: ``2^(-bias_max h / p)`` for ``h = 1 ... p``,
-    ``p`` the next power of two at or above ``n_heads``; when ``p >
-    n_heads``, the odd-numbered then the even-numbered ones, the first
-    ``n_heads`` (not BLOOM's rule). ``[n_heads]``."""
-    p = 2 ** math.ceil(math.log2(n_heads))
-    slopes = 2.0 ** (-np.arange(1, p + 1) * (bias_max / p))  # [p]
-    if p != n_heads:
-        slopes = np.concatenate([slopes[1::2], slopes[::2]])[:n_heads]
-    return slopes
-
-
 # MPT's attn_config: keys read, and the value HF's classes build (any
 # other is refused by name: HF's MptAttention ignores these keys, so a
 # file that sets one describes a layer HF does not build either).
@@ -375,15 +361,19 @@ def _mpt_attention(cfg):
 
 def _mpt(cfg, model_type, i):
     """MPT: multi-head, ``Wqkv`` in ``"blocks"`` rows and ``out_proj``,
-    no biases; ALiBi with MPT's slopes (:func:`_mpt_slopes`), added after
-    the scale ``attn_config.softmax_scale`` (default ``1/sqrt(d)``)."""
+    no biases; ALiBi added after the scale ``attn_config.softmax_scale``
+    (default ``1/sqrt(d)``). HF's MPT takes ``2^(-8 h / p)`` for ``p`` the
+    power of two at or above ``n_heads``, then, when ``p > n_heads``, the
+    even-numbered slopes before the odd ones, the first ``n_heads``: the
+    same numbers as BLOOM's rule (:func:`~attn_np.refinements.
+    alibi_slopes`), in the same order."""
     d_model, n_heads, head_dim = _sizes(cfg)
     attn = _mpt_attention(cfg)
     scale = number(attn, "softmax_scale", head_dim**-0.5)
     kw = dict(
         use_rope=False,
         scale=scale,
-        score_mods=(ALiBi(_mpt_slopes(n_heads)),),
+        score_mods=(ALiBi(alibi_slopes(n_heads)),),
     )
     layout = _fused("Wqkv", "out_proj", "blocks")
     return HFAttention, (d_model, n_heads, n_heads, head_dim), kw, layout
