@@ -1601,8 +1601,8 @@ MORE = {
     "mpt": (
         {},
         [0],
-        "MPT: Wqkv (q, k, v blocks), no biases, ALiBi with MPT's slopes, "
-        "6 heads (its own rule for a non-power of two)",
+        "MPT: Wqkv (q, k, v blocks), no biases, ALiBi, 6 heads (HF's MPT "
+        "slope rule, which gives BLOOM's numbers)",
     ),
 }
 # Families whose configuration classes spell the sizes their own way

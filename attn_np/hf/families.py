@@ -6,7 +6,10 @@ Every other q/k/v/o family is a difference from it, one small function
 in :data:`FAMILIES`, the way ``transformers``' ``modular_*.py`` files
 define a model as a diff of another (Qwen2: ``biases = q, k, v``; Qwen3:
 ``qk_norm = "head"``; ...). Falcon, the latent families (DeepSeek) and
-Qwen3-Next's ``linear_attention`` layers are layers of their own.
+Qwen3-Next's ``linear_attention`` layers are layers of their own, and
+so are the families whose q, k and v are one fused or ``Conv1D`` weight
+(GPT-2, OpenAI GPT, GPT-BigCode, BLOOM, MPT: :mod:`attn_np.hf.fused`,
+which also holds Phi-3's ``qkv_proj``, a difference in :data:`FAMILIES`).
 
 Issue 44 admits every other decoder family of ``transformers`` 5.24.0
 that these parts build exactly (each matched by
