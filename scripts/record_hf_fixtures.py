@@ -1604,6 +1604,12 @@ MORE = {
         "MPT: Wqkv (q, k, v blocks), no biases, ALiBi, 6 heads (HF's MPT "
         "slope rule, which gives BLOOM's numbers)",
     ),
+    "codegen": (
+        dict(rotary_dim=8),
+        [0],
+        "CodeGen: qkv_proj in 4 model-parallel shards (each q, v, k), no "
+        "biases, RoPE on interleaved pairs of the first 8 of 16 features",
+    ),
 }
 # Families whose configuration classes spell the sizes their own way
 # (attribute_map): their base keywords in place of BASE.
@@ -1614,6 +1620,7 @@ _OWN_BASE = {
     "gpt2": {**_GPT_BASE, "n_inner": 32},
     "openai-gpt": _GPT_BASE,
     "gpt_bigcode": {**_GPT_BASE, "n_inner": 32},
+    "codegen": {**_GPT_BASE, "n_inner": 32},
     "bloom": dict(vocab_size=32, hidden_size=48, n_layer=2, n_head=6),
     "mpt": dict(
         vocab_size=32,

@@ -1,5 +1,6 @@
 """The families whose attention keeps q, k and v in one weight
-(attn_np.hf.fused): Phi-3, GPT-2, OpenAI GPT, GPT-BigCode, BLOOM, MPT.
+(attn_np.hf.fused): Phi-3, GPT-2, OpenAI GPT, GPT-BigCode, BLOOM, MPT,
+CodeGen.
 
 Their fixtures are checked with every other family's in
 test_hf_families.py; here, the keys each one reads, the values it refuses
@@ -17,7 +18,15 @@ from attn_np.hf.families import layer_settings
 from attn_np.refinements import alibi_slopes
 
 FIXTURES = Path(__file__).parent / "fixtures"
-FUSED = ("phi3", "gpt2", "openai-gpt", "gpt_bigcode", "bloom", "mpt")
+FUSED = (
+    "phi3",
+    "gpt2",
+    "openai-gpt",
+    "gpt_bigcode",
+    "bloom",
+    "mpt",
+    "codegen",
+)
 
 
 def _fixture(name, i=0):
@@ -216,3 +225,39 @@ def test_a_fused_familys_key_in_a_llama_config_is_refused(key, value):
     config[key] = value
     with pytest.raises(ValueError, match=key):
         layer_settings(config, 0)
+
+
+def test_codegen_reads_rotary_dim():
+    config, _, _ = _fixture("codegen")
+    _, kw, layout = _settings(config)
+    assert kw["rotary_dim"] == 8 and kw["rope_layout"] == "interleaved"
+    assert layout["rows"] == "shards" and layout["qkv"] == "qkv_proj"
+    assert _settings({**config, "rotary_dim": 16})[1]["rotary_dim"] is None
+    absent = dict(config)
+    del absent["rotary_dim"]  # CodeGenConfig's 64, wider than a head here
+    for bad, match in (
+        (absent, "rotary_dim=64"),
+        ({**config, "rotary_dim": None}, "rotary_dim=None"),
+        ({**config, "rotary_dim": 7}, "even"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            layer_settings(bad, 0)
+
+
+@pytest.mark.parametrize(
+    "name,key,value",
+    [
+        ("gpt2", "rope_theta", 10000.0),
+        ("gpt2", "num_key_value_heads", 2),
+        ("bloom", "sliding_window", 4),
+        ("mpt", "attention_bias", True),
+        ("codegen", "partial_rotary_factor", 0.5),
+        ("openai-gpt", "head_dim", 8),
+    ],
+)
+def test_a_key_the_fused_family_does_not_read_is_refused(name, key, value):
+    config, _, _ = _fixture(name)
+    with pytest.raises(ValueError, match=f"{key}={value!r}"):
+        layer_settings({**config, key: value}, 0)
+    head_dim = _settings(config)[0][3]
+    layer_settings({**config, "head_dim": head_dim}, 0)  # what HF computes

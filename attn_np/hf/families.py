@@ -8,7 +8,8 @@ define a model as a diff of another (Qwen2: ``biases = q, k, v``; Qwen3:
 ``qk_norm = "head"``; ...). Falcon, the latent families (DeepSeek) and
 Qwen3-Next's ``linear_attention`` layers are layers of their own, and
 so are the families whose q, k and v are one fused or ``Conv1D`` weight
-(GPT-2, OpenAI GPT, GPT-BigCode, BLOOM, MPT: :mod:`attn_np.hf.fused`,
+(GPT-2, OpenAI GPT, GPT-BigCode, BLOOM, MPT, CodeGen:
+:mod:`attn_np.hf.fused`,
 which also holds Phi-3's ``qkv_proj``, a difference in :data:`FAMILIES`).
 
 Issue 44 admits every other decoder family of ``transformers`` 5.24.0
@@ -792,8 +793,8 @@ _OWN_LAYERS = {
     "deepseek_v2": _mla,
     "deepseek_v3": _mla,
     "deepseek_v32": _mla,
-    # fused and Conv1D projections without RoPE: GPT-2, OpenAI GPT,
-    # GPT-BigCode, BLOOM and MPT (ALiBi)
+    # fused and Conv1D projections: GPT-2, OpenAI GPT, GPT-BigCode
+    # (no RoPE), BLOOM and MPT (ALiBi), CodeGen (partial interleaved RoPE)
     **{name: _checked_index(b) for name, b in _FUSED_LAYERS.items()},
 }
 #: every model_type attention_from_hf builds

@@ -22,6 +22,10 @@ features and ``G = H / n_kv``, the rows come in one of three orders:
 * ``"grouped"``: ``[n_kv, G + 2, d]``, each key/value group's ``G`` query
   heads, then its key, then its value: Falcon-40B's ``query_key_value``
   (``new_decoder_architecture``).
+* ``"shards"``: ``[4, 3, d_model / 4]``, the four model-parallel shards
+  CodeGen was trained on, each its quarter of the query rows, then of the
+  value rows, then of the key rows (note the order: q, v, k): CodeGen's
+  ``qkv_proj`` (``mp_num = 4``).
 
 GPT-2's and OpenAI GPT's ``Conv1D`` is ``y = x W + b`` with ``W`` stored
 ``[in, out]``, the book's own layout, not transposed: ``c_attn.weight
@@ -57,6 +61,7 @@ _SPELLINGS = {
     "gpt2": _GPT,
     "openai-gpt": _GPT,
     "gpt_bigcode": _GPT,
+    "codegen": _GPT,
     "bloom": {
         "n_embed": "hidden_size",
         "n_head": "num_attention_heads",
@@ -118,6 +123,11 @@ def _split_rows(layer, rows, w):
     elif rows == "per_head":
         t = w.reshape(H, 3, d, *rest)  # [H, 3, d, ...]
         q, k, v = t[:, 0], t[:, 1], t[:, 2]
+    elif rows == "shards":
+        t = w.reshape(
+            4, 3, H * d // 4, *rest
+        )  # [4, (q, v, k), H d / 4, ...]
+        q, v, k = t[:, 0], t[:, 1], t[:, 2]
     else:
         q, k, v = np.split(w, [H * d, (H + n_kv) * d])
     return [a.reshape(-1, *rest) for a in (q, k, v)]  # [heads * d, ...]
@@ -136,6 +146,8 @@ def _fuse_rows(layer, rows, q, k, v):
         t = np.concatenate(parts, axis=1)  # [n_kv, G + 2, d, ...]
     elif rows == "per_head":
         t = np.stack([a.reshape(H, d, *rest) for a in (q, k, v)], axis=1)
+    elif rows == "shards":
+        t = np.stack([a.reshape(4, -1, *rest) for a in (q, v, k)], axis=1)
     else:
         t = np.concatenate([q, k, v], axis=0)
     return t.reshape(-1, *rest)  # [(H + 2 n_kv) d, ...]
@@ -251,6 +263,42 @@ def _phi3(cfg, i, layer_type, kw, layout):
     layout.update(_fused("qkv_proj", "o_proj", "blocks"))
 
 
+# Keys of Llama-style files that the layers below do not read: set in one
+# of their files, each is refused by name rather than ignored.
+_UNREAD = (
+    "head_dim",
+    "num_key_value_heads",
+    "attention_bias",
+    "layer_types",
+    "sliding_window",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "partial_rotary_factor",
+    "query_pre_attn_scalar",
+    "attn_logit_softcapping",
+)
+
+
+def _unread(cfg, model_type, read=()):
+    """Refuse a key of :data:`_UNREAD` that the family's class does not
+    read (``read``), when set; ``head_dim`` equal to ``d_model /
+    n_heads``, what the class computes, is harmless."""
+    d_model, n_heads, head_dim = _sizes(cfg)
+    for key in _UNREAD:
+        value = cfg.get(key)
+        if key in read or value in (None, False, [], {}):
+            continue
+        if key == "head_dim" and value == head_dim:
+            continue
+        raise ValueError(
+            f"config key {key}={value!r:.80} is not read by {model_type}'s "
+            "attention in transformers 5.24.0; attention_from_hf refuses "
+            "it rather than ignore it"
+        )
+    return d_model, n_heads, head_dim
+
+
 def _gpt2(cfg, model_type, i):
     """GPT-2 (and GPT-SW3, whose files say ``gpt2``): multi-head
     attention without RoPE (its positions are learned and added to the
@@ -260,7 +308,7 @@ def _gpt2(cfg, model_type, i):
     by ``i + 1``. ``reorder_and_upcast_attn`` changes only the precision
     of HF's eager path (scores in float32, the scale folded into the
     product; its SDPA path never reads it): the same function here."""
-    d_model, n_heads, head_dim = _sizes(cfg)
+    d_model, n_heads, head_dim = _unread(cfg, model_type)
     scale = _scale(cfg, head_dim)
     if flag(cfg, "scale_attn_by_inverse_layer_idx"):
         scale /= i + 1
@@ -275,7 +323,7 @@ def _openai_gpt(cfg, model_type, i):
     always. HF masks a future key with ``-1e4`` (not ``-inf``), which
     gives it weight ``exp(-1e4)``, zero in float64 unless the allowed
     scores are thousands apart; HF's class has no cache."""
-    d_model, n_heads, head_dim = _sizes(cfg)
+    d_model, n_heads, head_dim = _unread(cfg, model_type)
     kw = dict(biases=_ALL, use_rope=False)
     layout = _fused("c_attn", "c_proj", "blocks", conv1d=True)
     return HFAttention, (d_model, n_heads, n_heads, head_dim), kw, layout
@@ -288,7 +336,9 @@ def _gpt_bigcode(cfg, model_type, i):
     ``c_attn`` and ``c_proj`` with biases; ``scale_attn_weights`` as
     GPT-2's. Its configuration class sets ``num_key_value_heads`` from
     ``multi_query``, so a file whose value disagrees is refused."""
-    d_model, n_heads, head_dim = _sizes(cfg)
+    d_model, n_heads, head_dim = _unread(
+        cfg, model_type, ("num_key_value_heads",)
+    )
     mqa = flag(cfg, "multi_query") is not False
     n_kv = 1 if mqa else n_heads
     written = count(cfg, "num_key_value_heads", required=False)
@@ -309,7 +359,7 @@ def _bloom(cfg, model_type, i):
     ``dense``, all with biases; ALiBi with Press et al.'s slopes, added
     after the ``1/sqrt(d)`` scale (HF adds ``m_h j`` to the scaled
     product, the same up to a constant per row)."""
-    d_model, n_heads, head_dim = _sizes(cfg)
+    d_model, n_heads, head_dim = _unread(cfg, model_type)
     kw = dict(
         biases=_ALL,
         use_rope=False,
@@ -367,7 +417,7 @@ def _mpt(cfg, model_type, i):
     even-numbered slopes before the odd ones, the first ``n_heads``: the
     same numbers as BLOOM's rule (:func:`~attn_np.refinements.
     alibi_slopes`), in the same order."""
-    d_model, n_heads, head_dim = _sizes(cfg)
+    d_model, n_heads, head_dim = _unread(cfg, model_type)
     attn = _mpt_attention(cfg)
     scale = number(attn, "softmax_scale", head_dim**-0.5)
     kw = dict(
@@ -379,6 +429,41 @@ def _mpt(cfg, model_type, i):
     return HFAttention, (d_model, n_heads, n_heads, head_dim), kw, layout
 
 
+def _codegen(cfg, model_type, i):
+    """CodeGen: multi-head, ``qkv_proj`` in ``"shards"`` rows, no biases,
+    ``out_proj``; RoPE on interleaved pairs of the first ``rotary_dim``
+    features of each head (default 64, ``CodeGenConfig``'s), base 10000,
+    the frequencies ``10000^(-2i / rotary_dim)``. ``rotary_dim: null``
+    makes HF rotate with a table as wide as ``hidden_size``, which fits a
+    head only when there is one head; refused."""
+    d_model, n_heads, head_dim = _unread(cfg, model_type)
+    if d_model % 4:
+        raise ValueError(
+            f"config key hidden_size={d_model} must be a multiple of 4 "
+            "(codegen's qkv_proj is cut into 4 shards)"
+        )
+    rotary = 64 if "rotary_dim" not in cfg else cfg["rotary_dim"]
+    if rotary is None:
+        raise ValueError(
+            "config key rotary_dim=None is not built by attention_from_hf "
+            "for codegen (HF rotates every feature with a table as wide "
+            "as hidden_size)"
+        )
+    rotary = count({"rotary_dim": rotary}, "rotary_dim")
+    if rotary % 2 or rotary > head_dim:
+        raise ValueError(
+            f"config key rotary_dim={rotary} must be even and at most "
+            f"head_dim={head_dim} (it turns pairs of a head's features)"
+        )
+    kw = dict(
+        rope_base=10000.0,
+        rope_layout="interleaved",
+        rotary_dim=None if rotary == head_dim else rotary,
+    )
+    layout = _fused("qkv_proj", "out_proj", "shards")
+    return HFAttention, (d_model, n_heads, n_heads, head_dim), kw, layout
+
+
 #: model_type -> ``(cfg, model_type, layer_idx) -> (cls, args, kw,
 #: layout)`` for the fused families that are not Llama's layer
 _FUSED_LAYERS = {
@@ -387,4 +472,5 @@ _FUSED_LAYERS = {
     "gpt_bigcode": _gpt_bigcode,
     "bloom": _bloom,
     "mpt": _mpt,
+    "codegen": _codegen,
 }

@@ -134,6 +134,7 @@ _ELSEWHERE = {
     # dropouts, GPT-2's sequence-summary head; cross-attention modules a
     # GPT-2 decoder may add beside its self-attention (left unchanged)
     "n_inner",
+    "n_ctx",  # CodeGen's, unused by its model
     "activation_function",
     "afn",
     "resid_pdrop",
@@ -248,7 +249,7 @@ _FAMILY_KEYS = {
     "qk_layernorm": ("stablelm",),  # refused there too, when set
     "use_qk_norm": ("llama4_text", "cohere", "glm4_moe", "sarvam_moe"),
     "no_rope_layers": ("llama4_text", "smollm3"),
-    "rotary_dim": ("minimax_m2",),
+    "rotary_dim": ("minimax_m2", "codegen"),
     "alibi": ("falcon",),
     "multi_query": ("falcon", "gpt_bigcode"),
     "scale_attn_weights": ("gpt2", "gpt_bigcode"),
