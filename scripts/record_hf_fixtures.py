@@ -1604,6 +1604,12 @@ MORE = {
         "MPT: Wqkv (q, k, v blocks), no biases, ALiBi, 6 heads (HF's MPT "
         "slope rule, which gives BLOOM's numbers)",
     ),
+    "persimmon": (
+        dict(num_key_value_heads=4, head_dim=16),
+        [0],
+        "Persimmon: per-head query_key_value [h, 3, d] with biases, a "
+        "LayerNorm per head on q and k (qk_layernorm), partial RoPE 0.5",
+    ),
     "codegen": (
         dict(rotary_dim=8),
         [0],

@@ -156,7 +156,7 @@ def test_an_admitted_family_refuses_what_it_lacks(name, change, match):
         ("bitnet", "attn_sub_norm"),
         ("nanochat", "RoPE turned the other way"),
         ("diffllama", "differential attention"),
-        ("persimmon", "LayerNorm per head"),
+        ("phi", "output projection named dense"),
         ("afmoe", "output gate from its own gate_proj"),
         ("glm4_moe_lite", "multi-head latent attention"),
     ],

@@ -1,6 +1,6 @@
 """The families whose attention keeps q, k and v in one weight
 (attn_np.hf.fused): Phi-3, GPT-2, OpenAI GPT, GPT-BigCode, BLOOM, MPT,
-CodeGen.
+CodeGen, Persimmon.
 
 Their fixtures are checked with every other family's in
 test_hf_families.py; here, the keys each one reads, the values it refuses
@@ -15,6 +15,7 @@ import pytest
 
 from attn_np.hf.build import attention_from_hf
 from attn_np.hf.families import layer_settings
+from attn_np.hf.layers import HFAttention
 from attn_np.refinements import alibi_slopes
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -26,6 +27,7 @@ FUSED = (
     "bloom",
     "mpt",
     "codegen",
+    "persimmon",
 )
 
 
@@ -261,3 +263,34 @@ def test_a_key_the_fused_family_does_not_read_is_refused(name, key, value):
         layer_settings({**config, key: value}, 0)
     head_dim = _settings(config)[0][3]
     layer_settings({**config, "head_dim": head_dim}, 0)  # what HF computes
+
+
+def test_persimmon_reads_qk_layernorm_and_its_eps():
+    config, state, f = _fixture("persimmon")
+    cls, args, kw, layout = layer_settings(config, 0)
+    assert cls.__name__ == "_QKLayerNormAttention" and "cls" not in layout
+    assert kw["norm_eps"] == 1e-5 and kw["rotary_dim"] == 8  # 0.5 of 16
+    assert layout["rows"] == "per_head"
+    eps = {**config, "layer_norm_eps": 1e-3}
+    assert layer_settings(eps, 0)[2]["norm_eps"] == 1e-3
+    # without it: HF's class has no norms, nor does the layer
+    plain = {**config, "qk_layernorm": False}
+    assert type(attention_from_hf(plain, 0)).__name__ == "HFAttention"
+    state = {k: a for k, a in state.items() if "layernorm" not in k}
+    attention_from_hf(plain, 0, state)
+    with pytest.raises(ValueError, match="num_key_value_heads=2"):
+        layer_settings({**config, "num_key_value_heads": 2}, 0)
+
+
+def test_persimmons_layernorm_is_not_rmsnorm():
+    """The same weights with Qwen3's RMSNorm per head (no mean, no bias)
+    in place of the LayerNorm miss HF by far more than rounding: the
+    fixture checks the LayerNorm."""
+    config, state, f = _fixture("persimmon")
+    layer = attention_from_hf(config, 0, state)
+    _, args, kw, _ = layer_settings(config, 0)
+    rms = HFAttention(*args, **{**kw, "qk_norm": "head"})
+    for k in rms.params:
+        rms.params[k] = layer.params[k]
+    err = np.max(np.abs(rms.forward(f["x"]) - f["layer0.out"]))
+    assert err > 1e-3 * np.max(np.abs(f["layer0.out"]))

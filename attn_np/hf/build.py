@@ -55,7 +55,7 @@ def attention_from_hf(
     Granite, Cohere 2, ERNIE 4.5, GLM-4, ...); the families whose q, k
     and v are one fused or ``Conv1D`` weight (``attn_np.hf.fused``):
     Phi-3, GPT-2 and GPT-SW3, OpenAI GPT, GPT-BigCode, BLOOM and MPT
-    (ALiBi), CodeGen. RoPE
+    (ALiBi), CodeGen, Persimmon (a LayerNorm per head on q and k). RoPE
     as ``rope_theta``/``rope_scaling``/``partial_rotary_factor`` at the
     top level or under ``rope_parameters`` (transformers 5; per layer type
     for Gemma 3); ``rope_type`` ``default``, ``linear``, and chapter 11's

@@ -58,7 +58,7 @@ from .config import (
     rope_parameters,
     windows,
 )
-from .fused import _FUSED_LAYERS, _fused, _phi3, _spelled
+from .fused import _FUSED_LAYERS, _fused, _persimmon, _phi3, _spelled
 from .keys import (
     _ATTENTION,
     _BUILT_BY,
@@ -596,6 +596,9 @@ FAMILIES = {
     # one fused qkv_proj (attn_np.hf.fused): Phi-3, its window on every
     # layer (as Mistral's)
     "phi3": _phi3,
+    # per-head query_key_value, a LayerNorm per head on q and k (when
+    # qk_layernorm), partial RoPE 0.5 by default: Persimmon
+    "persimmon": _persimmon,
 }
 
 
@@ -654,7 +657,8 @@ def _decoder(cfg, model_type, layer_idx):
     )
     layout = {"kind": "proj", "gate_rows": False}
     FAMILIES[model_type](cfg, layer_idx, layer_type, kw, layout)
-    return HFAttention, args, kw, layout
+    cls = layout.pop("cls", HFAttention)  # a diff may name its own class
+    return cls, args, kw, layout
 
 
 # ------------------------------------------------ layers of their own
@@ -822,6 +826,7 @@ _CLASS_ROPE = {
     "glm4": (1e4, 0.5),
     "glm4_moe": (1e4, 0.5),
     "stablelm": (1e4, 0.25),
+    "persimmon": (1e4, 0.5),
     "exaone": (5e5, 1.0),
     "apertus1p5_text": (1.2e7, 1.0),
     "hy_v3": (11158840.0, 1.0),

@@ -46,7 +46,7 @@ import numpy as np
 from ..refinements import ALiBi, alibi_slopes
 from .config import count, flag, get_object, number
 from .keys import _ELSEWHERE
-from .layers import HFAttention
+from .layers import HFAttention, _QKLayerNormAttention
 
 # ------------------------------------------------------------ spellings
 # Each configuration class's attribute_map (and BLOOM's n_embed): the
@@ -161,6 +161,10 @@ def _fused_names(layout, layer):
         names[f"{qkv}.bias"] = None
     if "b_o" in layer.params:
         names[f"{out}.bias"] = "b_o"
+    if "q_norm_bias" in layer.params:  # Persimmon's LayerNorm per head
+        for n in ("q", "k"):
+            names[f"{n}_layernorm.weight"] = f"{n}_norm"
+            names[f"{n}_layernorm.bias"] = f"{n}_norm_bias"
     return names
 
 
@@ -190,6 +194,9 @@ def _load_fused(layer, layout, got):
             new[f"b_{n}"], source[f"b_{n}"] = a, f"{qkv}.bias"
     if f"{out}.bias" in got:
         new["b_o"], source["b_o"] = got[f"{out}.bias"], f"{out}.bias"
+    for hf, key in _fused_names(layout, layer).items():
+        if key is not None and key not in new:  # the norms' [d] vectors
+            new[key], source[key] = got[hf], hf
     return new, source
 
 
@@ -208,6 +215,9 @@ def _fused_to_hf(layout, layer, d):
         )
     if "b_o" in d:
         res[f"{out}.bias"] = d["b_o"]
+    for hf, key in _fused_names(layout, layer).items():
+        if key is not None and hf not in res:
+            res[hf] = d[key]
     return res
 
 
@@ -289,7 +299,10 @@ def _unread(cfg, model_type, read=()):
         value = cfg.get(key)
         if key in read or value in (None, False, [], {}):
             continue
-        if key == "head_dim" and value == head_dim:
+        if (key, value) in (
+            ("head_dim", head_dim),
+            ("num_key_value_heads", n_heads),
+        ):
             continue
         raise ValueError(
             f"config key {key}={value!r:.80} is not read by {model_type}'s "
@@ -297,6 +310,21 @@ def _unread(cfg, model_type, read=()):
             "it rather than ignore it"
         )
     return d_model, n_heads, head_dim
+
+
+def _persimmon(cfg, i, layer_type, kw, layout):
+    """Persimmon: multi-head, ``query_key_value`` in ``"per_head"`` rows
+    and ``dense``, all with biases; a LayerNorm per head on q and k when
+    ``qk_layernorm`` (default true; eps ``layer_norm_eps``, default
+    1e-5), then RoPE on the first ``partial_rotary_factor`` (default 0.5)
+    of each head's features, rotate-half."""
+    rope = ("rope_theta", "rope_scaling", "rope_parameters")
+    _unread(cfg, "persimmon", (*rope, "partial_rotary_factor"))
+    kw["biases"] = _ALL
+    if flag(cfg, "qk_layernorm") is not False:
+        kw["norm_eps"] = number(cfg, "layer_norm_eps", 1e-5)
+        layout["cls"] = _QKLayerNormAttention
+    layout.update(_fused("query_key_value", "dense", "per_head"))
 
 
 def _gpt2(cfg, model_type, i):

@@ -127,7 +127,7 @@ _ELSEWHERE = {
     "embedding_dropout",
     "norm_eps",  # Nemotron's LayerNorm1P
     "norm_epsilon",  # StarCoder2's LayerNorm
-    "layer_norm_eps",  # read in attention only when refused below
+    "layer_norm_eps",  # read in attention by Persimmon's QK LayerNorm
     "mtp_layer_types",
     "mtp_mlp_layer_types",
     # the fused families (attn_np.hf.fused): MLP width and activation,
@@ -246,7 +246,7 @@ _FAMILY_KEYS = {
         "hyperclovax",
     ),
     "clip_qkv": ("olmo", "olmoe"),  # refused there too, when set
-    "qk_layernorm": ("stablelm",),  # refused there too, when set
+    "qk_layernorm": ("stablelm", "persimmon"),  # refused by StableLM
     "use_qk_norm": ("llama4_text", "cohere", "glm4_moe", "sarvam_moe"),
     "no_rope_layers": ("llama4_text", "smollm3"),
     "rotary_dim": ("minimax_m2", "codegen"),
@@ -305,9 +305,6 @@ _NOT_BUILT = {
     ),
     "doge": "a dynamic mask from the values (A, dt_proj)",
     "phi": "an output projection named dense and qk_layernorm",
-    "persimmon": (
-        "a fused query_key_value and a LayerNorm per head on q and k"
-    ),
     "lfm2": "short-convolution layers, out_proj and q_layernorm names",
     "lfm2_moe": "short-convolution layers, out_proj and q_layernorm names",
     "afmoe": _GATE + "gate_proj (sigmoid) with NoPE full layers",
