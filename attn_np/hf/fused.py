@@ -258,16 +258,18 @@ def _scale(cfg, head_dim):
 def _phi3(cfg, i, layer_type, kw, layout):
     """Phi-3: Llama's layer with one ``qkv_proj`` (``"blocks"`` rows) and
     no bias anywhere (``attention_bias`` is not read by its class). Its
-    configuration class reads ``rope_type`` ``su`` and ``yarn`` as
-    LongRoPE, which the library lacks."""
+    configuration class accepts ``rope_type`` ``default`` and
+    ``longrope`` only, and reads ``su`` and ``yarn`` as LongRoPE, which
+    the library lacks: only ``default`` is built."""
     for key in ("rope_parameters", "rope_scaling"):
         params = get_object(cfg, key) or {}
         rope_type = params.get("rope_type", params.get("type", "default"))
         if rope_type != "default":
             raise ValueError(
-                f"config key {key}.rope_type={rope_type!r} is read by "
-                "phi3 as LongRoPE (rescaled frequencies per pair), which "
-                "attention_from_hf lacks"
+                f"config key {key}.rope_type={rope_type!r} is not built "
+                "by attention_from_hf for phi3: its class reads su, yarn "
+                "and longrope as LongRoPE (rescaled frequencies per "
+                "pair), which the library lacks, and refuses other types"
             )
     kw["biases"] = ()
     layout.update(_fused("qkv_proj", "o_proj", "blocks"))
@@ -293,7 +295,8 @@ _UNREAD = (
 def _unread(cfg, model_type, read=()):
     """Refuse a key of :data:`_UNREAD` that the family's class does not
     read (``read``), when set; ``head_dim`` equal to ``d_model /
-    n_heads``, what the class computes, is harmless."""
+    n_heads`` and ``num_key_value_heads`` equal to ``n_heads`` (what the
+    class builds) are harmless. Returns :func:`_sizes`."""
     d_model, n_heads, head_dim = _sizes(cfg)
     for key in _UNREAD:
         value = cfg.get(key)
