@@ -204,8 +204,9 @@ def test_a_fused_entry_of_the_wrong_shape_is_named(name, entry, change):
 def test_a_missing_or_extra_fused_entry_is_named():
     config, state, _ = _fixture("gpt2")
     del state["c_attn.bias"]
-    with pytest.raises(ValueError, match=r"missing \['c_attn\.bias'\]"):
+    with pytest.raises(ValueError, match=r"missing \['c_attn\.bias'\]") as e:
         attention_from_hf(config, 0, state)
+    assert "'h.{i}.attn.' prefix" in str(e.value)  # GPT2Model's names
     config, state, _ = _fixture("mpt")
     state["Wqkv.bias"] = np.zeros(3 * 48)  # HF's MptAttention has none
     with pytest.raises(ValueError, match=r"unexpected \['Wqkv\.bias'\]"):

@@ -689,7 +689,10 @@ def _falcon(cfg, model_type=None, layer_idx=0):
         kw.update(use_rope=False, score_mods=(ALiBi(slopes),))
     args = (d_model, n_heads, n_kv, head_dim)
     rows = "blocks" if fused == "mqa" else fused  # attn_np.hf.fused
-    return HFAttention, args, kw, _fused("query_key_value", "dense", rows)
+    layout = _fused(
+        "query_key_value", "dense", rows, False, "h.{i}.self_attention."
+    )
+    return HFAttention, args, kw, layout
 
 
 def _linear(cfg):

@@ -222,13 +222,19 @@ def _fused_to_hf(layout, layer, d):
 
 
 # ------------------------------------------------------------ families
-def _fused(qkv, out, rows, conv1d=False):
+def _fused(
+    qkv, out, rows, conv1d=False, prefix="model.layers.{i}.self_attn."
+):
+    """A fused layout; ``prefix``: where the attention's entries sit in
+    the checkpoint of HF's base model (named when a state dict does not
+    fit)."""
     return {
         "kind": "fused",
         "qkv": qkv,
         "out": out,
         "rows": rows,
         "conv1d": conv1d,
+        "prefix": prefix,
     }
 
 
@@ -247,6 +253,7 @@ def _sizes(cfg):
 
 
 _ALL = ("q", "k", "v", "o")
+_H_ATTN = "h.{i}.attn."  # GPT-2's, OpenAI GPT's, GPT-BigCode's, CodeGen's
 
 
 def _scale(cfg, head_dim):
@@ -345,7 +352,7 @@ def _gpt2(cfg, model_type, i):
         scale /= i + 1
     flag(cfg, "reorder_and_upcast_attn")  # a JSON boolean, nothing more
     kw = dict(biases=_ALL, use_rope=False, scale=scale)
-    layout = _fused("c_attn", "c_proj", "blocks", conv1d=True)
+    layout = _fused("c_attn", "c_proj", "blocks", True, _H_ATTN)
     return HFAttention, (d_model, n_heads, n_heads, head_dim), kw, layout
 
 
@@ -356,7 +363,7 @@ def _openai_gpt(cfg, model_type, i):
     scores are thousands apart; HF's class has no cache."""
     d_model, n_heads, head_dim = _unread(cfg, model_type)
     kw = dict(biases=_ALL, use_rope=False)
-    layout = _fused("c_attn", "c_proj", "blocks", conv1d=True)
+    layout = _fused("c_attn", "c_proj", "blocks", True, _H_ATTN)
     return HFAttention, (d_model, n_heads, n_heads, head_dim), kw, layout
 
 
@@ -381,7 +388,9 @@ def _gpt_bigcode(cfg, model_type, i):
         )
     scale = _scale(cfg, head_dim)
     kw = dict(biases=_ALL, use_rope=False, scale=scale)
-    layout = _fused("c_attn", "c_proj", "blocks" if mqa else "per_head")
+    layout = _fused(
+        "c_attn", "c_proj", "blocks" if mqa else "per_head", False, _H_ATTN
+    )
     return HFAttention, (d_model, n_heads, n_kv, head_dim), kw, layout
 
 
@@ -396,7 +405,13 @@ def _bloom(cfg, model_type, i):
         use_rope=False,
         score_mods=(ALiBi(alibi_slopes(n_heads)),),
     )
-    layout = _fused("query_key_value", "dense", "per_head")
+    layout = _fused(
+        "query_key_value",
+        "dense",
+        "per_head",
+        False,
+        "h.{i}.self_attention.",
+    )
     return HFAttention, (d_model, n_heads, n_heads, head_dim), kw, layout
 
 
@@ -456,7 +471,7 @@ def _mpt(cfg, model_type, i):
         scale=scale,
         score_mods=(ALiBi(alibi_slopes(n_heads)),),
     )
-    layout = _fused("Wqkv", "out_proj", "blocks")
+    layout = _fused("Wqkv", "out_proj", "blocks", False, "blocks.{i}.attn.")
     return HFAttention, (d_model, n_heads, n_heads, head_dim), kw, layout
 
 
@@ -491,7 +506,7 @@ def _codegen(cfg, model_type, i):
         rope_layout="interleaved",
         rotary_dim=None if rotary == head_dim else rotary,
     )
-    layout = _fused("qkv_proj", "out_proj", "shards")
+    layout = _fused("qkv_proj", "out_proj", "shards", False, _H_ATTN)
     return HFAttention, (d_model, n_heads, n_heads, head_dim), kw, layout
 
 

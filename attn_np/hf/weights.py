@@ -143,10 +143,10 @@ def load_state(layer, layout, state_dict, dtype):
     extra = sorted(set(state_dict) - set(names))
     missing = sorted(set(names) - set(state_dict))
     if extra or missing:
+        prefix = layout.get("prefix", "model.layers.{i}.self_attn.")
         raise ValueError(
             f"state_dict does not fit this layer: unexpected {extra}, "
-            f"missing {missing} (names without the "
-            "'model.layers.{i}.self_attn.' prefix)"
+            f"missing {missing} (names without the '{prefix}' prefix)"
         )
     p = layer.params
     got = {}
