@@ -165,15 +165,14 @@ def load_state(layer, layout, state_dict, dtype):
                 f"state_dict entry {k} has {bad} NaN or inf value(s) in "
                 f"its {a.size}"
             )
-    new, source = {}, {}
     if layout["kind"] == "fused":  # one q/k/v weight (attn_np.hf.fused)
         new, source = _load_fused(layer, layout, got)
-        names = {}
-    for hf, key in names.items():
-        a = got[hf]
-        if key is None:
-            continue
-        new[key], source[key] = (a.T if a.ndim == 2 else a), hf
+    else:
+        new, source = {}, {}
+        for hf, key in names.items():
+            a = got[hf]
+            if key is not None:
+                new[key], source[key] = (a.T if a.ndim == 2 else a), hf
     if layout["kind"] == "mla":
         new.update(_mla_split(layer, got))
     if layout.get("indexer"):
