@@ -295,3 +295,16 @@ def test_persimmons_layernorm_is_not_rmsnorm():
         rms.params[k] = layer.params[k]
     err = np.max(np.abs(rms.forward(f["x"]) - f["layer0.out"]))
     assert err > 1e-3 * np.max(np.abs(f["layer0.out"]))
+
+
+def test_transformers_default_configs_build():
+    """Each family's default config as transformers 5.24.0 writes it
+    (appendix A2's record, every key of the configuration class; GPT-SW3's
+    says gpt2) is read without a refusal."""
+    from attn_np.instruments import atlas
+
+    rows = {r["model_type"]: r for r in atlas.load()["families"]}
+    for name in (*FUSED, "gpt-sw3"):
+        config = rows[name]["config"]
+        cls, args, kw, layout = layer_settings(config, 0)
+        assert layout["kind"] == "fused", name
