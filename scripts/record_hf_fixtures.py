@@ -156,9 +156,14 @@ def attention_module(layer):
 
 
 def decoder_layers(model):
+    """``model.layers``, GPT-2's and BLOOM's ``model.h``, MPT's
+    ``model.blocks``; OPT's ``model.decoder.layers``."""
     if hasattr(model, "decoder"):  # OPT: model.decoder.layers
         model = model.decoder
-    return model.layers if hasattr(model, "layers") else model.h
+    for name in ("layers", "h", "blocks"):
+        if hasattr(model, name):
+            return getattr(model, name)
+    raise LookupError(f"no decoder layers in {type(model).__name__}")
 
 
 def redraw(module, gen):
@@ -192,6 +197,7 @@ def run(model, x_in, emb, cache=None, use_cache=False, layer=0, start=None):
     for a model that does not count its cache's length itself)."""
     mod = attention_module(decoder_layers(model)[layer])
     got = {}
+    x_in = x_in.contiguous()  # GPT-2's Conv1D views its input
 
     def pre(m, args, kwargs):
         if "hidden_states" in kwargs:
@@ -200,10 +206,16 @@ def run(model, x_in, emb, cache=None, use_cache=False, layer=0, start=None):
             args = (x_in, x_in, x_in, *args[3:])
         else:
             args = (x_in, *args[1:])
+        # BLOOM's attention module adds the block's residual to its
+        # output: zero it, so the output is the attention's alone
+        if "residual" in kwargs:
+            kwargs["residual"] = torch.zeros_like(kwargs["residual"])
+        elif type(m).__name__ == "BloomAttention":
+            args = (args[0], torch.zeros_like(args[1]), *args[2:])
         return args, kwargs
 
     def post(m, args, kwargs, out):
-        got["out"] = out[0] if isinstance(out, tuple) else out
+        got["out"] = out[0] if isinstance(out, (tuple, list)) else out
 
     h1 = mod.register_forward_pre_hook(pre, with_kwargs=True)
     h2 = mod.register_forward_hook(post, with_kwargs=True)
@@ -247,7 +259,8 @@ def record(
     output is recorded too (``layer{i}.capture.{name}``); ``attn``: HF's
     attention implementation (eager unless a family's eager path is wrong);
     ``positions``: pass ``position_ids`` to every call (Bamba's model
-    starts them at 0 at every call unless given).
+    starts them at 0 at every call unless given). ``chunks=()`` records
+    no decode (a family whose HF class has no cache, OpenAI GPT).
     """
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -300,6 +313,8 @@ def record(
                 if g is None:
                     raise RuntimeError(f"{name}: {pname} gets no gradient")
                 arrays[f"layer{i}.grad.{pname}"] = g.numpy().copy()
+            if not chunks:  # no cache in HF's class: nothing to decode
+                continue
             with torch.no_grad():
                 cache, outs, start = None, [], 0
                 for c in chunks:
@@ -1758,6 +1773,54 @@ MORE = {
         [1],
         "Nemotron-H: layer 1 attention (NoPE), layer 0 Mamba-2",
     ),
+    "phi3": (
+        dict(pad_token_id=0, partial_rotary_factor=0.5, sliding_window=4),
+        [0],
+        "Phi-3: one fused qkv_proj (q rows, k rows, v rows), GQA 4:2, "
+        "partial RoPE 0.5, window 4 on every layer",
+    ),
+    "gpt2": (
+        dict(scale_attn_by_inverse_layer_idx=True),
+        [0, 1],
+        "GPT-2: Conv1D c_attn [d, 3d] and c_proj with biases, MHA, no RoPE; "
+        "scale_attn_by_inverse_layer_idx (layer 1 scaled by 1/2 more)",
+    ),
+    "openai-gpt": (
+        {},
+        [0],
+        "OpenAI GPT: GPT-2's Conv1D layer, future keys masked with -1e4; "
+        "HF's class has no cache, so no decode is recorded",
+    ),
+    "gpt_bigcode": (
+        dict(multi_query=True),
+        [0],
+        "GPT-BigCode: multi_query, c_attn rows q (d) then one k head and "
+        "one v head, biases",
+    ),
+    "bloom": (
+        {},
+        [0],
+        "BLOOM: per-head query_key_value [h, 3, d] with biases, ALiBi "
+        "after the scale, 6 heads (slopes of a non-power of two)",
+    ),
+    "mpt": (
+        {},
+        [0],
+        "MPT: Wqkv (q, k, v blocks), no biases, ALiBi, 6 heads (HF's MPT "
+        "slope rule, which gives BLOOM's numbers)",
+    ),
+    "persimmon": (
+        dict(num_key_value_heads=4, head_dim=16),
+        [0],
+        "Persimmon: per-head query_key_value [h, 3, d] with biases, a "
+        "LayerNorm per head on q and k (qk_layernorm), partial RoPE 0.5",
+    ),
+    "codegen": (
+        dict(rotary_dim=8),
+        [0],
+        "CodeGen: qkv_proj in 4 model-parallel shards (each q, v, k), no "
+        "biases, RoPE on interleaved pairs of the first 8 of 16 features",
+    ),
 }
 # Qwen3.5: a Gated DeltaNet layer (its projections split) and a gated
 # full-attention layer, as Qwen3-Next's fixture has them
@@ -1828,6 +1891,28 @@ _TINY_MOE_FAMILIES = (
 _POSITIONS = ("bamba", "granitemoehybrid", "nemotron_h")
 _MHA_FAMILIES = ("opt", "biogpt", "xglm", "ctrl", "gptj", "gpt_neo")
 _MLA_FAMILIES = ("glm4_moe_lite", "youtu", "sarvam_mla", "minicpm3")
+# Families whose configuration classes spell the sizes their own way
+# (attribute_map): their base keywords in place of BASE.
+_GPT_BASE = dict(
+    vocab_size=32, n_embd=64, n_layer=2, n_head=4, n_positions=64
+)
+_OWN_BASE = {
+    "gpt2": {**_GPT_BASE, "n_inner": 32},
+    "openai-gpt": _GPT_BASE,
+    "gpt_bigcode": {**_GPT_BASE, "n_inner": 32},
+    "codegen": {**_GPT_BASE, "n_inner": 32},
+    "bloom": dict(vocab_size=32, hidden_size=48, n_layer=2, n_head=6),
+    "mpt": dict(
+        vocab_size=32,
+        d_model=48,
+        n_layers=2,
+        n_heads=6,
+        max_seq_len=64,
+        expansion_ratio=1,
+    ),
+}
+# recording options of a family (OpenAI GPT: no cache, no decode)
+_OPTIONS = {"openai-gpt": dict(chunks=())}
 # a tiny mixture of experts, given to a family's config only where its
 # class has the key (its defaults are a released model's hundred experts)
 _TINY_MOE = dict(
@@ -1855,7 +1940,7 @@ def more_families():
                 has = cls()
                 moe = {k: v for k, v in _TINY_MOE.items() if hasattr(has, k)}
                 kw = {**moe, **kw}
-            base = dict(BASE)
+            base = dict(_OWN_BASE.get(name, BASE))
             if name in _MHA_FAMILIES:
                 del base["head_dim"], base["num_key_value_heads"]
                 del base["intermediate_size"]
@@ -1865,6 +1950,7 @@ def more_families():
                 del base["head_dim"]
             config = cls(**{**base, **kw})
             extra = {"states": _gdn_state} if name in _GDN_MORE else {}
+            extra.update(_OPTIONS.get(name, {}))
             record(
                 name,
                 config,

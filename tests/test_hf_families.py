@@ -155,7 +155,6 @@ def test_an_admitted_family_refuses_what_it_lacks(name, change, match):
         ("bitnet", "attn_sub_norm"),
         ("zaya", "convolutions on q and k"),
         ("diffllama", "differential attention"),
-        ("phi3", "fused qkv_proj"),
         ("laguna", "output gate from its own g_proj"),
         ("mistral4", "multi-head latent attention"),
     ],

@@ -22,6 +22,8 @@ import textwrap
 import time
 from dataclasses import dataclass, field
 
+from attn_np.instruments.blas import blas_kernels
+
 from ._help import description
 
 #: The largest size any option takes (sizes beyond it only exhaust memory).
@@ -187,8 +189,6 @@ def restart_with_kernels(argv_all, asked) -> None:
     with the set ``asked``, start this command again with
     ``OPENBLAS_CORETYPE`` set (once; the benchmark prints the set it got,
     which is OpenBLAS's choice if the CPU cannot run the one asked)."""
-    from attn_np.instruments.blas import blas_kernels
-
     got = blas_kernels()
     if got is None:
         raise ValueError(

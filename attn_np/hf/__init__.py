@@ -7,6 +7,10 @@
 * :mod:`attn_np.hf.families`: what each family's attention layer is,
   each written as a difference from the plain decoder (Llama), the way
   ``transformers``' ``modular_*.py`` files define a model;
+* :mod:`attn_np.hf.fused`: the families whose q, k and v are one fused
+  or ``Conv1D`` weight (GPT-2, BLOOM, MPT, Phi-3, ...), the orders of
+  its rows and the spellings of their configuration classes;
+* :mod:`attn_np.hf.keys`: every config key read, ignored or refused;
 * :mod:`attn_np.hf.weights`: the state-dict maps, HF's names and layouts
   to the layers' ``params`` and back;
 * :mod:`attn_np.hf.layers`: :func:`~attn_np.attention_from_hf` and the

@@ -7,9 +7,12 @@ in :data:`FAMILIES`, the way ``transformers``' ``modular_*.py`` files
 define a model as a diff of another (Qwen2: ``biases = q, k, v``; Qwen3:
 ``qk_norm = "head"``; ...). Falcon, the latent families (DeepSeek) and
 Qwen3-Next's and Qwen3.5's ``linear_attention`` layers are layers of
-their own.
+their own, and so are the families whose q, k and v are one fused or
+``Conv1D`` weight (GPT-2, OpenAI GPT, GPT-BigCode, BLOOM, MPT, CodeGen:
+:mod:`attn_np.hf.fused`, which also holds Phi-3's ``qkv_proj``, a
+difference in :data:`FAMILIES`).
 
-Issue 44 admits every other decoder family of ``transformers`` 5.24.0
+This module admits every other decoder family of ``transformers`` 5.24.0
 that these parts build exactly (each matched by
 ``tests/fixtures/families/<model_type>.npz``): Llama's layer as it is
 (Mixtral, Arcee, Gemma, ...), biases under the family's own key
@@ -83,9 +86,12 @@ from .families_more import (
     _respell,
     _text_positions,
 )
+from .fused import _FUSED_LAYERS, _fused, _persimmon, _phi3, _spelled
 from .keys import (
     _ATTENTION,
     _BUILT_BY,
+    _CLASS_ROPE,
+    _CLASS_WINDOWS,
     _ELSEWHERE,
     _FAMILY_KEYS,
     _NOT_BUILT,
@@ -110,6 +116,7 @@ def layer_settings(config, layer_idx=0):
     model_type = cfg.get("model_type")
     model_type = MODEL_TYPE_ALIASES.get(model_type, model_type)
     cfg = _respell(cfg, model_type)  # XGLM's d_model, GPT-J's n_embd, ...
+    cfg = _spelled(cfg, model_type)  # GPT-2's n_embd, MPT's d_model, ...
     if model_type in _NOT_BUILT:
         raise ValueError(
             f"config model_type={model_type!r} is not built by "
@@ -408,7 +415,7 @@ def _no_bias(cfg, i, layer_type, kw, layout):
     kw["biases"] = ()
 
 
-# ------------------------------------- issue 44: more decoder families
+# ------------------------------------------------ more decoder families
 # Each is read off the family's attention class in transformers 5.24.0
 # (modeling_<model_type>.py) and matched by a fixture in
 # tests/fixtures/families/<model_type>.npz.
@@ -538,7 +545,7 @@ FAMILIES = {
     "qwen3_5_text": _qwen3_next,
     "qwen3_5_moe_text": _qwen3_next,
     "llama4_text": _llama4,
-    # issue 44. Llama's layer: Mixtral, PhiMoE (the window on every
+    # Llama's layer: Mixtral, PhiMoE (the window on every
     # layer, as Mistral's), Ministral and CWM (window layers from
     # layer_types), never a bias (as Mistral); Arcee, Gemma, Jais 2
     # (attention_bias: all four)
@@ -652,21 +659,12 @@ FAMILIES = {
     "falcon_h1": _falcon_h1,
     "granitemoehybrid": _granitemoehybrid,
     "nemotron_h": _nemotron_h,
-}
-
-
-# Where a file with a sliding_window but no layer_types has its windows,
-# as the family's configuration class fills layer_types (None: every
-# layer; n: every n-th layer full). Read here, for the layers only.
-_CLASS_WINDOWS = {
-    "phimoe": None,
-    "starcoder2": None,
-    "cohere2": 4,
-    "afmoe": 4,
-    "exaone4": 4,
-    "exaone_moe": 4,
-    "kolibri1": 5,
-    "cohere2_moe": 4,
+    # one fused qkv_proj (attn_np.hf.fused): Phi-3, its window on every
+    # layer (as Mistral's)
+    "phi3": _phi3,
+    # per-head query_key_value, a LayerNorm per head on q and k (when
+    # qk_layernorm), partial RoPE 0.5 by default: Persimmon
+    "persimmon": _persimmon,
 }
 
 
@@ -723,7 +721,8 @@ def _decoder(cfg, model_type, layer_idx):
     FAMILIES[model_type](cfg, layer_idx, layer_type, kw, layout)
     if temperature is not None:
         kw["query_temperature"] = temperature
-    return HFAttention, args, kw, layout
+    cls = layout.pop("cls", HFAttention)  # a diff may name its own class
+    return cls, args, kw, layout
 
 
 # ------------------------------------------------ layers of their own
@@ -753,7 +752,11 @@ def _falcon(cfg, model_type=None, layer_idx=0):
         slopes = alibi_slopes(n_heads) / math.sqrt(head_dim)
         kw.update(use_rope=False, score_mods=(ALiBi(slopes),))
     args = (d_model, n_heads, n_kv, head_dim)
-    return HFAttention, args, kw, {"kind": "falcon", "fused": fused}
+    rows = "blocks" if fused == "mqa" else fused  # attn_np.hf.fused
+    layout = _fused(
+        "query_key_value", "dense", rows, False, "h.{i}.self_attention."
+    )
+    return HFAttention, args, kw, layout
 
 
 def _linear(cfg):
@@ -848,6 +851,16 @@ def _latent(cfg, model_type):
     return HFLatentAttention, args, kw, {"kind": "mla"}
 
 
+def _checked_index(build):
+    """A builder of :mod:`attn_np.hf.fused`, given a checked layer
+    index."""
+
+    def own(cfg, model_type, layer_idx):
+        return build(cfg, model_type, _layer_index(cfg, layer_idx))
+
+    return own
+
+
 _OWN_LAYERS = {
     "falcon": _falcon,
     "deepseek_v2": _mla,
@@ -859,36 +872,9 @@ _OWN_LAYERS = {
     "youtu": _mla,
     "sarvam_mla": _mla,
     "minicpm3": lambda cfg, t, i: _mla(_minicpm3_settings(cfg), t, i),
+    # fused and Conv1D projections: GPT-2, OpenAI GPT, GPT-BigCode
+    # (no RoPE), BLOOM and MPT (ALiBi), CodeGen (partial interleaved RoPE)
+    **{name: _checked_index(b) for name, b in _FUSED_LAYERS.items()},
 }
 #: every model_type attention_from_hf builds
 NAMES = (*FAMILIES, *_OWN_LAYERS)
-
-# The RoPE base and partial_rotary_factor a family's configuration class
-# gives a file that writes neither (its default_theta; the "assign
-# default for BC" partial factors of Nemotron, GLM, StableLM).
-_CLASS_ROPE = {
-    "mixtral": (1e6, 1.0),
-    "phimoe": (1e6, 1.0),
-    "cwm": (1e6, 1.0),
-    "solar_open": (1e6, 1.0),
-    "helium": (1e5, 1.0),
-    "ernie4_5": (5e5, 1.0),
-    "ernie4_5_moe": (5e5, 1.0),
-    "apertus": (1.2e7, 1.0),
-    "olmo3": (5e5, 1.0),
-    "flex_olmo": (5e5, 1.0),
-    "minimax_m2": (5e6, 1.0),
-    "smollm3": (2e6, 1.0),
-    "cohere": (5e5, 1.0),
-    "nemotron": (1e4, 0.5),
-    "glm": (1e4, 0.5),
-    "glm4": (1e4, 0.5),
-    "glm4_moe": (1e4, 0.5),
-    "stablelm": (1e4, 0.25),
-    "exaone": (5e5, 1.0),
-    "apertus1p5_text": (1.2e7, 1.0),
-    "hy_v3": (11158840.0, 1.0),
-    "sarvam_moe": (8e6, 1.0),
-    "phi": (1e4, 0.5),
-    "bamba": (1e4, 0.5),
-}

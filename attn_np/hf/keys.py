@@ -1,6 +1,6 @@
 """Which Hugging Face config keys :func:`~attn_np.attention_from_hf` reads,
 which it ignores as harmless metadata, which it refuses by name, and which
-families it refuses with the part they need (chapter 10, issue 44).
+families it refuses with the part they need (chapter 10).
 
 :mod:`attn_np.hf.families` reads these tables; they live here, one place
 for every key, so that a key is never both read and ignored.
@@ -105,7 +105,7 @@ _ELSEWHERE = {
     "initial_context_length",
     "quantization_config",
     "max_sequence_length",
-    # issue 44's families: MoE layouts, MTP heads, the embedding, the
+    # the other families': MoE layouts, MTP heads, the embedding, the
     # residual stream and the logits (outside the attention module);
     # dropouts (an inference layer has none); the decoder's norms
     "moe_k",
@@ -130,7 +130,7 @@ _ELSEWHERE = {
     "embedding_dropout",
     "norm_eps",  # Nemotron's LayerNorm1P
     "norm_epsilon",  # StarCoder2's LayerNorm
-    "layer_norm_eps",  # read in attention only when refused below
+    "layer_norm_eps",  # read in attention by Persimmon's QK LayerNorm
     "mtp_layer_types",
     "mtp_mlp_layer_types",
     # Cohere 2 MoE's experts, MiniCPM3's and Youtu's scales and init
@@ -225,6 +225,32 @@ _ELSEWHERE = {
     "mlp_hidden_act",
     "residual_in_fp32",
     "rescale_prenorm_residual",
+    # the fused families (attn_np.hf.fused): MLP width and activation,
+    # dropouts, GPT-2's sequence-summary head; cross-attention modules a
+    # GPT-2 decoder may add beside its self-attention (left unchanged)
+    "n_ctx",  # CodeGen's, unused by its model
+    "afn",
+    "emb_pdrop",
+    "summary_type",
+    "summary_use_proj",
+    "summary_activation",
+    "summary_proj_to_labels",
+    "summary_first_dropout",
+    # switches of precision only: GPT-BigCode's float32 softmax, BLOOM's
+    # output projection summed slice by slice (pretraining_tp)
+    "attention_softmax_in_fp32",
+    "scale_attention_softmax_in_fp32",
+    "slow_but_exact",
+    # MPT outside its attention: the MLP, the embedding, the norms; HF's
+    # MptModel has no position table (learned_pos_emb) and no bias in
+    # its attention (no_bias), whatever these say
+    "expansion_ratio",
+    "max_seq_len",
+    "learned_pos_emb",
+    "init_device",
+    "no_bias",
+    "embedding_fraction",
+    "norm_type",
 }
 
 _ATTENTION = {
@@ -277,7 +303,7 @@ _ATTENTION = {
     "rope_local_base_freq",  # Gemma 3 before transformers 5
     "full_attention_interval",  # Qwen3-Next: read by config.layer_types
     "num_hidden_layers",
-    # issue 44: biases under other keys, Granite's scale, what refuses
+    # biases under other keys, Granite's scale, what refuses
     "use_bias",
     "global_attn_every_n_layers",
     "qkv_bias",
@@ -305,6 +331,13 @@ _ATTENTION = {
     "key_multiplier",
     "position_embedding_type",  # Granite 4: "rope" or null (NoPE)
     "hybrid_override_pattern",  # Nemotron-H's layer kinds, older files
+    # the fused families (attn_np.hf.fused)
+    "scale_attn_weights",
+    "scale_attn_by_inverse_layer_idx",
+    "reorder_and_upcast_attn",
+    "attn_config",  # MPT's, every key checked there
+    # Phi-3: read by its LongRoPE only (a rope_type refused there)
+    "original_max_position_embeddings",
 }
 # Keys only some families read: set (not null, false, 0 or empty) in
 # another family's config, each is refused by name, since that family's
@@ -326,10 +359,10 @@ _FAMILY_KEYS = {
         "granitemoehybrid",
     ),
     "clip_qkv": ("olmo", "olmoe"),  # refused there too, when set
-    "qk_layernorm": ("stablelm", "phi"),  # refused there too, when set
+    "qk_layernorm": ("stablelm", "phi", "persimmon"),  # refused by some
     "use_qk_norm": ("llama4_text", "cohere", "glm4_moe", "sarvam_moe"),
     "no_rope_layers": ("llama4_text", "smollm3"),
-    "rotary_dim": ("minimax_m2", "gptj"),
+    "rotary_dim": ("minimax_m2", "gptj", "codegen"),
     "enable_bias": ("opt",),
     "attention_types": ("gpt_neo",),
     "attention_layers": ("gpt_neo",),
@@ -342,7 +375,12 @@ _FAMILY_KEYS = {
     "layer_rope_theta": ("granite_swa", "granitemoe_swa"),
     "prefix_dense_sliding_window_pattern": ("cohere2_moe",),
     "alibi": ("falcon",),
-    "multi_query": ("falcon",),
+    "multi_query": ("falcon", "gpt_bigcode"),
+    "scale_attn_weights": ("gpt2", "gpt_bigcode"),
+    "scale_attn_by_inverse_layer_idx": ("gpt2",),
+    "reorder_and_upcast_attn": ("gpt2",),
+    "attn_config": ("mpt",),
+    "original_max_position_embeddings": ("phi3",),
     "new_decoder_architecture": ("falcon",),
     "bias": ("falcon",),
     "num_kv_heads": ("falcon",),
@@ -360,7 +398,7 @@ _BUILT_BY = {"use_bidirectional_attention": ("gemma3_text",)}
 
 
 _GATE = "an output gate from its own "
-# Issue 44: decoder families examined in transformers 5.24.0 and refused,
+# Decoder families examined in transformers 5.24.0 and refused,
 # model_type -> the part (or config key) their attention needs.
 _NOT_BUILT = {
     "hunyuan_v1_dense": (
@@ -377,10 +415,6 @@ _NOT_BUILT = {
         "lambda_q2, lambda_k2)"
     ),
     "doge": "a dynamic mask from the values (A, dt_proj)",
-    "phi3": "one fused qkv_proj weight (a state-dict layout)",
-    "persimmon": (
-        "a fused query_key_value and a LayerNorm per head on q and k"
-    ),
     "lfm2": "short-convolution layers, out_proj and q_layernorm names",
     "lfm2_moe": "short-convolution layers, out_proj and q_layernorm names",
     "laguna": _GATE + "g_proj",
@@ -406,4 +440,51 @@ _NOT_BUILT = {
         "hidden_size features; o_proj writes hidden_size) and LoRA "
         "adapters on q, k and v per use of the shared block"
     ),
+}
+
+
+# Where a file with a sliding_window but no layer_types has its windows,
+# as the family's configuration class fills layer_types (None: every
+# layer; n: every n-th layer full). Read here, for the layers only.
+_CLASS_WINDOWS = {
+    "phimoe": None,
+    "phi3": None,
+    "starcoder2": None,
+    "cohere2": 4,
+    "afmoe": 4,
+    "exaone4": 4,
+    "exaone_moe": 4,
+    "kolibri1": 5,
+    "cohere2_moe": 4,
+}
+
+# The RoPE base and partial_rotary_factor a family's configuration class
+# gives a file that writes neither (its default_theta; the "assign
+# default for BC" partial factors of Nemotron, GLM, StableLM).
+_CLASS_ROPE = {
+    "mixtral": (1e6, 1.0),
+    "phimoe": (1e6, 1.0),
+    "cwm": (1e6, 1.0),
+    "solar_open": (1e6, 1.0),
+    "helium": (1e5, 1.0),
+    "ernie4_5": (5e5, 1.0),
+    "ernie4_5_moe": (5e5, 1.0),
+    "apertus": (1.2e7, 1.0),
+    "olmo3": (5e5, 1.0),
+    "flex_olmo": (5e5, 1.0),
+    "minimax_m2": (5e6, 1.0),
+    "smollm3": (2e6, 1.0),
+    "cohere": (5e5, 1.0),
+    "nemotron": (1e4, 0.5),
+    "glm": (1e4, 0.5),
+    "glm4": (1e4, 0.5),
+    "glm4_moe": (1e4, 0.5),
+    "stablelm": (1e4, 0.25),
+    "persimmon": (1e4, 0.5),
+    "exaone": (5e5, 1.0),
+    "apertus1p5_text": (1.2e7, 1.0),
+    "hy_v3": (11158840.0, 1.0),
+    "sarvam_moe": (8e6, 1.0),
+    "phi": (1e4, 0.5),
+    "bamba": (1e4, 0.5),
 }

@@ -8,12 +8,19 @@ builds: the book's layers with what HF's layers add to them.
   7's MLA and chapter 13's DSA, causal, with ``rope_scaling`` (chapter
   11) in the rotation and the softmax scale.
 
+Persimmon's layer is :class:`HFAttention` with a LayerNorm per head on q
+and k (``_QKLayerNormAttention``, its project step ``_HeadLayerNorm``).
+
 A Qwen3-Next ``linear_attention`` layer is chapter 12's
 :class:`~attn_np.GatedDeltaNet` itself: it takes the same ``kv_cache=``
 and ``new_cache()`` as every layer.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
 
 from .._checks import check_flag
 from ..latent import MultiHeadLatentAttention
@@ -25,8 +32,12 @@ from ..long_context import (
 )
 from ..masks import symmetric_window_mod
 from ..multihead import GroupedQueryAttention
-from ..refinements import RefinedAttention
-from ..sparse import SparseLatentAttention
+from ..refinements import Projection, RefinedAttention
+from ..sparse import (
+    SparseLatentAttention,
+    layernorm_backward,
+    layernorm_forward,
+)
 
 
 class HFAttention(RefinedAttention):
@@ -136,3 +147,53 @@ class HFSparseLatentAttention(_HFLatentRope, SparseLatentAttention):
         if not causal:
             raise ValueError("an HF decoder layer is causal")
         return super().forward(x, kv_cache=kv_cache)
+
+
+@dataclass(frozen=True)
+class _HeadLayerNorm(Projection):
+    """The project step with a LayerNorm per head on q and k, before RoPE
+    (Persimmon's ``q_layernorm`` and ``k_layernorm``): over each head's
+    ``d`` features, ``y = g (t - mean t) / sqrt(var t + eps) + b``, the
+    gains ``q_norm``, ``k_norm`` and the biases ``q_norm_bias``,
+    ``k_norm_bias`` (``[d]`` each, shared by the heads). Backward: with
+    ``u = dy g``, ``dt = r (u - mean u - that mean(u that))``, ``r`` the
+    inverse deviation and ``that`` the normalised ``t``."""
+
+    def add_params(self, layer, rng):
+        super().add_params(layer, rng)
+        p, d = layer.params, layer.d_k
+        for n in ("q", "k"):
+            p[f"{n}_norm"] = np.ones(d, layer.dtype)
+            p[f"{n}_norm_bias"] = np.zeros(d, layer.dtype)
+
+    def forward(self, layer, x3):
+        """``q [B, n_kv, G, L, d]``, ``k, v [B, n_kv, L, d]``, normalised
+        over ``d``."""
+        q, k, v, saved = super().forward(layer, x3)
+        P, eps = layer.params, self.eps
+        q, saved["q_ln"] = layernorm_forward(
+            q, P["q_norm"], P["q_norm_bias"], eps=eps
+        )
+        k, saved["k_ln"] = layernorm_forward(
+            k, P["k_norm"], P["k_norm_bias"], eps=eps
+        )
+        return q, k, v, saved
+
+    def backward(self, layer, x3, g, saved):
+        for n in ("q", "k"):
+            g[n], dg, db = layernorm_backward(g[n], saved[f"{n}_ln"])
+            layer.grads[f"{n}_norm"], layer.grads[f"{n}_norm_bias"] = dg, db
+        return super().backward(layer, x3, g, saved)
+
+
+class _QKLayerNormAttention(HFAttention):
+    """:class:`HFAttention` whose project step is :class:`_HeadLayerNorm`
+    (with the layer's ``norm_eps``); Persimmon's layer."""
+
+    def _step_parts(self) -> dict:
+        parts = super()._step_parts()
+        biases = parts["projection"].biases
+        parts["projection"] = _HeadLayerNorm(
+            biases, None, 0.0, True, self.norm_eps
+        )
+        return parts

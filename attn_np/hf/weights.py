@@ -9,7 +9,9 @@ out]``; some families fuse or interleave projections:
   names where the layout says (``out_proj``, Phi's ``dense``, CTRL's
   ``Wq`` ... ``dense``); nanochat's q and k with each head's halves
   swapped (:func:`_swap_halves`);
-* Falcon: ``query_key_value`` fused per group, per head or as MQA;
+* one fused q/k/v weight (Falcon's ``query_key_value`` per group, per
+  head or as MQA; Phi-3's ``qkv_proj``; GPT-2's ``Conv1D`` ``c_attn``;
+  BLOOM's, MPT's, GPT-BigCode's): :mod:`attn_np.hf.fused`;
 * MLA (DeepSeek): ``kv_a_proj_with_mqa``, ``kv_b_proj`` with each head's
   key and value rows, and V3.2's indexer (:func:`indexer_to_hf`);
 * Qwen3-Next's Gated DeltaNet (:func:`gated_deltanet_from_hf`,
@@ -27,6 +29,7 @@ import numpy as np
 
 from ..linear import GatedDeltaNet
 from .config import count, language_model
+from .fused import _fused_names, _fused_to_hf, _load_fused
 
 
 def _hf_names(layout, layer):
@@ -50,11 +53,8 @@ def _hf_names(layout, layer):
                 }
             )
         return names
-    if layout["kind"] == "falcon":
-        names = {"query_key_value.weight": None, "dense.weight": "W_o"}
-        if "b_q" in p:
-            names.update({"query_key_value.bias": None, "dense.bias": "b_o"})
-        return names
+    if layout["kind"] == "fused":
+        return _fused_names(layout, layer)
     names = {}
     spell = layout.get("names", {})  # OPT's out_proj, CTRL's Wq, ...
     for n in ("q", "k", "v", "o"):
@@ -122,47 +122,6 @@ def indexer_to_hf(layer):
     }
 
 
-def _falcon_split(layer, fused, w, entry):
-    """Falcon's fused rows ``[(...) * d, ...]`` -> q, k, v rows."""
-    H, n_kv, G, d = layer.n_heads, layer.n_kv, layer.G, layer.d
-    rest = (layer.d_model,) if w.ndim == 2 else ()
-    _check_hf_shape(
-        w,
-        entry,
-        ((H + 2 * n_kv) * d, *rest),
-        f"{fused} layout: {H} query and {n_kv} key and value heads of {d}",
-    )
-    if fused == "grouped":
-        t = w.reshape(n_kv, G + 2, d, *rest)
-        q, k, v = t[:, :G], t[:, G], t[:, G + 1]
-    elif fused == "mqa":
-        t = w.reshape(H + 2, d, *rest)
-        q, k, v = t[:H], t[H], t[H + 1]
-    else:
-        t = w.reshape(H, 3, d, *rest)
-        q, k, v = t[:, 0], t[:, 1], t[:, 2]
-    return [a.reshape(-1, *rest) for a in (q, k, v)]
-
-
-def _falcon_fuse(layer, fused, q, k, v):
-    H, n_kv, G, d = layer.n_heads, layer.n_kv, layer.G, layer.d
-    rest = q.shape[1:]
-    if fused == "grouped":
-        t = np.concatenate(
-            [
-                q.reshape(n_kv, G, d, *rest),
-                k.reshape(n_kv, 1, d, *rest),
-                v.reshape(n_kv, 1, d, *rest),
-            ],
-            axis=1,
-        )
-    elif fused == "mqa":
-        t = np.concatenate([q, k, v], axis=0)
-    else:
-        t = np.stack([a.reshape(H, d, *rest) for a in (q, k, v)], axis=1)
-    return t.reshape(-1, *rest)
-
-
 def _gate_split(layer, w):
     """Qwen3-Next's q_proj rows: per head [query d, gate d]."""
     _check_hf_shape(
@@ -193,10 +152,10 @@ def load_state(layer, layout, state_dict, dtype):
     extra = sorted(set(state_dict) - set(names))
     missing = sorted(set(names) - set(state_dict))
     if extra or missing:
+        prefix = layout.get("prefix", "model.layers.{i}.self_attn.")
         raise ValueError(
             f"state_dict does not fit this layer: unexpected {extra}, "
-            f"missing {missing} (names without the "
-            "'model.layers.{i}.self_attn.' prefix)"
+            f"missing {missing} (names without the '{prefix}' prefix)"
         )
     p = layer.params
     got = {}
@@ -215,21 +174,14 @@ def load_state(layer, layout, state_dict, dtype):
                 f"state_dict entry {k} has {bad} NaN or inf value(s) in "
                 f"its {a.size}"
             )
-    new, source = {}, {}
-    for hf, key in names.items():
-        a = got[hf]
-        if key is None:
-            continue
-        new[key], source[key] = (a.T if a.ndim == 2 else a), hf
-    if layout["kind"] == "falcon":
-        for part in ("weight", "bias"):
-            hf = f"query_key_value.{part}"
-            if hf in got:
-                q, k, v = _falcon_split(layer, layout["fused"], got[hf], hf)
-                pre = "W" if part == "weight" else "b"
-                for n, a in zip("qkv", (q, k, v)):
-                    new[f"{pre}_{n}"] = a.T if a.ndim == 2 else a
-                    source[f"{pre}_{n}"] = hf
+    if layout["kind"] == "fused":  # one q/k/v weight (attn_np.hf.fused)
+        new, source = _load_fused(layer, layout, got)
+    else:
+        new, source = {}, {}
+        for hf, key in names.items():
+            a = got[hf]
+            if key is not None:
+                new[key], source[key] = (a.T if a.ndim == 2 else a), hf
     if layout["kind"] == "mla":
         new.update(_mla_split(layer, got))
     if layout.get("indexer"):
@@ -247,6 +199,8 @@ def load_state(layer, layout, state_dict, dtype):
 
 def to_hf(layout, layer, d):
     """A dict in the layer's keys -> HF's names and layout."""
+    if layout["kind"] == "fused":
+        return _fused_to_hf(layout, layer, d)
     names = _hf_names(layout, layer)
     if layout.get("swap_halves"):
         d = {
@@ -259,14 +213,6 @@ def to_hf(layout, layer, d):
             continue
         a = d[key]
         out[hf] = a.T if a.ndim == 2 else a
-    if layout["kind"] == "falcon":
-        out["query_key_value.weight"] = _falcon_fuse(
-            layer, layout["fused"], d["W_q"].T, d["W_k"].T, d["W_v"].T
-        )
-        if "b_q" in d:
-            out["query_key_value.bias"] = _falcon_fuse(
-                layer, layout["fused"], d["b_q"], d["b_k"], d["b_v"]
-            )
     if layout["kind"] == "mla":
         out.update(_mla_fuse(layer, d))
     if layout.get("gate_rows"):
