@@ -531,6 +531,28 @@ class GroupedQueryAttention:
         d_v]``, after the rotation) from other uses of them: the layers
         that read them (:mod:`attn_np.shared_kv`), added to this layer's
         own before they go back through the rotation and ``W_k``, ``W_v``."""
+        x3, o, att, rope, unbatched, dy3 = self.saved_forward(dy)
+        do, dx_out = self.output_backward(dy3, o)
+        if self.flash:  # O(L) memory: the tiled core frees o once read,
+            self._cache = o = None  # so this forward serves one backward
+        # dk, dv summed per group
+        g = grouped_attention_backward(do, att, release=self.flash)
+        del do  # read: freed before the projections' gradients
+        for name in g.keys() - {"q", "k", "v"}:  # sinks, score mods' params
+            self.grads[name] = g.pop(name).reshape(self.params[name].shape)
+        if dkv is not None:  # every use of k and v adds up
+            g["k"], g["v"] = _add_kv_grads(g["k"], g["v"], dkv)
+        self.position_backward(g, rope)  # g["q"], g["k"] turned back
+        dx = self.project_backward(x3, g)  # consumes g
+        if dx_out is not None:  # an output step that reads x
+            dx = dx + dx_out
+        return dx[0] if unbatched else dx
+
+    def saved_forward(self, dy):
+        """What the last forward kept, ``(x3, o, att, rope, unbatched)``,
+        and the upstream gradient ``dy`` as ``dy3 [B, L, d_model]``, both
+        checked: a forward without a cache happened, ``dy`` has the
+        output's shape and is finite, ``x`` was not changed since."""
         if self._cache is None:
             raise RuntimeError(
                 "backward needs a preceding forward without kv_cache "
@@ -548,21 +570,7 @@ class GroupedQueryAttention:
             )
         check_finite(dy, "dy")
         check_unchanged(saved, {"x": x3}, "backward")
-        do, dx_out = self.output_backward(dy.reshape(B, L, self.d_model), o)
-        if self.flash:  # O(L) memory: the tiled core frees o once read,
-            self._cache = o = None  # so this forward serves one backward
-        # dk, dv summed per group
-        g = grouped_attention_backward(do, att, release=self.flash)
-        del do  # read: freed before the projections' gradients
-        for name in g.keys() - {"q", "k", "v"}:  # sinks, score mods' params
-            self.grads[name] = g.pop(name).reshape(self.params[name].shape)
-        if dkv is not None:  # every use of k and v adds up
-            g["k"], g["v"] = _add_kv_grads(g["k"], g["v"], dkv)
-        self.position_backward(g, rope)  # g["q"], g["k"] turned back
-        dx = self.project_backward(x3, g)  # consumes g
-        if dx_out is not None:  # an output step that reads x
-            dx = dx + dx_out
-        return dx[0] if unbatched else dx
+        return x3, o, att, rope, unbatched, dy.reshape(B, L, self.d_model)
 
     def output_backward(self, dy3, o):
         """The twin of :meth:`output`: fills ``dW_o``; returns ``(do [B,

@@ -42,7 +42,6 @@ from ._checks import (
     check_finite,
     check_flag,
     check_layer_input,
-    check_unchanged,
     fingerprint,
 )
 from .grouped import grouped_attention_backward
@@ -136,24 +135,12 @@ class KVReader(GroupedQueryAttention):
     def backward(self, dy, dkv=None):
         """``dx``; fills ``grads`` (``W_q``, ``W_o``) and leaves ``dkv =
         (dk, dv)`` for the producer."""
-        if self._cache is None:
-            raise RuntimeError("backward needs a preceding forward")
         if dkv is not None:
             raise ValueError(
                 "a KVReader shares no keys of its own: pass dkv=None"
             )
-        x3, o, att, rope, unbatched, saved = self._cache
-        B, L, _ = x3.shape
-        want = (L, self.d_model) if unbatched else (B, L, self.d_model)
-        dy = as_float_array(dy, "dy")
-        if dy.shape != want:
-            raise ValueError(
-                f"dy must have the shape of the layer's output {want}, got "
-                f"{dy.shape}"
-            )
-        check_finite(dy, "dy")
-        check_unchanged(saved, {"x": x3}, "backward")
-        do, _ = self.output_backward(dy.reshape(B, L, self.d_model), o)
+        x3, o, att, rope, unbatched, dy3 = self.saved_forward(dy)
+        do, _ = self.output_backward(dy3, o)
         g = grouped_attention_backward(do, att)  # dk, dv summed per group
         for name in g.keys() - {"q", "k", "v"}:  # sinks, score mods' params
             self.grads[name] = g.pop(name).reshape(self.params[name].shape)

@@ -28,8 +28,11 @@ _PREFIXES = ("scipy_openblas", "openblas")
 _SUFFIXES = ("64_", "")
 
 
-def _corename():
-    """OpenBLAS's ``get_corename`` (the kernels it chose), or ``None``."""
+def _functions(*names):
+    """The functions ``names`` (``"get_num_threads"``, ...) of the
+    OpenBLAS bundled with NumPy, all from one library under one naming
+    (``scipy_openblas``/``openblas``, with or without the 64-bit
+    suffix), or ``None``."""
     here = os.path.dirname(np.__file__)
     for path in glob.glob(
         os.path.join(here, "..", "numpy.libs", "*openblas*")
@@ -40,10 +43,12 @@ def _corename():
             continue
         for prefix in _PREFIXES:
             for suffix in _SUFFIXES:
-                fn = getattr(lib, f"{prefix}_get_corename{suffix}", None)
-                if fn is not None:
-                    fn.restype = ctypes.c_char_p
-                    return fn
+                fns = [
+                    getattr(lib, f"{prefix}_{name}{suffix}", None)
+                    for name in names
+                ]
+                if all(fn is not None for fn in fns):
+                    return fns
     return None
 
 
@@ -57,33 +62,24 @@ def blas_kernels() -> str | None:
     set before Python starts, picks another. The choice matters most for
     products of a few rows with a large matrix (a decode step of a small
     batch), where the sets differ most."""
-    fn = _corename()
-    if fn is None:
+    fns = _functions("get_corename")
+    if fns is None:
         return None
-    name = fn()
+    fns[0].restype = ctypes.c_char_p
+    name = fns[0]()
     return None if name is None else name.decode(errors="replace")
 
 
 def _openblas():
     """``(get, set)`` functions of the OpenBLAS bundled with NumPy, or
     ``None``."""
-    here = os.path.dirname(np.__file__)
-    for path in glob.glob(
-        os.path.join(here, "..", "numpy.libs", "*openblas*")
-    ) + glob.glob(os.path.join(here, ".dylibs", "*openblas*")):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for prefix in _PREFIXES:
-            for suffix in _SUFFIXES:
-                get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
-                put = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
-                if get is not None and put is not None:
-                    get.restype = ctypes.c_int
-                    put.argtypes = [ctypes.c_int]
-                    return get, put
-    return None
+    fns = _functions("get_num_threads", "set_num_threads")
+    if fns is None:
+        return None
+    get, put = fns
+    get.restype = ctypes.c_int
+    put.argtypes = [ctypes.c_int]
+    return get, put
 
 
 _LIB = _openblas()
