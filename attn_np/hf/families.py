@@ -104,6 +104,14 @@ from .weights import SPLIT_LINEAR_TYPES as _SPLIT_TYPES
 _GATED_DELTANET = ("qwen3_next", *_SPLIT_TYPES)
 
 
+def _needs(part):
+    """A ``_NOT_BUILT`` reason as the end of a refusal: the part, or, for
+    a family without attention layers (Mamba, RWKV), what it has."""
+    if part.startswith("no attention layer: "):
+        return "an attention layer, and it has none: " + part[20:]
+    return part + ", which the library lacks"
+
+
 def layer_settings(config, layer_idx=0):
     """What :func:`~attn_np.attention_from_hf` builds, without building
     it: ``(cls, args, kwargs, layout)``, the layer class, its positional
@@ -121,7 +129,7 @@ def layer_settings(config, layer_idx=0):
         raise ValueError(
             f"config model_type={model_type!r} is not built by "
             f"attention_from_hf: its attention needs "
-            f"{_NOT_BUILT[model_type]}, which the library lacks"
+            + _needs(_NOT_BUILT[model_type])
         )
     if model_type not in FAMILIES and model_type not in _OWN_LAYERS:
         raise ValueError(

@@ -440,6 +440,160 @@ _NOT_BUILT = {
         "hidden_size features; o_proj writes hidden_size) and LoRA "
         "adapters on q, k and v per use of the shared block"
     ),
+    "axk2": (
+        "a fused q_gate_proj reading the query latent before and after "
+        "q_a_layernorm (2 * q_lora_rank features) for the queries and a "
+        "sigmoid output gate, in DeepSeek-V3.2's indexed latent attention"
+    ),
+    "bailing_hybrid": (
+        "Kimi Delta Attention layers (linear_attention: f_proj, A_log, "
+        "dt_bias, b_proj, conv1d, a gated o_norm) beside latent attention "
+        "with a per-head sigmoid output gate (g_proj)"
+    ),
+    "cpmant": (
+        "a bucketed relative-position bias by segment (position_bias, "
+        "segment_types, position_bias_num_buckets) added to the scores, "
+        "under the names project_q, project_k, project_v, attention_out"
+    ),
+    "deepseek_v4": (
+        "one key-value head read as both key and value (kv_proj), "
+        "compressed layers (compressed_sparse_attention with an indexer, "
+        "heavily_compressed_attention; compress_rates), sinks, RoPE at "
+        "position -i on the output and a grouped low-rank output "
+        "projection (o_a_proj, o_b_proj, o_groups)"
+    ),
+    "dots3_note_text": (
+        "latent attention per layer (per_layer_config) with an RMSNorm on "
+        "the shared RoPE key (k_rope_only_layernorm), latent scales "
+        "sqrt(hidden_size / q_lora_rank) and sqrt(hidden_size / "
+        "kv_lora_rank), a per-head sigmoid output gate (g_proj), sliding "
+        "layers and an indexer on indexed_attention layers"
+    ),
+    "gemma3n_text": (
+        "an RMSNorm of the values without weights (v_norm), scale 1, keys "
+        "and values shared by the last num_kv_shared_layers layers "
+        "(shared_kv_states)"
+    ),
+    "gemma4_text": (
+        "an RMSNorm of the values without weights (v_norm), scale 1, keys "
+        "and values shared by the last num_kv_shared_layers layers "
+        "(shared_kv_states), head dims and KV heads per layer type "
+        "(global_head_dim, num_global_key_value_heads) and values equal "
+        "to the keys on full layers (attention_k_eq_v)"
+    ),
+    "gemma4_unified_text": (
+        "an RMSNorm of the values without weights (v_norm), scale 1, keys "
+        "and values shared by the last num_kv_shared_layers layers "
+        "(shared_kv_states; every layer in the assistant), head dims and "
+        "KV heads per layer type (global_head_dim, "
+        "num_global_key_value_heads) and values equal to the keys on full "
+        "layers (attention_k_eq_v)"
+    ),
+    "git": (
+        "a prefix mask (the image tokens attend to one another both ways, "
+        "the text tokens to them and causally to the text) and BERT's "
+        "block (query, key, value, output.dense, a post-LayerNorm)"
+    ),
+    "glm_moe_dsa": (
+        "top-k selections shared across layers (indexer_types: shared "
+        "layers reuse the previous full layer's) and an indexer with "
+        "interleaved RoPE, in DeepSeek-V3.2's indexed latent attention"
+    ),
+    "hrm_text": (
+        _GATE + "gate_proj (one sigmoid per feature) in one stack of "
+        "layers run H_cycles * (L_cycles + 1) times, each run caching at "
+        "layer_idx + cycle_offset"
+    ),
+    "hy_v4": (
+        "top-k selections shared across layers (indexer_types: shared "
+        "layers reuse the previous full layer's), sinks "
+        "(learnable_sink_init) and a sigmoid output gate (gate_proj), in "
+        "DeepSeek-V3.2's indexed latent attention"
+    ),
+    "inkling_text": (
+        "a relative-position bias computed from the tokens (r_proj, "
+        "rel_logits_proj over rel_extent) instead of RoPE, short "
+        "convolutions on keys and values (k_sconv, v_sconv), scale 1 / "
+        "head_dim, a query temperature by log position (log_scaling_alpha) "
+        "and other head counts on sliding layers (swa_num_attention_heads)"
+    ),
+    "inkling2_text": (
+        "a relative-position bias computed from the tokens instead of "
+        "RoPE, short convolutions on keys and values (dynamic on full "
+        "layers), an L2 clip of queries and keys (qk_l2_clip_threshold), "
+        "sinks from the tokens (sink_proj), an output gate "
+        "(o_proj.gate_proj) and keys and values read from other hidden "
+        "states on full layers"
+    ),
+    "inkling2_loop_text": (
+        "Inkling 2's attention (a relative-position bias from the tokens, "
+        "short convolutions on keys and values, an L2 clip, sink_proj, an "
+        "output gate) in layers looped loop_num_passes times, their "
+        "queries, keys and values read from gated messages of past passes"
+    ),
+    "jetmoe": (
+        "a mixture of attention heads (experts.map, experts.reduce: a "
+        "router picks num_experts_per_tok query and output projections) "
+        "beside one shared kv_proj"
+    ),
+    "kimi_linear": (
+        "Kimi Delta Attention layers (linear_attention: f_proj, A_log, "
+        "dt_bias, b_proj, short convolutions, a gated o_norm) and latent "
+        "attention without RoPE (NoPE MLA)"
+    ),
+    "mamba": "no attention layer: Mamba's selective state-space mixer in "
+    "every layer",
+    "mamba2": "no attention layer: Mamba-2's state-space mixer (SSD) in "
+    "every layer",
+    "falcon_mamba": "no attention layer: Mamba's selective state-space "
+    "mixer, with RMSNorms of B, C and dt, in every layer",
+    "rwkv": "no attention layer: RWKV's time mixing (a WKV recurrence "
+    "with time_decay, time_first and a receptance gate) in every layer",
+    "mimo_v2_flash": (
+        "value heads narrower than key heads (v_head_dim), a value scale "
+        "(attention_value_scale), twice the KV heads on sliding layers and "
+        "sinks on sliding layers only"
+    ),
+    "minimax": (
+        "lightning attention layers (linear_attention: qkv_proj, a decay "
+        "per head from the slope rate, block_size, an RMSNorm and "
+        "output_gate before out_proj)"
+    ),
+    "minimax_m3_vl_text": (
+        "a block-sparse indexer on minimax_m3_sparse layers (index_n_heads, "
+        "index_block_size, index_topk_blocks, index_local_blocks: per KV "
+        "group, the top key blocks and the local ones)"
+    ),
+    "mllama_text_model": (
+        "cross-attention layers to the vision states "
+        "(cross_attention_layers: q_norm, k_norm, a tanh gate "
+        "cross_attn_attn_gate) among its self-attention layers"
+    ),
+    "moshi": (
+        "a depth decoder (depth_decoder_config) whose q, k, v and o "
+        "projections hold one weight per codebook (MoshiFlexibleLinear) "
+        "and use no RoPE, beside the temporal decoder"
+    ),
+    "olmo_hybrid": (
+        "gated delta net layers with beta scaled by 2 "
+        "(linear_allow_neg_eigval) and separate q, k, v, a, b and g "
+        "projections"
+    ),
+    "qwen4_exp_text": (
+        "a QSA indexer on indexed_attention layers (index_qk_proj; "
+        "indexer_budget, indexer_compress_ratio: tokens chosen from "
+        "compressed key blocks) on Qwen3-Next's gated attention"
+    ),
+    "xlm": (
+        "bidirectional attention unless causal is set (causal=False by "
+        "default: a masked or translation language model), under the names "
+        "q_lin, k_lin, v_lin, out_lin"
+    ),
+    "xlnet": (
+        "two-stream relative attention (content and query streams, "
+        "relative keys through r with r_w_bias and r_r_bias, segment bias "
+        "r_s_bias and seg_embed) over a permutation mask with memory"
+    ),
 }
 
 
