@@ -1658,6 +1658,8 @@ MORE = {
         "GLM-4.7-Flash: DeepSeek-V3's MLA (interleaved RoPE)",
     ),
     "youtu": (_MLA, [0], "Youtu: DeepSeek-V3's MLA (interleaved RoPE)"),
+    "axk1": (_MLA, [0], "A.X K1: DeepSeek-V3's MLA (interleaved RoPE)"),
+    "emu3_text_model": ({}, [0], "Emu3's language model: Llama's attention"),
     "sarvam_mla": (
         _MLA,
         [0],
@@ -1890,7 +1892,13 @@ _TINY_MOE_FAMILIES = (
 # models that start position_ids at 0 at every call unless given them
 _POSITIONS = ("bamba", "granitemoehybrid", "nemotron_h")
 _MHA_FAMILIES = ("opt", "biogpt", "xglm", "ctrl", "gptj", "gpt_neo")
-_MLA_FAMILIES = ("glm4_moe_lite", "youtu", "sarvam_mla", "minicpm3")
+_MLA_FAMILIES = (
+    "glm4_moe_lite",
+    "youtu",
+    "sarvam_mla",
+    "minicpm3",
+    "axk1",
+)
 # Families whose configuration classes spell the sizes their own way
 # (attribute_map): their base keywords in place of BASE.
 _GPT_BASE = dict(

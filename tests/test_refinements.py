@@ -71,7 +71,11 @@ def test_qk_norm_learned(offset):
 
 
 def test_qk_norm_parameter_free_and_gemma_form():
-    t = rng.standard_normal((3, 8))
+    # its own generator: the module's rng made this input depend on which
+    # tests a worker ran before. (Seed 0's draw is one where the central
+    # difference itself is poor: its error falls as h^2, 3e-4 at h = 1e-4,
+    # 9e-6 at 1e-5, then rises with rounding; 199 other seeds pass.)
+    t = np.random.default_rng(1).standard_normal((3, 8))
     ok(
         check_gradients(
             lambda t: qk_norm_forward(t),

@@ -565,6 +565,7 @@ FAMILIES = {
     "ministral3": _no_bias,
     "cwm": _no_bias,
     "arcee": _same,
+    "emu3_text_model": _same,  # Emu3's language model
     "gemma": _same,
     "jais2": _same,
     # partial RoPE (rope_parameters' partial_rotary_factor, read by the
@@ -877,6 +878,7 @@ _OWN_LAYERS = {
     # DeepSeek-V3's module under other names (families_more); MiniCPM3's
     # with the rotate-half RoPE
     "glm4_moe_lite": _mla,
+    "axk1": _mla,
     "youtu": _mla,
     "sarvam_mla": _mla,
     "minicpm3": lambda cfg, t, i: _mla(_minicpm3_settings(cfg), t, i),
