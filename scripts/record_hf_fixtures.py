@@ -1659,7 +1659,6 @@ MORE = {
     ),
     "youtu": (_MLA, [0], "Youtu: DeepSeek-V3's MLA (interleaved RoPE)"),
     "axk1": (_MLA, [0], "A.X K1: DeepSeek-V3's MLA (interleaved RoPE)"),
-    "emu3_text_model": ({}, [0], "Emu3's language model: Llama's attention"),
     "sarvam_mla": (
         _MLA,
         [0],

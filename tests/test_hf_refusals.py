@@ -12,10 +12,11 @@ _DECODER_KINDS = ("decoder", "decoder (multimodal wrapper)")
 _TYPE_ONLY = "is not one attention_from_hf builds"
 # Decoders whose attention the library's parts build as they are (a
 # family not yet admitted, so not refused with a part it lacks):
-# Phi-4-multimodal Phi-3's, Lara Mini Qwen3.5's gated delta net with
-# Qwen3's layer (RoPE on sliding layers only), ModernBERT's decoder
+# Emu3's text model Llama's (its tiny model is not built by AutoModel,
+# so not recorded), Phi-4-multimodal Phi-3's, Lara Mini Qwen3.5's gated
+# delta net with Qwen3's layer (RoPE on sliding layers only), ModernBERT's decoder
 # windows and a RoPE base per layer type (its output is named Wo).
-_PARTS_BUILD = {"phi4_multimodal", "lara_mini"}
+_PARTS_BUILD = {"emu3", "phi4_multimodal", "lara_mini"}
 _PARTS_BUILD |= {"modernbert-decoder"}
 
 

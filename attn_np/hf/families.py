@@ -565,7 +565,6 @@ FAMILIES = {
     "ministral3": _no_bias,
     "cwm": _no_bias,
     "arcee": _same,
-    "emu3_text_model": _same,  # Emu3's language model
     "gemma": _same,
     "jais2": _same,
     # partial RoPE (rope_parameters' partial_rotary_factor, read by the
