@@ -86,7 +86,7 @@ from .families_more import (
     _respell,
     _text_positions,
 )
-from .fused import _FUSED_LAYERS, _fused, _persimmon, _phi3, _spelled
+from .fused import _FUSED_LAYERS, _fused, _persimmon, _phi3
 from .keys import (
     _ATTENTION,
     _BUILT_BY,
@@ -123,8 +123,7 @@ def layer_settings(config, layer_idx=0):
     cfg = language_model(data)
     model_type = cfg.get("model_type")
     model_type = MODEL_TYPE_ALIASES.get(model_type, model_type)
-    cfg = _respell(cfg, model_type)  # XGLM's d_model, GPT-J's n_embd, ...
-    cfg = _spelled(cfg, model_type)  # GPT-2's n_embd, MPT's d_model, ...
+    cfg = _respell(cfg, model_type)  # GPT-2's n_embd, XGLM's d_model, ...
     if model_type in _NOT_BUILT:
         raise ValueError(
             f"config model_type={model_type!r} is not built by "

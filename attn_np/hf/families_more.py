@@ -143,23 +143,43 @@ def _minicpm3_settings(cfg):
 
 # ------------------------------------------- spellings (attribute_map)
 #: model_type -> {the family's key: the common key it stands for}
+# GPT-2's configuration class's attribute_map (OpenAI GPT's, GPT-J's,
+# CTRL's, CodeGen's, GPT-BigCode's too)
+_GPT = {
+    "n_embd": "hidden_size",
+    "n_head": "num_attention_heads",
+    "n_layer": "num_hidden_layers",
+    "n_positions": "max_position_embeddings",
+}
+# the sizes a spelling must hold as a count
+_COUNTS = {
+    "hidden_size",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "num_key_value_heads",
+    "head_dim",
+}
 _SPELLINGS = {
+    "gpt2": _GPT,
+    "openai-gpt": _GPT,
+    "gpt_bigcode": _GPT,
+    "codegen": _GPT,
+    "gptj": _GPT,
+    "ctrl": _GPT,
+    "bloom": {
+        "n_embed": "hidden_size",
+        "n_head": "num_attention_heads",
+        "n_layer": "num_hidden_layers",
+    },
+    "mpt": {
+        "d_model": "hidden_size",
+        "n_heads": "num_attention_heads",
+        "n_layers": "num_hidden_layers",
+    },
     "xglm": {
         "d_model": "hidden_size",
         "attention_heads": "num_attention_heads",
         "num_layers": "num_hidden_layers",
-    },
-    "ctrl": {
-        "n_embd": "hidden_size",
-        "n_head": "num_attention_heads",
-        "n_layer": "num_hidden_layers",
-        "n_positions": "max_position_embeddings",
-    },
-    "gptj": {
-        "n_embd": "hidden_size",
-        "n_head": "num_attention_heads",
-        "n_layer": "num_hidden_layers",
-        "n_positions": "max_position_embeddings",
     },
     "gpt_neo": {
         "num_heads": "num_attention_heads",
@@ -183,6 +203,8 @@ def _respell(cfg, model_type):
     for own, common in spell.items():
         if own not in out:
             continue
+        if common in _COUNTS:  # checked under the name the file writes
+            count(out, own, required=False)
         value = out.pop(own)
         if common in out and out[common] != value:
             raise ValueError(

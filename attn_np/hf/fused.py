@@ -48,58 +48,6 @@ from .config import count, flag, get_object, number
 from .keys import _ELSEWHERE
 from .layers import HFAttention, _QKLayerNormAttention
 
-# ------------------------------------------------------------ spellings
-# Each configuration class's attribute_map (and BLOOM's n_embed): the
-# key a file writes -> the name attention_from_hf reads.
-_GPT = {
-    "n_embd": "hidden_size",
-    "n_head": "num_attention_heads",
-    "n_layer": "num_hidden_layers",
-    "n_positions": "max_position_embeddings",
-}
-_SPELLINGS = {
-    "gpt2": _GPT,
-    "openai-gpt": _GPT,
-    "gpt_bigcode": _GPT,
-    "codegen": _GPT,
-    "bloom": {
-        "n_embed": "hidden_size",
-        "n_head": "num_attention_heads",
-        "n_layer": "num_hidden_layers",
-    },
-    "mpt": {
-        "d_model": "hidden_size",
-        "n_heads": "num_attention_heads",
-        "n_layers": "num_hidden_layers",
-    },
-}
-
-
-def _spelled(cfg, model_type):
-    """``cfg`` with the family's own key names read as the common ones
-    (GPT-2's ``n_embd`` as ``hidden_size``, MPT's ``d_model``, ...), as
-    its configuration class's ``attribute_map`` reads them. A count is
-    checked under the name the file writes; both names with different
-    values are refused."""
-    names = _SPELLINGS.get(model_type)
-    if not names:
-        return cfg
-    out = dict(cfg)
-    for old, new in names.items():
-        if old not in out:
-            continue
-        if new != "max_position_embeddings":
-            count(out, old, required=False)
-        value = out.pop(old)
-        if out.get(new) is not None and out[new] != value:
-            raise ValueError(
-                f"config is contradictory: {old}={value!r} and "
-                f"{new}={out[new]!r} ({model_type} reads them as one "
-                "setting)"
-            )
-        out[new] = value
-    return out
-
 
 # ------------------------------------------------------------ row orders
 def _check_shape(a, entry, shape, why):
