@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from attn_np.hf.build import attention_from_hf
+from attn_np.hf.build import attention_from_hf, attention_layers_from_hf
 from attn_np.hf.families import layer_settings
 from attn_np.hf.layers import HFAttention
 from attn_np.refinements import alibi_slopes
@@ -308,3 +308,13 @@ def test_transformers_default_configs_build():
         config = rows[name]["config"]
         cls, args, kw, layout = layer_settings(config, 0)
         assert layout["kind"] == "fused", name
+
+
+def test_every_layer_of_a_gpt2_config_by_its_own_spellings():
+    """attention_layers_from_hf counts GPT-2's layers by its n_layer (the
+    one reader of the families' spellings)."""
+    cfg = json.loads(
+        str(np.load(FIXTURES / "families" / "gpt2.npz")["config"])
+    )
+    assert "num_hidden_layers" not in cfg and cfg["n_layer"] == 2
+    assert len(attention_layers_from_hf(cfg)) == 2
