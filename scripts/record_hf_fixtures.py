@@ -1877,14 +1877,28 @@ MORE["ministral3"] = (
     "4 original positions, so that it bites) and the query scale "
     "1 + 0.1 ln(1 + floor(p / 4)) after RoPE",
 )
+MORE["lara_mini"] = (
+    dict(
+        {k: v for k, v in _QWEN35.items() if k != "rope_parameters"},
+        layer_types=["linear_attention", "sliding_attention",
+                     "full_attention"],
+        sliding_window=4,
+        num_hidden_layers=3,
+    ),
+    [0, 1, 2],
+    "Lara Mini: layer 0 Qwen3.5's Gated DeltaNet (split projections), "
+    "layer 1 sliding 4 with RoPE, layer 2 full and NoPE; Qwen3's "
+    "per-head QK RMSNorm on both attention layers",
+)  # fmt: skip
 # families whose fixtures keep a Gated DeltaNet layer's cached states
-_GDN_MORE = ("qwen3_5_text", "qwen3_5_moe_text")
+_GDN_MORE = ("qwen3_5_text", "qwen3_5_moe_text", "lara_mini")
 _TINY_MOE_FAMILIES = (
     "aria_text",
     "hy_v3",
     "sarvam_moe",
     "exaone_moe",
     "afmoe",
+    "lara_mini",
 )
 # every head its own keys and values, heads hidden_size // heads wide:
 # BASE's num_key_value_heads and head_dim are dropped

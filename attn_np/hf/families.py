@@ -77,6 +77,7 @@ from .families_more import (
     _granitemoehybrid,
     _hybrid_layer,
     _jamba,
+    _lara_mini,
     _learned_positions,
     _llama_4_scaling,
     _minicpm3_settings,
@@ -665,6 +666,8 @@ FAMILIES = {
     "jamba": _jamba,
     "falcon_h1": _falcon_h1,
     "granitemoehybrid": _granitemoehybrid,
+    # Qwen3's QK-norm, RoPE on sliding layers; Qwen3.5's Gated DeltaNet
+    "lara_mini": _lara_mini,
     "nemotron_h": _nemotron_h,
     # one fused qkv_proj (attn_np.hf.fused): Phi-3, its window on every
     # layer (as Mistral's)

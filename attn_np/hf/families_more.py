@@ -31,6 +31,9 @@ Read off each family's attention class in ``transformers`` 5.24.0
   (``attention_types``), a bias on ``out_proj`` only;
 * nanochat: RoPE turned the other way, then a parameter-free QK RMSNorm
   (built as a permutation of its weights, :func:`_nanochat`);
+* Lara Mini: Qwen3's per-head QK-norm, RoPE on the sliding layers
+  only, and Qwen3.5's Gated DeltaNet (its projections split) on its
+  ``linear_attention`` layers;
 * the attention layers of hybrids whose other layers are Mamba mixers
   or MLPs (refused by name): Bamba, Jamba, Granite 4
   (``granitemoehybrid``), Nemotron-H, and Falcon-H1, whose every layer
@@ -535,6 +538,27 @@ def _granitemoehybrid(cfg, i, layer_type, kw, layout):
     kw["use_rope"] = kind == "rope"
 
 
+def _lara_mini_types(cfg):
+    """``layer_types`` as ``LaraMiniConfig`` fills it when the file has
+    none: the released period of five, ``linear_attention``,
+    ``sliding_attention``, ``linear_attention``, ``full_attention``,
+    ``sliding_attention``."""
+    if cfg.get("layer_types") is not None:
+        return cfg
+    n = count(cfg, "num_hidden_layers")
+    period = ("linear_attention", SLIDING, "linear_attention", FULL, SLIDING)
+    return {**cfg, "layer_types": [period[i % 5] for i in range(n)]}
+
+
+def _lara_mini(cfg, i, layer_type, kw, layout):
+    """Lara Mini: Qwen3's per-head QK RMSNorm (gain ``w``), RoPE on the
+    ``sliding_attention`` layers only (the model hands the rotation to
+    those layers and none to the ``full_attention`` ones, whatever the
+    window), its ``linear_attention`` layers Qwen3.5's Gated DeltaNet."""
+    kw["qk_norm"] = "head"
+    kw["use_rope"] = layer_type == SLIDING
+
+
 def _all_mamba_types(cfg):
     """``layer_types`` as ``GraniteMoeHybridConfig`` fills it when the
     file has none: every layer a Mamba-2 mixer (``linear_attention``)."""
@@ -549,6 +573,7 @@ _CLASS_TYPES = {
     "granite_swa": _granite_swa_types,
     "granitemoe_swa": _granite_swa_types,
     "granitemoehybrid": _all_mamba_types,
+    "lara_mini": _lara_mini_types,
 }
 
 

@@ -339,7 +339,7 @@ HF_LINEAR_SPLIT_KEYS = (
     "out_proj.weight",
 )
 # the model types whose linear_attention layers keep the split projections
-SPLIT_LINEAR_TYPES = ("qwen3_5_text", "qwen3_5_moe_text")
+SPLIT_LINEAR_TYPES = ("qwen3_5_text", "qwen3_5_moe_text", "lara_mini")
 _LINEAR_CONFIG = (
     "hidden_size",
     "linear_num_key_heads",
