@@ -236,6 +236,10 @@ def run(model, x_in, emb, cache=None, use_cache=False, layer=0, start=None):
     return got["out"], new_cache
 
 
+# text models that AutoModel does not build from their own config
+_MODEL_CLASSES = {"emu3_text_model": "Emu3TextModel"}
+
+
 def record(
     name,
     config,
@@ -265,11 +269,17 @@ def record(
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     with float64_everywhere():
-        model = transformers.AutoModel.from_config(
-            config,
-            attn_implementation=attn,
-            experts_implementation="eager",
-        )
+        own = _MODEL_CLASSES.get(config.model_type)
+        if own is None:
+            model = transformers.AutoModel.from_config(
+                config,
+                attn_implementation=attn,
+                experts_implementation="eager",
+            )
+        else:  # a text model AutoModel does not map (Emu3's)
+            model = getattr(transformers, own)._from_config(
+                config, attn_implementation=attn
+            )
         model = model.to(torch.float64).eval()
         hidden = config.hidden_size
         x = torch.randn(B, L, hidden, generator=gen)
@@ -1780,6 +1790,34 @@ MORE = {
         "Phi-3: one fused qkv_proj (q rows, k rows, v rows), GQA 4:2, "
         "partial RoPE 0.5, window 4 on every layer",
     ),
+    "phi4_multimodal": (
+        dict(
+            pad_token_id=0,
+            partial_rotary_factor=0.5,
+            sliding_window=4,
+            vision_config=dict(
+                hidden_size=16,
+                intermediate_size=16,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=28,
+                crop_size=28,
+            ),
+            audio_config=dict(
+                hidden_size=16,
+                intermediate_size=16,
+                num_blocks=1,
+                num_attention_heads=2,
+                ext_pw_out_channel=16,
+                depthwise_separable_out_channel=16,
+                nemo_conv_channels=16,
+            ),
+        ),
+        [0],
+        "Phi-4-multimodal's language model: Phi-3's fused qkv_proj, GQA "
+        "4:2, partial RoPE 0.5, window 4 on every layer (tiny vision and "
+        "audio encoders beside it)",
+    ),  # fmt: skip
     "gpt2": (
         dict(scale_attn_by_inverse_layer_idx=True),
         [0, 1],
@@ -1890,6 +1928,30 @@ MORE["lara_mini"] = (
     "layer 1 sliding 4 with RoPE, layer 2 full and NoPE; Qwen3's "
     "per-head QK RMSNorm on both attention layers",
 )  # fmt: skip
+MORE["modernbert-decoder"] = (
+    dict(
+        attention_bias=True,
+        local_attention=8,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+        sep_token_id=2,
+        layer_types=["full_attention", "sliding_attention"],
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 160000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+        },
+    ),
+    [0, 1],
+    "ModernBERT's decoder: MHA with biases and Wo; layer 0 full (RoPE "
+    "base 160,000), layer 1 sliding with the window local_attention // 2 "
+    "= 4 (RoPE base 10)",
+)  # fmt: skip
+MORE["emu3_text_model"] = (
+    dict(attention_bias=True, pad_token_id=0, bos_token_id=1,
+         eos_token_id=2),
+    [0],
+    "Emu3's language model (Emu3TextModel, built by its class: AutoModel "
+    "does not map its config): Llama's attention, with attention_bias",
+)  # fmt: skip
 # families whose fixtures keep a Gated DeltaNet layer's cached states
 _GDN_MORE = ("qwen3_5_text", "qwen3_5_moe_text", "lara_mini")
 _TINY_MOE_FAMILIES = (
@@ -1904,7 +1966,9 @@ _TINY_MOE_FAMILIES = (
 # BASE's num_key_value_heads and head_dim are dropped
 # models that start position_ids at 0 at every call unless given them
 _POSITIONS = ("bamba", "granitemoehybrid", "nemotron_h")
-_MHA_FAMILIES = ("opt", "biogpt", "xglm", "ctrl", "gptj", "gpt_neo")
+_MHA_FAMILIES = (
+    "opt", "biogpt", "xglm", "ctrl", "gptj", "gpt_neo", "modernbert-decoder",
+)  # fmt: skip
 _MLA_FAMILIES = (
     "glm4_moe_lite",
     "youtu",

@@ -81,6 +81,7 @@ from .families_more import (
     _learned_positions,
     _llama_4_scaling,
     _minicpm3_settings,
+    _modernbert_decoder,
     _nanochat,
     _nemotron_h,
     _phi,
@@ -637,6 +638,7 @@ FAMILIES = {
     "exaone": _same,
     "internlm3": _same,
     "iquestcoder": _same,
+    "emu3_text_model": _same,  # Emu3's language model
     # per-head QK RMSNorm: Apertus 1.5, Hunyuan V3; Sarvam-MoE is
     # GLM-4.5's layer (HF builds Glm4MoeAttention); EXAONE-MoE is
     # EXAONE 4's
@@ -668,10 +670,13 @@ FAMILIES = {
     "granitemoehybrid": _granitemoehybrid,
     # Qwen3's QK-norm, RoPE on sliding layers; Qwen3.5's Gated DeltaNet
     "lara_mini": _lara_mini,
+    # MHA with Wo, windows, RoPE per layer type
+    "modernbert-decoder": _modernbert_decoder,
     "nemotron_h": _nemotron_h,
     # one fused qkv_proj (attn_np.hf.fused): Phi-3, its window on every
     # layer (as Mistral's)
     "phi3": _phi3,
+    "phi4_multimodal": _phi3,
     # per-head query_key_value, a LayerNorm per head on q and k (when
     # qk_layernorm), partial RoPE 0.5 by default: Persimmon
     "persimmon": _persimmon,

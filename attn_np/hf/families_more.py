@@ -559,6 +559,64 @@ def _lara_mini(cfg, i, layer_type, kw, layout):
     kw["use_rope"] = layer_type == SLIDING
 
 
+def _modernbert_types(cfg):
+    """``layer_types`` and ``sliding_window`` as
+    ``ModernBertDecoderConfig`` sets them: layer ``i`` full when ``i %
+    global_attn_every_n_layers == 0`` (3 by default), else sliding, when
+    the file writes no ``layer_types``; the window always
+    ``local_attention // 2`` (128 // 2 by default), whatever
+    ``sliding_window`` the file writes, so a file whose
+    ``sliding_window`` says otherwise is refused."""
+    out = dict(cfg)
+    if cfg.get("layer_types") is None:
+        n = count(cfg, "num_hidden_layers")
+        every = count(cfg, "global_attn_every_n_layers", required=False)
+        every = every or 3
+        out["layer_types"] = [
+            FULL if i % every == 0 else SLIDING for i in range(n)
+        ]
+    local = cfg.get("local_attention", 128)
+    if local is None or local == 0:  # HF's window is then -1
+        raise ValueError(
+            f"config key local_attention={local!r} gives "
+            "modernbert-decoder's sliding layers a window of -1, which "
+            "attention_from_hf does not build"
+        )
+    window = count({"local_attention": local}, "local_attention") // 2
+    written = cfg.get("sliding_window")
+    if written is not None and written != window:
+        raise ValueError(
+            f"config is contradictory: sliding_window={written!r}, but "
+            f"modernbert-decoder's window is local_attention // 2 = "
+            f"{window}"
+        )
+    out["sliding_window"] = window
+    return out
+
+
+def _modernbert_decoder(cfg, i, layer_type, kw, layout):
+    """ModernBERT's decoder: every head its own keys and values,
+    ``attention_bias`` on all four projections, the output ``Wo``, a
+    window on the sliding layers (:func:`_modernbert_types`) and RoPE per
+    layer type (bases 160,000 full and 10,000 sliding when the file
+    writes none)."""
+    model_type = cfg.get("model_type")
+    n_heads = count(cfg, "num_attention_heads")
+    for key, want in (
+        ("num_key_value_heads", n_heads),
+        ("head_dim", count(cfg, "hidden_size") // n_heads),
+    ):
+        if cfg.get(key) not in (None, want):
+            raise ValueError(
+                f"config key {key}={cfg[key]!r} is not read by "
+                f"{model_type}'s attention (its heads are hidden_size // "
+                f"num_attention_heads wide, each its own keys and values)"
+            )
+    layout["names"] = {"o": "Wo"}
+    if all(cfg.get(k) is None for k in ("rope_parameters", "rope_theta")):
+        kw["rope_base"] = 160000.0 if layer_type != SLIDING else 10000.0
+
+
 def _all_mamba_types(cfg):
     """``layer_types`` as ``GraniteMoeHybridConfig`` fills it when the
     file has none: every layer a Mamba-2 mixer (``linear_attention``)."""
@@ -574,6 +632,7 @@ _CLASS_TYPES = {
     "granitemoe_swa": _granite_swa_types,
     "granitemoehybrid": _all_mamba_types,
     "lara_mini": _lara_mini_types,
+    "modernbert-decoder": _modernbert_types,
 }
 
 

@@ -211,18 +211,20 @@ def _scale(cfg, head_dim):
 
 
 def _phi3(cfg, i, layer_type, kw, layout):
-    """Phi-3: Llama's layer with one ``qkv_proj`` (``"blocks"`` rows) and
-    no bias anywhere (``attention_bias`` is not read by its class). Its
-    configuration class accepts ``rope_type`` ``default`` and
-    ``longrope`` only, and reads ``su`` and ``yarn`` as LongRoPE, which
-    the library lacks: only ``default`` is built."""
+    """Phi-3 (and Phi-4-multimodal's language model, the same module and
+    configuration rules): Llama's layer with one ``qkv_proj``
+    (``"blocks"`` rows) and no bias anywhere (``attention_bias`` is not
+    read by its class). Its configuration class accepts ``rope_type``
+    ``default`` and ``longrope`` only, and reads ``su`` and ``yarn`` as
+    LongRoPE, which the library lacks: only ``default`` is built."""
     for key in ("rope_parameters", "rope_scaling"):
         params = get_object(cfg, key) or {}
         rope_type = params.get("rope_type", params.get("type", "default"))
         if rope_type != "default":
             raise ValueError(
                 f"config key {key}.rope_type={rope_type!r} is not built "
-                "by attention_from_hf for phi3: its class reads su, yarn "
+                f"by attention_from_hf for {cfg.get('model_type')}: its "
+                "class reads su, yarn "
                 "and longrope as LongRoPE (rescaled frequencies per "
                 "pair), which the library lacks, and refuses other types"
             )

@@ -15,6 +15,10 @@ from __future__ import annotations
 _ELSEWHERE = {
     "_name_or_path",
     "auto_map",  # DeepSeek-V3: the remote code's class names
+    # encoders beside the language model, whose keys sit at the top
+    # (Phi-4-multimodal): their own layers, not the decoder's attention
+    "audio_config",
+    "vision_config",
     "for_llm_compressor",  # Llama 4: a quantisation tool's marker
     "architectures",
     "attention_dropout",
@@ -166,6 +170,15 @@ _ELSEWHERE = {
     "resid_dropout",
     "embed_dropout",
     "classifier_dropout",
+    # ModernBERT's decoder: its heads, norms, MLP and special tokens
+    "classifier_activation",
+    "classifier_bias",
+    "cls_token_id",
+    "decoder_bias",
+    "initializer_cutoff_factor",
+    "mlp_dropout",
+    "norm_bias",
+    "sep_token_id",
     # Bamba, Jamba, Falcon-H1: their Mamba mixers, MoE and multipliers
     # outside the attention module (Falcon-H1's attention_in_multiplier
     # and attention_out_multiplier scale its input and output in the
@@ -306,6 +319,7 @@ _ATTENTION = {
     # biases under other keys, Granite's scale, what refuses
     "use_bias",
     "global_attn_every_n_layers",
+    "local_attention",  # ModernBERT's decoder: twice its window
     "qkv_bias",
     "use_qkv_bias",
     "attention_out_bias",
@@ -345,7 +359,8 @@ _ATTENTION = {
 _FAMILY_KEYS = {
     # Nemotron-H: the Mamba mixer's biases (its attention has none)
     "use_bias": ("ernie4_5", "ernie4_5_moe", "starcoder2", "nemotron_h"),
-    "global_attn_every_n_layers": ("afmoe",),
+    "global_attn_every_n_layers": ("afmoe", "modernbert-decoder"),
+    "local_attention": ("modernbert-decoder",),
     "qkv_bias": ("qwen2_moe",),
     "use_qkv_bias": ("stablelm",),
     "attention_out_bias": ("seed_oss",),
@@ -380,7 +395,7 @@ _FAMILY_KEYS = {
     "scale_attn_by_inverse_layer_idx": ("gpt2",),
     "reorder_and_upcast_attn": ("gpt2",),
     "attn_config": ("mpt",),
-    "original_max_position_embeddings": ("phi3",),
+    "original_max_position_embeddings": ("phi3", "phi4_multimodal"),
     "new_decoder_architecture": ("falcon",),
     "bias": ("falcon",),
     "num_kv_heads": ("falcon",),
@@ -603,6 +618,7 @@ _NOT_BUILT = {
 _CLASS_WINDOWS = {
     "phimoe": None,
     "phi3": None,
+    "phi4_multimodal": None,
     "starcoder2": None,
     "cohere2": 4,
     "afmoe": 4,
@@ -641,4 +657,5 @@ _CLASS_ROPE = {
     "sarvam_moe": (8e6, 1.0),
     "phi": (1e4, 0.5),
     "bamba": (1e4, 0.5),
+    "emu3_text_model": (1e6, 1.0),
 }
