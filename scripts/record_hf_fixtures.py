@@ -1952,6 +1952,19 @@ MORE["emu3_text_model"] = (
     "Emu3's language model (Emu3TextModel, built by its class: AutoModel "
     "does not map its config): Llama's attention, with attention_bias",
 )  # fmt: skip
+MORE["lfm2"] = (
+    dict(layer_types=["conv", "full_attention"], norm_eps=1e-3),
+    [1],
+    "LFM2: layer 0 a short convolution, layer 1 attention with Qwen3's "
+    "per-head QK RMSNorm as q_layernorm and k_layernorm (eps 1e-3), "
+    "out_proj",
+)
+MORE["lfm2_moe"] = (
+    dict(layer_types=["full_attention", "conv"], norm_eps=1e-3,
+         num_dense_layers=1),
+    [0],
+    "LFM2-MoE: LFM2's attention (layer 0), a short convolution (layer 1)",
+)  # fmt: skip
 # families whose fixtures keep a Gated DeltaNet layer's cached states
 _GDN_MORE = ("qwen3_5_text", "qwen3_5_moe_text", "lara_mini")
 _TINY_MOE_FAMILIES = (
@@ -1961,6 +1974,7 @@ _TINY_MOE_FAMILIES = (
     "exaone_moe",
     "afmoe",
     "lara_mini",
+    "lfm2_moe",
 )
 # every head its own keys and values, heads hidden_size // heads wide:
 # BASE's num_key_value_heads and head_dim are dropped

@@ -79,6 +79,7 @@ from .families_more import (
     _jamba,
     _lara_mini,
     _learned_positions,
+    _lfm2,
     _llama_4_scaling,
     _minicpm3_settings,
     _modernbert_decoder,
@@ -672,6 +673,8 @@ FAMILIES = {
     "lara_mini": _lara_mini,
     # MHA with Wo, windows, RoPE per layer type
     "modernbert-decoder": _modernbert_decoder,
+    "lfm2": _lfm2,  # conv layers refused by name
+    "lfm2_moe": _lfm2,
     "nemotron_h": _nemotron_h,
     # one fused qkv_proj (attn_np.hf.fused): Phi-3, its window on every
     # layer (as Mistral's)

@@ -512,8 +512,11 @@ def _falcon_h1(cfg, i, layer_type, kw, layout):
 
 
 #: hybrids -> {a layer type that is not attention: what it is} (refused)
+_CONV = "a short-convolution"  # LFM2's conv layers
 _MIXERS = {
     "granitemoehybrid": {"linear_attention": "a Mamba-2 mixer"},
+    "lfm2": {"conv": _CONV},
+    "lfm2_moe": {"conv": _CONV},
     "nemotron_h": {
         "linear_attention": "a Mamba-2 mixer",
         "moe": "a mixture-of-experts MLP",
@@ -617,6 +620,47 @@ def _modernbert_decoder(cfg, i, layer_type, kw, layout):
         kw["rope_base"] = 160000.0 if layer_type != SLIDING else 10000.0
 
 
+def _lfm2_types(cfg):
+    """``layer_types`` as ``Lfm2Config`` fills it when the file has none:
+    ``full_attention`` at ``full_attn_idxs`` (every layer by default),
+    ``conv`` elsewhere. ``Lfm2MoeConfig`` fills nothing, and its model
+    reads ``layer_types`` for every layer: a file without it is
+    refused."""
+    if cfg.get("layer_types") is not None:
+        return cfg
+    if cfg.get("model_type") == "lfm2_moe":
+        raise ValueError(
+            "config key layer_types is missing: lfm2_moe's configuration "
+            "class leaves it unset, and its model reads it for every layer"
+        )
+    n = count(cfg, "num_hidden_layers")
+    full = cfg.get("full_attn_idxs")
+    full = range(n) if full is None else full
+    if not isinstance(full, (list, range)) or any(
+        not isinstance(j, int) or isinstance(j, bool) for j in full
+    ):
+        raise ValueError(
+            f"config key full_attn_idxs must be a list of layer indices, "
+            f"got {full!r:.200}"
+        )
+    return {**cfg, "layer_types": [FULL if i in full else "conv" for i in
+                                   range(n)]}  # fmt: skip
+
+
+def _lfm2(cfg, i, layer_type, kw, layout):
+    """LFM2 and LFM2-MoE: Qwen3's per-head QK RMSNorm (gain ``w``, eps
+    ``norm_eps``) under the names ``q_layernorm`` and ``k_layernorm``, no
+    bias, the output ``out_proj``; its ``conv`` layers are short
+    convolutions, refused by name."""
+    kw.update(qk_norm="head", norm_eps=number(cfg, "norm_eps", 1e-5))
+    kw["biases"] = ()
+    layout["names"] = {
+        "o": "out_proj",
+        "q_norm": "q_layernorm",
+        "k_norm": "k_layernorm",
+    }
+
+
 def _all_mamba_types(cfg):
     """``layer_types`` as ``GraniteMoeHybridConfig`` fills it when the
     file has none: every layer a Mamba-2 mixer (``linear_attention``)."""
@@ -633,6 +677,8 @@ _CLASS_TYPES = {
     "granitemoehybrid": _all_mamba_types,
     "lara_mini": _lara_mini_types,
     "modernbert-decoder": _modernbert_types,
+    "lfm2": _lfm2_types,
+    "lfm2_moe": _lfm2_types,
 }
 
 

@@ -179,6 +179,13 @@ _ELSEWHERE = {
     "mlp_dropout",
     "norm_bias",
     "sep_token_id",
+    # LFM2: its convolutions and MLP
+    "conv_bias",
+    "conv_L_cache",
+    "block_multiple_of",
+    "block_ffn_dim_multiplier",
+    "block_auto_adjust_ff_dim",
+    "use_expert_bias",
     # Bamba, Jamba, Falcon-H1: their Mamba mixers, MoE and multipliers
     # outside the attention module (Falcon-H1's attention_in_multiplier
     # and attention_out_multiplier scale its input and output in the
@@ -320,6 +327,7 @@ _ATTENTION = {
     "use_bias",
     "global_attn_every_n_layers",
     "local_attention",  # ModernBERT's decoder: twice its window
+    "full_attn_idxs",  # LFM2's attention layers
     "qkv_bias",
     "use_qkv_bias",
     "attention_out_bias",
@@ -361,6 +369,7 @@ _FAMILY_KEYS = {
     "use_bias": ("ernie4_5", "ernie4_5_moe", "starcoder2", "nemotron_h"),
     "global_attn_every_n_layers": ("afmoe", "modernbert-decoder"),
     "local_attention": ("modernbert-decoder",),
+    "full_attn_idxs": ("lfm2",),
     "qkv_bias": ("qwen2_moe",),
     "use_qkv_bias": ("stablelm",),
     "attention_out_bias": ("seed_oss",),
@@ -430,8 +439,6 @@ _NOT_BUILT = {
         "lambda_q2, lambda_k2)"
     ),
     "doge": "a dynamic mask from the values (A, dt_proj)",
-    "lfm2": "short-convolution layers, out_proj and q_layernorm names",
-    "lfm2_moe": "short-convolution layers, out_proj and q_layernorm names",
     "laguna": _GATE + "g_proj",
     "dory": _GATE + "gate_proj with sqk and s_gate",
     "beam": _GATE + "gate_proj with gate_bias",
@@ -658,4 +665,6 @@ _CLASS_ROPE = {
     "phi": (1e4, 0.5),
     "bamba": (1e4, 0.5),
     "emu3_text_model": (1e6, 1.0),
+    "lfm2": (1e6, 1.0),
+    "lfm2_moe": (1e6, 1.0),
 }
