@@ -1877,8 +1877,36 @@ MORE["ministral3"] = (
     "4 original positions, so that it bites) and the query scale "
     "1 + 0.1 ln(1 + floor(p / 4)) after RoPE",
 )
+MORE["kimi_linear"] = (
+    dict(
+        num_key_value_heads=4,  # MLA: every head its own key and value
+        kv_lora_rank=16,
+        q_lora_rank=None,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=8,
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_heads=4,
+        linear_head_dim=8,
+        linear_conv_kernel_dim=4,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        moe_intermediate_size=16,
+        n_group=1,
+        topk_group=1,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+    [0, 1],
+    "Kimi Linear: layer 0 Kimi Delta Attention (4 heads of 8, conv 4, "
+    "a decay per key channel from f_a_proj, f_b_proj; a sigmoid-gated "
+    "o_norm from g_a_proj, g_b_proj), layer 1 MLA without RoPE (its 4 "
+    "shared key features unrotated)",
+)
 # families whose fixtures keep a Gated DeltaNet layer's cached states
-_GDN_MORE = ("qwen3_5_text", "qwen3_5_moe_text")
+# (Kimi Linear's: its Kimi Delta Attention layer's)
+_GDN_MORE = ("qwen3_5_text", "qwen3_5_moe_text", "kimi_linear")
 _TINY_MOE_FAMILIES = (
     "aria_text",
     "hy_v3",
@@ -1892,6 +1920,7 @@ _TINY_MOE_FAMILIES = (
 _POSITIONS = ("bamba", "granitemoehybrid", "nemotron_h")
 _MHA_FAMILIES = ("opt", "biogpt", "xglm", "ctrl", "gptj", "gpt_neo")
 _MLA_FAMILIES = (
+    "kimi_linear",
     "glm4_moe_lite",
     "youtu",
     "sarvam_mla",

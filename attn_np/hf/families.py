@@ -97,6 +97,7 @@ from .keys import (
     _NOT_BUILT,
     _REFUSED,
 )
+from .kimi import _kimi_linear
 from .layers import HFAttention, HFLatentAttention, HFSparseLatentAttention
 from .weights import SPLIT_LINEAR_TYPES as _SPLIT_TYPES
 
@@ -880,6 +881,8 @@ _OWN_LAYERS = {
     "youtu": _mla,
     "sarvam_mla": _mla,
     "minicpm3": lambda cfg, t, i: _mla(_minicpm3_settings(cfg), t, i),
+    # Kimi Delta Attention and MLA without RoPE (attn_np.hf.kimi)
+    "kimi_linear": lambda cfg, t, i: _kimi_linear(cfg, _layer_type(cfg, i)),
     # fused and Conv1D projections: GPT-2, OpenAI GPT, GPT-BigCode
     # (no RoPE), BLOOM and MPT (ALiBi), CodeGen (partial interleaved RoPE)
     **{name: _checked_index(b) for name, b in _FUSED_LAYERS.items()},

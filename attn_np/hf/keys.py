@@ -88,6 +88,11 @@ _ELSEWHERE = {
     "aux_loss_alpha",
     "seq_aux",
     "moe_layer_freq",
+    # Kimi Linear's spellings of its MoE and of max_position_embeddings
+    "model_max_length",
+    "moe_renormalize",
+    "num_expert_group",
+    "num_experts_per_token",
     # the MoE and vocabulary of Aria, EXAONE-MoE, Hunyuan V3, Apertus 1.5
     "moe_topk",
     "num_shared_experts",
@@ -300,6 +305,12 @@ _ATTENTION = {
     "linear_value_head_dim",
     "linear_num_key_heads",
     "linear_num_value_heads",
+    # Kimi Linear's Kimi Delta Attention (attn_np.hf.kimi): its sizes in
+    # either spelling, and its MLA's NoPE switch
+    "linear_attn_config",
+    "linear_num_heads",
+    "linear_head_dim",
+    "mla_use_nope",
     "rope_local_base_freq",  # Gemma 3 before transformers 5
     "full_attention_interval",  # Qwen3-Next: read by config.layer_types
     "num_hidden_layers",
@@ -343,6 +354,10 @@ _ATTENTION = {
 # another family's config, each is refused by name, since that family's
 # layer would silently ignore it (a Llama config with qkv_bias: true).
 _FAMILY_KEYS = {
+    "linear_attn_config": ("kimi_linear",),
+    "linear_num_heads": ("kimi_linear",),
+    "linear_head_dim": ("kimi_linear",),
+    "mla_use_nope": ("kimi_linear",),
     # Nemotron-H: the Mamba mixer's biases (its attention has none)
     "use_bias": ("ernie4_5", "ernie4_5_moe", "starcoder2", "nemotron_h"),
     "global_attn_every_n_layers": ("afmoe",),
@@ -535,11 +550,6 @@ _NOT_BUILT = {
         "a mixture of attention heads (experts.map, experts.reduce: a "
         "router picks num_experts_per_tok query and output projections) "
         "beside one shared kv_proj"
-    ),
-    "kimi_linear": (
-        "Kimi Delta Attention layers (linear_attention: f_proj, A_log, "
-        "dt_bias, b_proj, short convolutions, a gated o_norm) and latent "
-        "attention without RoPE (NoPE MLA)"
     ),
     "mamba": "no attention layer: Mamba's selective state-space mixer in "
     "every layer",
