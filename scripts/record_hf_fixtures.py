@@ -1904,6 +1904,28 @@ MORE["kimi_linear"] = (
     "o_norm from g_a_proj, g_b_proj), layer 1 MLA without RoPE (its 4 "
     "shared key features unrotated)",
 )
+# HunYuan: QK RMSNorm with learned gains after RoPE; rope_type dynamic
+# with alpha is NTK's fixed stretch of the base, theta alpha^(d/(d-2))
+_HUNYUAN = dict(
+    rope_parameters={
+        "rope_type": "dynamic",
+        "rope_theta": 10000.0,
+        "alpha": 50.0,
+        "factor": 1.0,  # required by HF's check of "dynamic"; not read
+    },
+)
+MORE["hunyuan_v1_dense"] = (
+    _HUNYUAN,
+    [0],
+    "HunYuan dense: GQA 4:2, RoPE with NTK-alpha 50 (base 1e4 * "
+    "50^(16/14)), then query_layernorm and key_layernorm (RMSNorm per "
+    "head, learned gains) after RoPE",
+)
+MORE["hunyuan_v1_moe"] = (
+    dict(_HUNYUAN, num_experts=2, moe_topk=1),
+    [0],
+    "HunYuan MoE: HunYuan dense's attention (two experts)",
+)
 # families whose fixtures keep a Gated DeltaNet layer's cached states
 # (Kimi Linear's: its Kimi Delta Attention layer's)
 _GDN_MORE = ("qwen3_5_text", "qwen3_5_moe_text", "kimi_linear")

@@ -151,7 +151,6 @@ def test_an_admitted_family_refuses_what_it_lacks(name, change, match):
 @pytest.mark.parametrize(
     "model_type,match",
     [
-        ("hunyuan_v1_dense", "QK RMSNorm after RoPE"),
         ("bitnet", "attn_sub_norm"),
         ("zaya", "convolutions on q and k"),
         ("diffllama", "differential attention"),

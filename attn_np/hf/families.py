@@ -67,6 +67,7 @@ from .config import (
 from .families_more import (
     _CLASS_TYPES,
     _LLAMA_4_SCALED,
+    _NTK_ALPHA,
     _afmoe,
     _bamba,
     _cohere2_moe_rope,
@@ -75,6 +76,7 @@ from .families_more import (
     _gptj,
     _granite_swa,
     _granitemoehybrid,
+    _hunyuan,
     _hybrid_layer,
     _jamba,
     _learned_positions,
@@ -82,6 +84,7 @@ from .families_more import (
     _minicpm3_settings,
     _nanochat,
     _nemotron_h,
+    _ntk_alpha,
     _phi,
     _respell,
     _text_positions,
@@ -641,6 +644,8 @@ FAMILIES = {
     # GLM-4.5's layer (HF builds Glm4MoeAttention); EXAONE-MoE is
     # EXAONE 4's
     "apertus1p5_text": _qwen3,
+    "hunyuan_v1_dense": _hunyuan,  # gains after RoPE (families_more)
+    "hunyuan_v1_moe": _hunyuan,
     "hy_v3": _qwen3,
     "sarvam_moe": _and(_bias_keys("attention_bias"), _qk_norm_if_used),
     "exaone_moe": _and(_qwen3, _exaone4_rope),
@@ -712,6 +717,8 @@ def _decoder(cfg, model_type, layer_idx):
     temperature = None
     if model_type in _LLAMA_4_SCALED:
         cfg, temperature = _llama_4_scaling(cfg)
+    if model_type in _NTK_ALPHA:  # HunYuan's fixed NTK stretch
+        cfg = _ntk_alpha(cfg)
     if layer_type not in (None, FULL, SLIDING, "chunked_attention"):
         raise ValueError(
             f"layer {layer_idx} has layer type {layer_type!r}, which "

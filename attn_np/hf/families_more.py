@@ -45,7 +45,8 @@ module holds only the differences.
 
 from __future__ import annotations
 
-from .config import FULL, SLIDING, count, flag, number
+from .config import FULL, SLIDING, count, flag, number, rope_parameters
+from .layers import _PostRopeGainAttention
 
 # ------------------------------------------------------ Cohere 2 MoE
 
@@ -607,6 +608,46 @@ def _llama_4_scaling(cfg):
     drop = ("llama_4_scaling_beta", "max_position_embeddings")
     rope = {k: v for k, v in rope.items() if k not in drop}
     return {**cfg, "rope_parameters": rope}, (floor, beta, 0)
+
+
+# HunYuan: rope_type "dynamic" with an alpha
+_NTK_ALPHA = ("hunyuan_v1_dense", "hunyuan_v1_moe")
+
+
+def _ntk_alpha(cfg):
+    """``cfg`` with HunYuan's RoPE written as plain RoPE. Its files say
+    ``rope_type`` ``dynamic`` with an ``alpha``: NTK's stretch of the
+    base, fixed, ``theta alpha^(d / (d - 2))`` for heads of ``d``
+    (transformers 5.24.0 names it ``ntk_alpha`` and reads nothing else of
+    the type: not ``factor``, nor the YaRN keys some files carry). A
+    dynamic type without ``alpha`` stays, for the RoPE reader to refuse
+    (its frequencies change with the sequence's length)."""
+    rope = (rope_parameters(cfg) or {}).get(FULL) or {}
+    if rope.get("rope_type") != "dynamic" or not rope.get("alpha"):
+        return cfg
+    d = count(cfg, "head_dim")
+    if d < 4:
+        raise ValueError(f"config key head_dim must be at least 4, got {d}")
+    theta = number(rope, "rope_theta") * number(rope, "alpha") ** (
+        d / (d - 2)
+    )
+    out = {
+        k: v
+        for k, v in cfg.items()
+        if k not in ("rope_theta", "rope_scaling")
+    }
+    out["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+    return out
+
+
+def _hunyuan(cfg, i, layer_type, kw, layout):
+    """HunYuan: after RoPE, an RMSNorm of each head of q and k with
+    learned gains (``query_layernorm``, ``key_layernorm``)."""
+    layout["cls"] = _PostRopeGainAttention
+    layout["names"] = {
+        "q_norm": "query_layernorm",
+        "k_norm": "key_layernorm",
+    }
 
 
 # multimodal RoPE's keys (Qwen3-VL, Qwen3.5): how the angles of a token's

@@ -90,6 +90,7 @@ _ELSEWHERE = {
     "moe_layer_freq",
     # Kimi Linear's spellings of its MoE and of max_position_embeddings
     "model_max_length",
+    "sep_token_id",  # HunYuan MoE's
     "moe_renormalize",
     "num_expert_group",
     "num_experts_per_token",
@@ -416,14 +417,6 @@ _GATE = "an output gate from its own "
 # Decoder families examined in transformers 5.24.0 and refused,
 # model_type -> the part (or config key) their attention needs.
 _NOT_BUILT = {
-    "hunyuan_v1_dense": (
-        "a learned QK RMSNorm after RoPE (query_layernorm, "
-        "key_layernorm) and rope_type dynamic with alpha"
-    ),
-    "hunyuan_v1_moe": (
-        "a learned QK RMSNorm after RoPE (query_layernorm, "
-        "key_layernorm) and rope_type dynamic with alpha"
-    ),
     "bitnet": "attn_sub_norm, an RMSNorm of the heads before o_proj",
     "diffllama": (
         "differential attention (two softmaxes, lambda_q1, lambda_k1, "
