@@ -1926,6 +1926,36 @@ MORE["hunyuan_v1_moe"] = (
     [0],
     "HunYuan MoE: HunYuan dense's attention (two experts)",
 )
+MORE["mistral4"] = (
+    dict(
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=8,
+        n_routed_experts=2,
+        num_experts_per_tok=1,
+        moe_intermediate_size=16,
+        rope_parameters={
+            "type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 16.0,
+            "original_max_position_embeddings": 4,
+            "max_position_embeddings": 64,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale_all_dim": 1.0,
+            "mscale": 1.0,
+            "llama_4_scaling_beta": 0.1,
+            "partial_rotary_factor": 4 / 12,
+        },
+    ),
+    [0],
+    "Mistral 4: DeepSeek's MLA (query latent 24, kv latent 16, heads of "
+    "8 + 4 rotary), YaRN 16 over 4 positions, every query times "
+    "1 + 0.1 ln(1 + floor(p / 4))",
+)
 # families whose fixtures keep a Gated DeltaNet layer's cached states
 # (Kimi Linear's: its Kimi Delta Attention layer's)
 _GDN_MORE = ("qwen3_5_text", "qwen3_5_moe_text", "kimi_linear")
@@ -1943,6 +1973,7 @@ _POSITIONS = ("bamba", "granitemoehybrid", "nemotron_h")
 _MHA_FAMILIES = ("opt", "biogpt", "xglm", "ctrl", "gptj", "gpt_neo")
 _MLA_FAMILIES = (
     "kimi_linear",
+    "mistral4",
     "glm4_moe_lite",
     "youtu",
     "sarvam_mla",

@@ -155,7 +155,6 @@ def test_an_admitted_family_refuses_what_it_lacks(name, change, match):
         ("zaya", "convolutions on q and k"),
         ("diffllama", "differential attention"),
         ("laguna", "output gate from its own g_proj"),
-        ("mistral4", "multi-head latent attention"),
     ],
 )
 def test_a_family_that_needs_a_missing_part_is_refused(model_type, match):

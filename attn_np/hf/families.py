@@ -82,6 +82,7 @@ from .families_more import (
     _learned_positions,
     _llama_4_scaling,
     _minicpm3_settings,
+    _mistral4,
     _nanochat,
     _nemotron_h,
     _ntk_alpha,
@@ -890,6 +891,7 @@ _OWN_LAYERS = {
     "minicpm3": lambda cfg, t, i: _mla(_minicpm3_settings(cfg), t, i),
     # Kimi Delta Attention and MLA without RoPE (attn_np.hf.kimi)
     "kimi_linear": lambda cfg, t, i: _kimi_linear(cfg, _layer_type(cfg, i)),
+    "mistral4": lambda cfg, t, i: _mistral4(cfg, i, _mla),  # a query scale
     # fused and Conv1D projections: GPT-2, OpenAI GPT, GPT-BigCode
     # (no RoPE), BLOOM and MPT (ALiBi), CodeGen (partial interleaved RoPE)
     **{name: _checked_index(b) for name, b in _FUSED_LAYERS.items()},

@@ -46,7 +46,7 @@ module holds only the differences.
 from __future__ import annotations
 
 from .config import FULL, SLIDING, count, flag, number, rope_parameters
-from .layers import _PostRopeGainAttention
+from .layers import _PostRopeGainAttention, _ScaledQueryLatentAttention
 
 # ------------------------------------------------------ Cohere 2 MoE
 
@@ -608,6 +608,33 @@ def _llama_4_scaling(cfg):
     drop = ("llama_4_scaling_beta", "max_position_embeddings")
     rope = {k: v for k, v in rope.items() if k not in drop}
     return {**cfg, "rope_parameters": rope}, (floor, beta, 0)
+
+
+def _mistral4(cfg, layer_idx, mla):
+    """Mistral 4: DeepSeek-V3's MLA (``mla`` builds it) with Ministral
+    3's query scale by position (:func:`_llama_4_scaling`), on both parts
+    of every query. Its ``rope_parameters`` give the rotated share as
+    ``partial_rotary_factor``, ``qk_rope_head_dim / (qk_nope_head_dim +
+    qk_rope_head_dim)``: the decoupled key, which MLA turns whole."""
+    cfg, temp = _llama_4_scaling(cfg)
+    if temp is None:
+        raise ValueError(
+            "config needs rope_parameters' llama_4_scaling_beta for "
+            "mistral4 (its layer scales every query by it)"
+        )
+    rope = dict(cfg["rope_parameters"])
+    nope, r = count(cfg, "qk_nope_head_dim"), count(cfg, "qk_rope_head_dim")
+    share = rope.pop("partial_rotary_factor", r / (nope + r))
+    if abs(share * (nope + r) - r) > 1e-9:
+        raise ValueError(
+            "config's rope_parameters.partial_rotary_factor must be "
+            f"qk_rope_head_dim / (qk_nope_head_dim + qk_rope_head_dim) = "
+            f"{r}/{nope + r} for mistral4, got {share!r}"
+        )
+    cfg = {**cfg, "rope_parameters": rope}
+    _, args, kw, layout = mla(cfg, "mistral4", layer_idx)
+    kw["query_temperature"] = temp
+    return _ScaledQueryLatentAttention, args, kw, layout
 
 
 # HunYuan: rope_type "dynamic" with an alpha

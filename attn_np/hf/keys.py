@@ -432,12 +432,6 @@ _NOT_BUILT = {
         "convolutions on q and k (conv_qk_depthwise, conv_qk_grouped), "
         "a delayed value projection and a QK temperature"
     ),
-    "mistral4": (
-        "DeepSeek's multi-head latent attention (checked: the same "
-        "module) with a query scale by position, rope_parameters' "
-        "llama_4_scaling_beta (1 + beta * log(1 + floor(pos / "
-        "original_max_position_embeddings)))"
-    ),
     "zamba": (
         "an input and an output of different widths (q, k and v read 2 * "
         "hidden_size features, the hidden state beside the embeddings; "

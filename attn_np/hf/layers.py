@@ -32,7 +32,7 @@ from ..long_context import (
 )
 from ..masks import symmetric_window_mod
 from ..multihead import GroupedQueryAttention
-from ..refinements import Projection, RefinedAttention
+from ..refinements import Projection, QueryTemperature, RefinedAttention
 from ..sparse import (
     SparseLatentAttention,
     layernorm_backward,
@@ -228,3 +228,25 @@ class _PostRopeGainAttention(HFAttention):
         self.grads["q_norm"], self.grads["k_norm"] = s * wk, s * wq
         g["q"] = g["q"] * (wq * wk)
         super().position_backward(g, rope)
+
+
+class _ScaledQueryLatentAttention(HFLatentAttention):
+    """Mistral 4's layer: :class:`HFLatentAttention` whose every query
+    (both its parts) is multiplied by ``1 + b ln(1 + floor(p / M))`` at
+    its position ``p``: chapter 10's :class:`~attn_np.refinements.
+    QueryTemperature` (``query_temperature = (M, b, 0)``), a score mod of
+    the grouped core on either path (scaling a query scales its row of
+    scores)."""
+
+    def __init__(self, *args, query_temperature, **kw):
+        super().__init__(*args, **kw)
+        self.query_temperature = tuple(query_temperature)
+        self._temp = QueryTemperature(*self.query_temperature)
+
+    def _attend_expanded(self, q_c, q_r, c_kv, k_r, where):
+        where = dict(where, score_mods=(self._temp,))
+        return super()._attend_expanded(q_c, q_r, c_kv, k_r, where)
+
+    def _attend_absorbed(self, q_c, q_r, rows, where):
+        where = dict(where, score_mods=(self._temp,))
+        return super()._attend_absorbed(q_c, q_r, rows, where)
