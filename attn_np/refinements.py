@@ -816,8 +816,8 @@ def _check_refined(**kw):
         # weights: a learned gain there would be dropped without a word
         raise ValueError(
             "qk_norm_after_rope=True builds Llama 4's norm without weights:"
-            " pass qk_norm_learned=False (a learned gain after RoPE, "
-            "HunYuan's, is not built)"
+            " pass qk_norm_learned=False (HunYuan's learned gains after "
+            "RoPE are attn_np.hf's layer)"
         )
     if kw["chunk"] is not None:
         kw["chunk"] = check_positive_int(kw["chunk"], "chunk")

@@ -1965,8 +1965,88 @@ MORE["lfm2_moe"] = (
     [0],
     "LFM2-MoE: LFM2's attention (layer 0), a short convolution (layer 1)",
 )  # fmt: skip
+MORE["kimi_linear"] = (
+    dict(
+        num_key_value_heads=4,  # MLA: every head its own key and value
+        kv_lora_rank=16,
+        q_lora_rank=None,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=8,
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_heads=4,
+        linear_head_dim=8,
+        linear_conv_kernel_dim=4,
+        num_local_experts=2,
+        num_experts_per_tok=1,
+        moe_intermediate_size=16,
+        n_group=1,
+        topk_group=1,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+    [0, 1],
+    "Kimi Linear: layer 0 Kimi Delta Attention (4 heads of 8, conv 4, "
+    "a decay per key channel from f_a_proj, f_b_proj; a sigmoid-gated "
+    "o_norm from g_a_proj, g_b_proj), layer 1 MLA without RoPE (its 4 "
+    "shared key features unrotated)",
+)
+# HunYuan: QK RMSNorm with learned gains after RoPE; rope_type dynamic
+# with alpha is NTK's fixed stretch of the base, theta alpha^(d/(d-2))
+_HUNYUAN = dict(
+    rope_parameters={
+        "rope_type": "dynamic",
+        "rope_theta": 10000.0,
+        "alpha": 50.0,
+        "factor": 1.0,  # required by HF's check of "dynamic"; not read
+    },
+)
+MORE["hunyuan_v1_dense"] = (
+    _HUNYUAN,
+    [0],
+    "HunYuan dense: GQA 4:2, RoPE with NTK-alpha 50 (base 1e4 * "
+    "50^(16/14)), then query_layernorm and key_layernorm (RMSNorm per "
+    "head, learned gains) after RoPE",
+)
+MORE["hunyuan_v1_moe"] = (
+    dict(_HUNYUAN, num_experts=2, moe_topk=1),
+    [0],
+    "HunYuan MoE: HunYuan dense's attention (two experts)",
+)
+MORE["mistral4"] = (
+    dict(
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=24,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=8,
+        n_routed_experts=2,
+        num_experts_per_tok=1,
+        moe_intermediate_size=16,
+        rope_parameters={
+            "type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 16.0,
+            "original_max_position_embeddings": 4,
+            "max_position_embeddings": 64,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale_all_dim": 1.0,
+            "mscale": 1.0,
+            "llama_4_scaling_beta": 0.1,
+            "partial_rotary_factor": 4 / 12,
+        },
+    ),
+    [0],
+    "Mistral 4: DeepSeek's MLA (query latent 24, kv latent 16, heads of "
+    "8 + 4 rotary), YaRN 16 over 4 positions, every query times "
+    "1 + 0.1 ln(1 + floor(p / 4))",
+)
 # families whose fixtures keep a Gated DeltaNet layer's cached states
-_GDN_MORE = ("qwen3_5_text", "qwen3_5_moe_text", "lara_mini")
+# (Kimi Linear's: its Kimi Delta Attention layer's)
+_GDN_MORE = ("qwen3_5_text", "qwen3_5_moe_text", "lara_mini", "kimi_linear")
 _TINY_MOE_FAMILIES = (
     "aria_text",
     "hy_v3",
@@ -1984,6 +2064,8 @@ _MHA_FAMILIES = (
     "opt", "biogpt", "xglm", "ctrl", "gptj", "gpt_neo", "modernbert-decoder",
 )  # fmt: skip
 _MLA_FAMILIES = (
+    "kimi_linear",
+    "mistral4",
     "glm4_moe_lite",
     "youtu",
     "sarvam_mla",

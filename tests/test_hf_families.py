@@ -151,12 +151,10 @@ def test_an_admitted_family_refuses_what_it_lacks(name, change, match):
 @pytest.mark.parametrize(
     "model_type,match",
     [
-        ("hunyuan_v1_dense", "QK RMSNorm after RoPE"),
         ("bitnet", "attn_sub_norm"),
         ("zaya", "convolutions on q and k"),
         ("diffllama", "differential attention"),
         ("laguna", "output gate from its own g_proj"),
-        ("mistral4", "multi-head latent attention"),
     ],
 )
 def test_a_family_that_needs_a_missing_part_is_refused(model_type, match):

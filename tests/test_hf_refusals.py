@@ -44,7 +44,7 @@ def test_no_decoder_row_is_unexamined(loaded):
     ("model_type", "words"),
     [
         ("gemma3n_text", "v_norm"),
-        ("kimi_linear", "Kimi Delta Attention"),
+        ("bailing_hybrid", "Kimi Delta Attention"),
         ("mimo_v2_flash", "v_head_dim"),
         ("minimax", "lightning attention"),
         ("olmo_hybrid", "linear_allow_neg_eigval"),

@@ -35,6 +35,7 @@ import numpy as np
 from .config import count, language_model, load_config
 from .families import layer_settings
 from .families_more import _respell
+from .kimi import _kda_from_hf, _kda_to_hf
 from .weights import linear_to_hf, load_linear, load_state, to_hf
 
 
@@ -51,6 +52,8 @@ def attention_from_hf(
     ``linear_attention`` layers are chapter 12's Gated DeltaNet, its
     weights read by ``gated_deltanet_from_hf``; ``kv_cache`` is then a
     ``StateCache``; Qwen3.5's the same, with its projections split),
+    Kimi Linear (chapter 12's Kimi Delta Attention and MLA without RoPE:
+    ``attn_np.hf.kimi``),
     Llama 4's attention (chunked and NoPE layers) and more decoder
     families, each a small difference from Llama's layer
     (``attn_np.hf.families.FAMILIES``: Mixtral, Gemma, OLMo 3, SmolLM3,
@@ -73,6 +76,11 @@ def attention_from_hf(
     cls, args, kw, layout = layer_settings(config, layer_idx)
     layer = cls(*args, dtype=dtype, **kw)
     layer.hf_layout = layout
+    if layout["kind"] == "kda":  # Kimi Linear's linear_attention
+        layer.to_hf = lambda d: _kda_to_hf(layer, d)
+        if state_dict is not None:
+            _kda_from_hf(layer, state_dict, dtype)
+        return layer
     if layout["kind"] == "linear":
         layer.to_hf = lambda d: linear_to_hf(layer, d)
         if state_dict is not None:

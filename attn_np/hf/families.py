@@ -52,8 +52,6 @@ from .config import (
     FULL,
     MODEL_TYPE_ALIASES,
     SLIDING,
-    alternate,
-    check_listed,
     count,
     flag,
     language_model,
@@ -65,16 +63,18 @@ from .config import (
     windows,
 )
 from .families_more import (
-    _CLASS_TYPES,
     _LLAMA_4_SCALED,
+    _NTK_ALPHA,
     _afmoe,
     _bamba,
+    _class_layer_types,
     _cohere2_moe_rope,
     _falcon_h1,
     _gpt_neo,
     _gptj,
     _granite_swa,
     _granitemoehybrid,
+    _hunyuan,
     _hybrid_layer,
     _jamba,
     _lara_mini,
@@ -82,9 +82,11 @@ from .families_more import (
     _lfm2,
     _llama_4_scaling,
     _minicpm3_settings,
+    _mistral4,
     _modernbert_decoder,
     _nanochat,
     _nemotron_h,
+    _ntk_alpha,
     _phi,
     _respell,
     _text_positions,
@@ -94,12 +96,12 @@ from .keys import (
     _ATTENTION,
     _BUILT_BY,
     _CLASS_ROPE,
-    _CLASS_WINDOWS,
     _ELSEWHERE,
     _FAMILY_KEYS,
     _NOT_BUILT,
     _REFUSED,
 )
+from .kimi import _kimi_linear
 from .layers import HFAttention, HFLatentAttention, HFSparseLatentAttention
 from .weights import SPLIT_LINEAR_TYPES as _SPLIT_TYPES
 
@@ -644,6 +646,8 @@ FAMILIES = {
     # GLM-4.5's layer (HF builds Glm4MoeAttention); EXAONE-MoE is
     # EXAONE 4's
     "apertus1p5_text": _qwen3,
+    "hunyuan_v1_dense": _hunyuan,  # gains after RoPE (families_more)
+    "hunyuan_v1_moe": _hunyuan,
     "hy_v3": _qwen3,
     "sarvam_moe": _and(_bias_keys("attention_bias"), _qk_norm_if_used),
     "exaone_moe": _and(_qwen3, _exaone4_rope),
@@ -686,29 +690,6 @@ FAMILIES = {
 }
 
 
-def _class_layer_types(cfg, model_type):
-    """``cfg`` with ``layer_types`` written out by
-    :data:`_CLASS_WINDOWS`'s rule when the file has a window and no
-    ``layer_types`` (a ``sliding_window_pattern`` it writes wins)."""
-    if model_type in _CLASS_TYPES:  # families_more's rules
-        return _CLASS_TYPES[model_type](cfg)
-    if (
-        model_type not in _CLASS_WINDOWS
-        or cfg.get("layer_types") is not None
-        or cfg.get("sliding_window") is None
-    ):
-        return cfg
-    n = count(cfg, "num_hidden_layers")
-    check_listed(cfg, n, f"{model_type}'s window rule")
-    every = _CLASS_WINDOWS[model_type]
-    if every is None:
-        return {**cfg, "layer_types": [SLIDING] * n}
-    pattern = count(cfg, "sliding_window_pattern", required=False)
-    if model_type == "afmoe":  # AfmoeConfig's spelling of the pattern
-        pattern = count(cfg, "global_attn_every_n_layers", required=False)
-    return {**cfg, "layer_types": list(alternate(n, pattern or every))}
-
-
 def _decoder(cfg, model_type, layer_idx):
     """Every family with q_proj/k_proj/v_proj/o_proj."""
     cfg = _class_layer_types(cfg, model_type)
@@ -722,6 +703,8 @@ def _decoder(cfg, model_type, layer_idx):
     temperature = None
     if model_type in _LLAMA_4_SCALED:
         cfg, temperature = _llama_4_scaling(cfg)
+    if model_type in _NTK_ALPHA:  # HunYuan's fixed NTK stretch
+        cfg = _ntk_alpha(cfg)
     if layer_type not in (None, FULL, SLIDING, "chunked_attention"):
         raise ValueError(
             f"layer {layer_idx} has layer type {layer_type!r}, which "
@@ -891,6 +874,9 @@ _OWN_LAYERS = {
     "youtu": _mla,
     "sarvam_mla": _mla,
     "minicpm3": lambda cfg, t, i: _mla(_minicpm3_settings(cfg), t, i),
+    # Kimi Delta Attention and MLA without RoPE (attn_np.hf.kimi)
+    "kimi_linear": lambda cfg, t, i: _kimi_linear(cfg, _layer_type(cfg, i)),
+    "mistral4": lambda cfg, t, i: _mistral4(cfg, i, _mla),  # a query scale
     # fused and Conv1D projections: GPT-2, OpenAI GPT, GPT-BigCode
     # (no RoPE), BLOOM and MPT (ALiBi), CodeGen (partial interleaved RoPE)
     **{name: _checked_index(b) for name, b in _FUSED_LAYERS.items()},

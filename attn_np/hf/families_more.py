@@ -48,7 +48,18 @@ module holds only the differences.
 
 from __future__ import annotations
 
-from .config import FULL, SLIDING, count, flag, number
+from .config import (
+    FULL,
+    SLIDING,
+    alternate,
+    check_listed,
+    count,
+    flag,
+    number,
+    rope_parameters,
+)
+from .keys import _CLASS_WINDOWS
+from .layers import _PostRopeGainAttention, _ScaledQueryLatentAttention
 
 # ------------------------------------------------------ Cohere 2 MoE
 
@@ -682,6 +693,29 @@ _CLASS_TYPES = {
 }
 
 
+def _class_layer_types(cfg, model_type):
+    """``cfg`` with ``layer_types`` written out by
+    :data:`_CLASS_WINDOWS`'s rule when the file has a window and no
+    ``layer_types`` (a ``sliding_window_pattern`` it writes wins)."""
+    if model_type in _CLASS_TYPES:  # families_more's rules
+        return _CLASS_TYPES[model_type](cfg)
+    if (
+        model_type not in _CLASS_WINDOWS
+        or cfg.get("layer_types") is not None
+        or cfg.get("sliding_window") is None
+    ):
+        return cfg
+    n = count(cfg, "num_hidden_layers")
+    check_listed(cfg, n, f"{model_type}'s window rule")
+    every = _CLASS_WINDOWS[model_type]
+    if every is None:
+        return {**cfg, "layer_types": [SLIDING] * n}
+    pattern = count(cfg, "sliding_window_pattern", required=False)
+    if model_type == "afmoe":  # AfmoeConfig's spelling of the pattern
+        pattern = count(cfg, "global_attn_every_n_layers", required=False)
+    return {**cfg, "layer_types": list(alternate(n, pattern or every))}
+
+
 def _hybrid_layer(cfg, model_type, i):
     """``cfg`` for a hybrid's attention layer ``i``, or the refusal of a
     layer of another kind by name (:data:`_MIXERS`). The kinds that are
@@ -737,6 +771,73 @@ def _llama_4_scaling(cfg):
     drop = ("llama_4_scaling_beta", "max_position_embeddings")
     rope = {k: v for k, v in rope.items() if k not in drop}
     return {**cfg, "rope_parameters": rope}, (floor, beta, 0)
+
+
+def _mistral4(cfg, layer_idx, mla):
+    """Mistral 4: DeepSeek-V3's MLA (``mla`` builds it) with Ministral
+    3's query scale by position (:func:`_llama_4_scaling`), on both parts
+    of every query. Its ``rope_parameters`` give the rotated share as
+    ``partial_rotary_factor``, ``qk_rope_head_dim / (qk_nope_head_dim +
+    qk_rope_head_dim)``: the decoupled key, which MLA turns whole."""
+    cfg, temp = _llama_4_scaling(cfg)
+    if temp is None:
+        raise ValueError(
+            "config needs rope_parameters' llama_4_scaling_beta for "
+            "mistral4 (its layer scales every query by it)"
+        )
+    rope = dict(cfg["rope_parameters"])
+    nope, r = count(cfg, "qk_nope_head_dim"), count(cfg, "qk_rope_head_dim")
+    share = rope.pop("partial_rotary_factor", r / (nope + r))
+    if abs(share * (nope + r) - r) > 1e-9:
+        raise ValueError(
+            "config's rope_parameters.partial_rotary_factor must be "
+            f"qk_rope_head_dim / (qk_nope_head_dim + qk_rope_head_dim) = "
+            f"{r}/{nope + r} for mistral4, got {share!r}"
+        )
+    cfg = {**cfg, "rope_parameters": rope}
+    _, args, kw, layout = mla(cfg, "mistral4", layer_idx)
+    kw["query_temperature"] = temp
+    return _ScaledQueryLatentAttention, args, kw, layout
+
+
+# HunYuan: rope_type "dynamic" with an alpha
+_NTK_ALPHA = ("hunyuan_v1_dense", "hunyuan_v1_moe")
+
+
+def _ntk_alpha(cfg):
+    """``cfg`` with HunYuan's RoPE written as plain RoPE. Its files say
+    ``rope_type`` ``dynamic`` with an ``alpha``: NTK's stretch of the
+    base, fixed, ``theta alpha^(d / (d - 2))`` for heads of ``d``
+    (transformers 5.24.0 names it ``ntk_alpha`` and reads nothing else of
+    the type: not ``factor``, nor the YaRN keys some files carry). A
+    dynamic type without ``alpha`` stays, for the RoPE reader to refuse
+    (its frequencies change with the sequence's length)."""
+    rope = (rope_parameters(cfg) or {}).get(FULL) or {}
+    if rope.get("rope_type") != "dynamic" or not rope.get("alpha"):
+        return cfg
+    d = count(cfg, "head_dim")
+    if d < 4:
+        raise ValueError(f"config key head_dim must be at least 4, got {d}")
+    theta = number(rope, "rope_theta") * number(rope, "alpha") ** (
+        d / (d - 2)
+    )
+    out = {
+        k: v
+        for k, v in cfg.items()
+        if k not in ("rope_theta", "rope_scaling")
+    }
+    out["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+    return out
+
+
+def _hunyuan(cfg, i, layer_type, kw, layout):
+    """HunYuan: after RoPE, an RMSNorm of each head of q and k with
+    learned gains (``query_layernorm``, ``key_layernorm``)."""
+    layout["cls"] = _PostRopeGainAttention
+    layout["names"] = {
+        "q_norm": "query_layernorm",
+        "k_norm": "key_layernorm",
+    }
 
 
 # multimodal RoPE's keys (Qwen3-VL, Qwen3.5): how the angles of a token's

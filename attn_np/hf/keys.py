@@ -92,6 +92,12 @@ _ELSEWHERE = {
     "aux_loss_alpha",
     "seq_aux",
     "moe_layer_freq",
+    # Kimi Linear's spellings of its MoE and of max_position_embeddings
+    "model_max_length",
+    "sep_token_id",  # HunYuan MoE's
+    "moe_renormalize",
+    "num_expert_group",
+    "num_experts_per_token",
     # the MoE and vocabulary of Aria, EXAONE-MoE, Hunyuan V3, Apertus 1.5
     "moe_topk",
     "num_shared_experts",
@@ -178,7 +184,6 @@ _ELSEWHERE = {
     "initializer_cutoff_factor",
     "mlp_dropout",
     "norm_bias",
-    "sep_token_id",
     # LFM2: its convolutions and MLP
     "conv_bias",
     "conv_L_cache",
@@ -320,6 +325,12 @@ _ATTENTION = {
     "linear_value_head_dim",
     "linear_num_key_heads",
     "linear_num_value_heads",
+    # Kimi Linear's Kimi Delta Attention (attn_np.hf.kimi): its sizes in
+    # either spelling, and its MLA's NoPE switch
+    "linear_attn_config",
+    "linear_num_heads",
+    "linear_head_dim",
+    "mla_use_nope",
     "rope_local_base_freq",  # Gemma 3 before transformers 5
     "full_attention_interval",  # Qwen3-Next: read by config.layer_types
     "num_hidden_layers",
@@ -365,6 +376,10 @@ _ATTENTION = {
 # another family's config, each is refused by name, since that family's
 # layer would silently ignore it (a Llama config with qkv_bias: true).
 _FAMILY_KEYS = {
+    "linear_attn_config": ("kimi_linear",),
+    "linear_num_heads": ("kimi_linear",),
+    "linear_head_dim": ("kimi_linear",),
+    "mla_use_nope": ("kimi_linear",),
     # Nemotron-H: the Mamba mixer's biases (its attention has none)
     "use_bias": ("ernie4_5", "ernie4_5_moe", "starcoder2", "nemotron_h"),
     "global_attn_every_n_layers": ("afmoe", "modernbert-decoder"),
@@ -425,14 +440,6 @@ _GATE = "an output gate from its own "
 # Decoder families examined in transformers 5.24.0 and refused,
 # model_type -> the part (or config key) their attention needs.
 _NOT_BUILT = {
-    "hunyuan_v1_dense": (
-        "a learned QK RMSNorm after RoPE (query_layernorm, "
-        "key_layernorm) and rope_type dynamic with alpha"
-    ),
-    "hunyuan_v1_moe": (
-        "a learned QK RMSNorm after RoPE (query_layernorm, "
-        "key_layernorm) and rope_type dynamic with alpha"
-    ),
     "bitnet": "attn_sub_norm, an RMSNorm of the heads before o_proj",
     "diffllama": (
         "differential attention (two softmaxes, lambda_q1, lambda_k1, "
@@ -445,12 +452,6 @@ _NOT_BUILT = {
     "zaya": (
         "convolutions on q and k (conv_qk_depthwise, conv_qk_grouped), "
         "a delayed value projection and a QK temperature"
-    ),
-    "mistral4": (
-        "DeepSeek's multi-head latent attention (checked: the same "
-        "module) with a query scale by position, rope_parameters' "
-        "llama_4_scaling_beta (1 + beta * log(1 + floor(pos / "
-        "original_max_position_embeddings)))"
     ),
     "zamba": (
         "an input and an output of different widths (q, k and v read 2 * "
@@ -557,11 +558,6 @@ _NOT_BUILT = {
         "a mixture of attention heads (experts.map, experts.reduce: a "
         "router picks num_experts_per_tok query and output projections) "
         "beside one shared kv_proj"
-    ),
-    "kimi_linear": (
-        "Kimi Delta Attention layers (linear_attention: f_proj, A_log, "
-        "dt_bias, b_proj, short convolutions, a gated o_norm) and latent "
-        "attention without RoPE (NoPE MLA)"
     ),
     "mamba": "no attention layer: Mamba's selective state-space mixer in "
     "every layer",

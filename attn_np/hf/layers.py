@@ -32,7 +32,7 @@ from ..long_context import (
 )
 from ..masks import symmetric_window_mod
 from ..multihead import GroupedQueryAttention
-from ..refinements import Projection, RefinedAttention
+from ..refinements import Projection, QueryTemperature, RefinedAttention
 from ..sparse import (
     SparseLatentAttention,
     layernorm_backward,
@@ -197,3 +197,56 @@ class _QKLayerNormAttention(HFAttention):
             biases, None, 0.0, True, self.norm_eps
         )
         return parts
+
+
+class _PostRopeGainAttention(HFAttention):
+    """HunYuan's layer: RoPE, then an RMSNorm of each head of q and k
+    with learned gains ``q_norm``, ``k_norm`` (``[d]``, shared by the
+    heads; HF's ``query_layernorm``, ``key_layernorm``). The norm without
+    its gains is Llama 4's post-RoPE norm, the position part's. The gains
+    meet feature by feature in a score: ``(w_q n(q)) . (w_k n(k)) = n(q)
+    . (w_q w_k n(k))``, so :meth:`attend` multiplies the queries by ``w_q
+    w_k`` and the keys (cached) keep none. Backward: with ``s = sum(dq
+    n(q))`` over every query row, ``dw_q = s w_k``, ``dw_k = s w_q``."""
+
+    def __init__(self, *args, **kw):
+        kw.update(qk_norm="head", qk_norm_learned=False)
+        super().__init__(*args, qk_norm_after_rope=True, **kw)
+        for n in ("q_norm", "k_norm"):
+            self.params[n] = np.ones(self.d_k, self.dtype)
+            self.grads[n] = np.zeros(self.d_k, self.dtype)
+
+    def attend(self, q, k, v, *, mask=None, **where):
+        P = self.params
+        self._turned = q  # [B, n_kv, G, L, d]: normalised and turned
+        q = q * (P["q_norm"] * P["k_norm"])
+        return super().attend(q, k, v, mask=mask, **where)
+
+    def position_backward(self, g, rope):
+        wq, wk = self.params["q_norm"], self.params["k_norm"]
+        s = (g["q"] * self._turned).reshape(-1, wq.size).sum(axis=0)
+        self.grads["q_norm"], self.grads["k_norm"] = s * wk, s * wq
+        g["q"] = g["q"] * (wq * wk)
+        super().position_backward(g, rope)
+
+
+class _ScaledQueryLatentAttention(HFLatentAttention):
+    """Mistral 4's layer: :class:`HFLatentAttention` whose every query
+    (both its parts) is multiplied by ``1 + b ln(1 + floor(p / M))`` at
+    its position ``p``: chapter 10's :class:`~attn_np.refinements.
+    QueryTemperature` (``query_temperature = (M, b, 0)``), a score mod of
+    the grouped core on either path (scaling a query scales its row of
+    scores)."""
+
+    def __init__(self, *args, query_temperature, **kw):
+        super().__init__(*args, **kw)
+        self.query_temperature = tuple(query_temperature)
+        self._temp = QueryTemperature(*self.query_temperature)
+
+    def _attend_expanded(self, q_c, q_r, c_kv, k_r, where):
+        where = dict(where, score_mods=(self._temp,))
+        return super()._attend_expanded(q_c, q_r, c_kv, k_r, where)
+
+    def _attend_absorbed(self, q_c, q_r, rows, where):
+        where = dict(where, score_mods=(self._temp,))
+        return super()._attend_absorbed(q_c, q_r, rows, where)

@@ -62,10 +62,11 @@ def _hf_names(layout, layer):
         names[f"{pre}.weight"] = f"W_{n}"
         if f"b_{n}" in p:
             names[f"{pre}.bias"] = f"b_{n}"
-    for n in ("q", "k"):
-        if f"{n}_norm" in p:  # LFM2's q_layernorm
-            pre = spell.get(f"{n}_norm", f"{n}_norm")
-            names[f"{pre}.weight"] = f"{n}_norm"
+    for n in ("q", "k"):  # HunYuan's query_layernorm, key_layernorm
+        if f"{n}_norm" in p:
+            names[f"{spell.get(f'{n}_norm', f'{n}_norm')}.weight"] = (
+                f"{n}_norm"
+            )
     if "sinks" in p:
         names["sinks"] = "sinks"
     if layout.get("gate_proj"):  # an output gate's own projection (AFMoE)

@@ -20,6 +20,7 @@ import numpy as np
 from .._checks import (
     as_float_array,
     check_finite,
+    check_flag,
     check_float_dtype,
     check_positive_int,
     check_upstream,
@@ -532,9 +533,12 @@ class KimiDeltaAttention(GatedDeltaNet):
     gate is ``sigmoid(x W_g1 W_g2 + b_g)`` (``W_g1 [d_model, d_v]``,
     ``W_g2 [d_v, n_v d_v]``) in place of ``silu(x W_z)``. Everything else
     (convolutions, L2 norms, ``beta``, the kernels) is Gated DeltaNet's.
+    ``gate_bias=False`` drops ``b_g``: Hugging Face's
+    ``KimiLinearDeltaAttention`` has ``sigmoid(x W_g1 W_g2)``.
     """
 
-    def __init__(self, *args, eps=1e-5, **kwargs):
+    def __init__(self, *args, eps=1e-5, gate_bias=True, **kwargs):
+        self.gate_bias = check_flag(gate_bias, "gate_bias")
         super().__init__(*args, eps=eps, **kwargs)
 
     def _projection_shapes(self) -> dict:
@@ -560,8 +564,11 @@ class KimiDeltaAttention(GatedDeltaNet):
         return {
             "A_log": np.log(A).astype(self.dtype),
             "dt_bias": (dt + np.log(-np.expm1(-dt))).astype(self.dtype),
-            "b_g": np.zeros(n * self.d_v, dtype=self.dtype),
-        }
+        } | (
+            {"b_g": np.zeros(n * self.d_v, dtype=self.dtype)}
+            if self.gate_bias
+            else {}
+        )
 
     def _gates_forward(self, h, B, L):
         P, n_v, d_k = self.params, self.n_v_heads, self.d_k
@@ -591,14 +598,18 @@ class KimiDeltaAttention(GatedDeltaNet):
     def _output_gate_forward(self, h, B, L):
         P = self.params
         h1 = h["W_g1"]  # [B*L, d_v]
-        s = sigmoid(h1 @ P["W_g2"] + P["b_g"])  # [B*L, n_v*d_v]
+        pre = h1 @ P["W_g2"]  # [B*L, d_v] @ [d_v, n_v*d_v]
+        if self.gate_bias:
+            pre += P["b_g"]
+        s = sigmoid(pre)  # [B*L, n_v*d_v]
         return s, (h1, s)
 
     def _output_gate_backward(self, dz, saved, dh):
         h1, s = saved
         P, grads = self.params, self.grads
         dpre = dz * s * (1.0 - s)
-        grads["b_g"] = dpre.sum(axis=0)
+        if self.gate_bias:
+            grads["b_g"] = dpre.sum(axis=0)
         grads["W_g2"] = h1.T @ dpre
         dh["W_g1"][...] = dpre @ P["W_g2"].T
 
