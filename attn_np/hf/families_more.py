@@ -46,6 +46,7 @@ module holds only the differences.
 from __future__ import annotations
 
 from .config import FULL, SLIDING, count, flag, number
+from .families_gemma import _GEMMA_TYPES, _text_causal
 
 # ------------------------------------------------------ Cohere 2 MoE
 
@@ -196,6 +197,8 @@ def _respell(cfg, model_type):
     """``cfg`` with the family's own spellings of the sizes under the
     common names (its configuration class's ``attribute_map``); a file
     that writes both spellings with different values is refused."""
+    if model_type in ("gemma4_text", "gemma4_unified_text"):
+        cfg = _text_causal(cfg)
     spell = _SPELLINGS.get(model_type)
     if not spell:
         return cfg
@@ -549,6 +552,7 @@ _CLASS_TYPES = {
     "granite_swa": _granite_swa_types,
     "granitemoe_swa": _granite_swa_types,
     "granitemoehybrid": _all_mamba_types,
+    **_GEMMA_TYPES,  # Gemma 3n: every fifth layer full; Gemma 4: sixth
 }
 
 
