@@ -49,6 +49,7 @@ from .norms import qk_norm_backward, qk_norm_forward
 from .rope import (
     RopeCache,
     Rotary,
+    _check_positions,
     rope_backward,
     rope_frequencies,
     rotate_pairs,
@@ -459,3 +460,58 @@ class ScaledRotary(Rotary):
             else:
                 dy, _ = qk_norm_backward(dy, c)
         return dy
+
+
+@dataclass(frozen=True)
+class ProportionalRotary:
+    """Gemma 4's ``proportional`` RoPE as a position part: a head of
+    ``d`` features turns as ``d/2`` rotate-half pairs ``(i, i + d/2)``;
+    pair ``i`` at ``theta_i = base^(-2i/d)`` for the first ``n_turned``
+    pairs, at ``theta_i = 0`` (not at all) for the rest::
+
+        n_turned = floor(partial_rotary_factor * d / 2)
+
+    The frequencies turned are those of full RoPE over ``d`` (not of a
+    ``2 n_turned``-wide head, as chapter 6's partial RoPE), and the
+    still pairs are spread over both halves of the head. Hugging Face:
+    ``rope_type: "proportional"`` (a ``factor`` divides every
+    frequency). The backward turns by ``-theta``, as chapter 6's."""
+
+    base: float
+    d: int
+    n_turned: int
+    factor: float = 1.0
+
+    def __post_init__(self):
+        check_positive_number(self.base, "base")
+        check_positive_number(self.factor, "factor")
+        d = check_positive_int(self.d, "d")
+        if d % 2 or not 0 <= self.n_turned <= d // 2:
+            raise ValueError(
+                f"ProportionalRotary needs an even d and 0 <= n_turned <= "
+                f"d/2, got d={self.d}, n_turned={self.n_turned}"
+            )
+
+    def frequencies(self):
+        """``theta [d/2]``: ``base^(-2i/d) / factor``, 0 past
+        ``n_turned``."""
+        i = np.arange(self.d // 2)  # [d/2]
+        theta = self.base ** (-2.0 * i / self.d) / self.factor
+        return np.where(i < self.n_turned, theta, 0.0)
+
+    def forward(self, x, positions):
+        """``x [..., L, d]`` at ``positions [L]``: ``(y, saved)``."""
+        x = as_float_array(x, "x", min_ndim=2)
+        if x.shape[-1] != self.d:
+            raise ValueError(
+                f"x must be [..., L, d] with d = {self.d}, got {x.shape}"
+            )
+        p = _check_positions(positions, x.shape[-2], x.shape)  # [L]
+        angles = p[:, None] * self.frequencies()  # [L, 1] * [d/2]
+        cos = np.cos(angles).astype(x.dtype)  # [L, d/2]
+        sin = np.sin(angles).astype(x.dtype)
+        y = rotate_pairs(x, cos, sin, layout="half")  # [..., L, d]
+        return y, RopeCache(cos, sin, "half", self.d, x.shape)
+
+    def backward(self, dy, saved):
+        return rope_backward(dy, saved)  # R(theta)^T = R(-theta)

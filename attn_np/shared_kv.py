@@ -39,6 +39,7 @@ import numpy as np
 
 from ._checks import (
     as_float_array,
+    check_cache_kind,
     check_finite,
     check_flag,
     check_layer_input,
@@ -46,6 +47,7 @@ from ._checks import (
 )
 from .grouped import grouped_attention_backward
 from .heads import flat, merge_groups, split_groups
+from .kv_cache import KVCache
 from .multihead import GroupedQueryAttention
 from .training.layers import Composite
 
@@ -72,9 +74,13 @@ class KVReader(GroupedQueryAttention):
     :class:`~attn_np.GroupedQueryAttention`; ``n_kv_heads``, ``d_k`` and
     ``d_v`` must be the producer's.
 
-    ``forward(x, kv, causal=True)`` with ``kv = shared_kv(producer)``;
-    ``backward(dy)`` returns ``dx`` and leaves ``dkv``, the gradients of
-    the shared keys and values, for the producer's backward."""
+    ``forward(x, kv, causal=True)`` with ``kv = shared_kv(producer)``
+    (``kv`` left out: the keys of ``producer``, when the reader has one
+    attached); ``backward(dy)`` returns ``dx`` and leaves ``dkv``, the
+    gradients of the shared keys and values, for the producer's
+    backward. Decoding, ``forward(x_chunk, kv_cache=c)`` reads ``c``,
+    the producer's cache after the producer's step of the same chunk,
+    and writes nothing: a reader keeps no cache of its own."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -87,31 +93,95 @@ class KVReader(GroupedQueryAttention):
             del self.params[name], self.grads[name]
         self._packed = None
         self.dkv = None
+        self.producer = None  # the layer whose keys it reads, if attached
 
-    def forward(self, x, kv=None, *, causal=True, mask=None, **unused):
+    def forward(
+        self, x, kv=None, *, causal=True, mask=None, kv_cache=None, **unused
+    ):
         """``y`` for ``x [B, L, d_model]`` (or ``[L, d_model]``) attending
         to ``kv = (k [B, n_kv, L_k, d_k], v [B, n_kv, L_k, d_v])``, causal
         by default (the last query at the last key)."""
         if unused:
             raise TypeError(
-                f"KVReader.forward takes x, kv, causal and mask, got "
-                f"{sorted(unused)}"
+                f"KVReader.forward takes x, kv, causal, mask and kv_cache, "
+                f"got {sorted(unused)}"
             )
         check_flag(causal, "causal")
         x3, unbatched = check_layer_input(x, self.d_model, "x")
+        if kv_cache is not None:
+            y = self._decode(x3, kv, mask, kv_cache)
+            return y[0] if unbatched else y
+        if kv is None and self.producer is not None:
+            kv = shared_kv(self.producer)
         k, v = self._check_kv(kv, x3)
-        B, L, _ = x3.shape
-        # [B*L, d_model] @ [d_model, h*d_k] -> [B, L, h*d_k] -> groups
-        q = (flat(x3) @ self.params["W_q"]).reshape(B, L, -1)
-        q = split_groups(q, self.n_kv_heads, self.group_size, self.d_k)
-        rope = None
-        if self.rotary is not None:  # the queries' positions 0 ... L-1
-            q, rope = self.rotary.forward(q, np.arange(L))
+        L = x3.shape[1]
+        q, saved = self._queries(x3, np.arange(L))  # positions 0 ... L-1
         o, self._att = self.attend(q, k, v, mask=mask, causal=causal)
         y, out = self.output(o, x3)  # [B, L, d_model]
-        self._cache = (x3, out, self._att, rope, unbatched, fingerprint(x3))
+        self._cache = (x3, out, self._att, saved, unbatched, fingerprint(x3))
         self.dkv = None
         return y[0] if unbatched else y
+
+    def _decode(self, x3, kv, mask, cache):
+        """A chunk's queries at the cache's last ``L`` positions over the
+        keys the producer's cache holds (inference: nothing kept)."""
+        check_cache_kind(cache, KVCache, "the producer's cache")
+        B, L = x3.shape[:2]
+        n = len(cache)
+        if kv is not None or mask is not None or n < L:
+            raise ValueError(
+                "a KVReader decodes over its producer's cache alone (no kv "
+                f"or mask) after the producer's step of the same {L} "
+                f"positions, got kv={type(kv).__name__}, a mask "
+                f"{mask is not None} and a cache of {n} positions"
+            )
+        k, v = cache.keys, cache.values  # [B, n_kv, held, d]
+        want = (B, self.n_kv_heads, self.d_k, self.d_v)
+        got = (k.shape[0], k.shape[1], k.shape[3], v.shape[3])
+        if got != want:
+            raise ValueError(
+                f"kv_cache must hold (B, n_kv_heads, d_k, d_v) = {want} "
+                f"(the producer's, for x of shape {x3.shape}), got {got}"
+            )
+        if cache.window != self.window:
+            raise ValueError(
+                f"kv_cache has window={cache.window} but the reader has "
+                f"window={self.window}: it reads a producer of its kind"
+            )
+        positions = n - L + np.arange(L)  # the chunk's: [L]
+        where = {"causal": True}
+        if cache.window is not None:  # a rolling cache: the keys held
+            where.update(q_positions=positions, k_positions=cache.positions)
+            where["sink_tokens"] = cache.sink_tokens
+        q, _ = self._queries(x3, positions)
+        o, self._att = self.attend(q, k, v, **where)
+        self._cache = None
+        return self.output(o, x3)[0]  # [B, L, d_model]
+
+    def _queries(self, x3, positions):
+        """``q [B, n_kv, G, L, d_k]``, turned to ``positions``, and what
+        the backward needs."""
+        B, L, _ = x3.shape
+        # [B*L, d_model] @ [d_model, h*d_k] -> [B, L, h*d_k]
+        q, saved = self.project_queries(x3)
+        q = split_groups(q, self.n_kv_heads, self.group_size, self.d_k)
+        rope = None
+        if self.rotary is not None:
+            q, rope = self.rotary.forward(q, positions)
+        return q, (saved, rope)
+
+    def project_queries(self, x3):
+        """``x3 [B, L, d_model]`` -> ``(q [B, L, h*d_k], saved)``: the
+        queries before their rotation (a subclass adds a norm here)."""
+        B, L, _ = x3.shape
+        return (flat(x3) @ self.params["W_q"]).reshape(B, L, -1), None
+
+    def project_queries_backward(self, x3, dq, saved):
+        """The twin of :meth:`project_queries`: fills ``grads["W_q"]``,
+        returns ``dx``."""
+        # [d_model, B*L] @ [B*L, h*d_k] -> [d_model, h*d_k]
+        self.grads["W_q"] = flat(x3).T @ flat(dq)
+        return dq @ self.params["W_q"].T  # [B, L, d_model]
 
     def _check_kv(self, kv, x3):
         if not (isinstance(kv, tuple) and len(kv) == 2):
@@ -132,26 +202,30 @@ class KVReader(GroupedQueryAttention):
         check_finite(v, "v")
         return k, v
 
+    def new_cache(self):
+        raise ValueError(
+            "a KVReader keeps no cache: decode with its producer's "
+            "(forward(x_chunk, kv_cache=c) after the producer's step)"
+        )
+
     def backward(self, dy, dkv=None):
-        """``dx``; fills ``grads`` (``W_q``, ``W_o``) and leaves ``dkv =
-        (dk, dv)`` for the producer."""
+        """``dx``; fills ``grads`` (``W_q``, ``W_o``, ...) and leaves
+        ``dkv = (dk, dv)`` for the producer."""
         if dkv is not None:
             raise ValueError(
                 "a KVReader shares no keys of its own: pass dkv=None"
             )
-        x3, o, att, rope, unbatched, dy3 = self.saved_forward(dy)
+        x3, o, att, saved, unbatched, dy3 = self.saved_forward(dy)
         do, _ = self.output_backward(dy3, o)
         g = grouped_attention_backward(do, att)  # dk, dv summed per group
         for name in g.keys() - {"q", "k", "v"}:  # sinks, score mods' params
             self.grads[name] = g.pop(name).reshape(self.params[name].shape)
         self.dkv = (g.pop("k"), g.pop("v"))  # [B, n_kv, L_k, d]
         dq = g.pop("q")
+        projected, rope = saved
         if rope is not None:  # turned back by -theta
             dq = self.rotary.backward(dq, rope)
-        dq = merge_groups(dq)  # [B, L, h*d_k]
-        # [d_model, B*L] @ [B*L, h*d_k] -> [d_model, h*d_k]
-        self.grads["W_q"] = flat(x3).T @ flat(dq)
-        dx = dq @ self.params["W_q"].T  # [B, L, d_model]
+        dx = self.project_queries_backward(x3, merge_groups(dq), projected)
         return dx[0] if unbatched else dx
 
 

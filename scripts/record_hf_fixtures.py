@@ -253,6 +253,7 @@ def record(
     attn="eager",
     folder=OUT,
     positions=False,
+    readers=None,
 ):
     """Record one family's fixture to ``folder``/NAME.npz (``folder``:
     tests/fixtures, or tests/fixtures/families for :func:`more_families`).
@@ -265,6 +266,9 @@ def record(
     ``positions``: pass ``position_ids`` to every call (Bamba's model
     starts them at 0 at every call unless given). ``chunks=()`` records
     no decode (a family whose HF class has no cache, OpenAI GPT).
+    ``readers``: ``{layer: producer}``, layers that read a producer's keys
+    and values (Gemma 3n, Gemma 4), recorded after the others by
+    :func:`record_reader`.
     """
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -347,11 +351,17 @@ def record(
                 dec = torch.cat(outs, dim=1)
             arrays[f"layer{i}.decode.out"] = dec.numpy().copy()
             worst = max(worst, float((dec - out.detach()).abs().max()))
+        for r, p in (readers or {}).items():
+            modules[r] = record_reader(model, arrays, gen, x, dy, emb, r, p)
+            dec = torch.from_numpy(arrays[f"layer{r}.decode.out"])
+            out = torch.from_numpy(arrays[f"layer{r}.out"])
+            worst = max(worst, float((dec - out).abs().max()))
         meta = dict(
             family=name,
             transformers=transformers.__version__,
             torch=torch.__version__,
-            layers=list(layers),
+            layers=[*layers, *(readers or {})],
+            readers={str(r): p for r, p in (readers or {}).items()},
             chunks=list(chunks),
             attn_implementation=attn,
             module={str(i): m for i, m in modules.items()},
@@ -370,6 +380,83 @@ def record(
         f"{name:18s} layers {list(layers)} {kib:6.0f} KiB  "
         f"HF decode vs HF forward {worst:.1e}"
     )
+
+
+def run_pair(model, xp, xr, emb, p, r, cache=None, use_cache=False):
+    """Run the model with producer ``p``'s attention input replaced by
+    ``xp`` and reader ``r``'s by ``xr``: ``(reader's output, the shared
+    (k, v) it read, cache)``."""
+    layers = decoder_layers(model)
+    mp, mr = attention_module(layers[p]), attention_module(layers[r])
+    got = {}
+
+    def pre_p(m, args, kwargs):
+        kwargs["hidden_states"] = xp
+        return args, kwargs
+
+    def pre_r(m, args, kwargs):
+        kwargs["hidden_states"] = xr
+        got["kv"] = kwargs["shared_kv_states"][m.layer_type]
+        return args, kwargs
+
+    def post(m, args, kwargs, out):
+        got["out"] = out[0]
+
+    hooks = [
+        mp.register_forward_pre_hook(pre_p, with_kwargs=True),
+        mr.register_forward_pre_hook(pre_r, with_kwargs=True),
+        mr.register_forward_hook(post, with_kwargs=True),
+    ]
+    try:
+        res = model(inputs_embeds=emb, cache=cache, use_cache=use_cache)
+    finally:
+        for h in hooks:
+            h.remove()
+    return got["out"], got["kv"], getattr(res, "past_key_values", None)
+
+
+def record_reader(model, arrays, gen, x, dy, emb, r, p):
+    """Layer ``r``, which reads producer ``p``'s keys and values (Gemma
+    3n's and Gemma 4's shared layers): its forward on ``x`` with the
+    producer fed ``xp``, the gradients of ``sum(out * dy)`` for its
+    input and parameters, for the shared keys and values (``grad.shared
+    .k``, ``.v``, after the producer's norms and RoPE) and for the
+    producer's input and parameters (``grad.producer.*``), and a chunked
+    decode. Returns the module's class name."""
+    layers = decoder_layers(model)
+    mod, prod = attention_module(layers[r]), attention_module(layers[p])
+    redraw(mod, gen)
+    xp = torch.randn(x.shape, generator=gen)
+    params = dict(mod.named_parameters())
+    pp = dict(prod.named_parameters())
+    for pname, t in params.items():
+        arrays[f"layer{r}.param.{pname}"] = t.detach().numpy().copy()
+    arrays[f"layer{r}.xp"] = xp.numpy().copy()
+    xr = x.clone().requires_grad_(True)
+    xpg = xp.clone().requires_grad_(True)
+    out, (k, v), _ = run_pair(model, xpg, xr, emb, p, r)
+    inputs = [xr, *params.values(), k, v, xpg, *pp.values()]
+    grads = torch.autograd.grad(out, inputs, dy, allow_unused=True)
+    arrays[f"layer{r}.out"] = out.detach().numpy().copy()
+    arrays[f"layer{r}.shared.k"] = k.detach().numpy().copy()
+    arrays[f"layer{r}.shared.v"] = v.detach().numpy().copy()
+    names = ["x", *params, "shared.k", "shared.v", "producer.x"]
+    names += [f"producer.{n}" for n in pp]
+    for n, g in zip(names, grads):
+        if g is None and n.startswith("producer."):
+            continue  # its q_proj, q_norm, o_proj: not read by r
+        arrays[f"layer{r}.grad.{n}"] = g.numpy().copy()
+    with torch.no_grad():
+        cache, outs, start = None, [], 0
+        for c in CHUNKS:
+            sl = slice(start, start + c)
+            o, _, cache = run_pair(
+                model, xp[:, sl], x[:, sl], emb[:, sl], p, r, cache, True
+            )
+            outs.append(o)
+            start += c
+    arrays[f"layer{r}.decode.out"] = torch.cat(outs, 1).numpy().copy()
+    return type(mod).__name__
 
 
 def _gdn_state(cache, i):
@@ -2044,6 +2131,60 @@ MORE["mistral4"] = (
     "8 + 4 rotary), YaRN 16 over 4 positions, every query times "
     "1 + 0.1 ln(1 + floor(p / 4))",
 )
+# Gemma 3n and Gemma 4: layers 0, 1 keep their own keys and values,
+# layers 2 and 3 (num_kv_shared_layers=2) read those of 0 and 1; heads 8
+# wide, so that four layers stay a few hundred KiB
+_GEMMA_SMALL = dict(
+    head_dim=8,
+    num_hidden_layers=4,
+    num_kv_shared_layers=2,
+    sliding_window=4,
+    layer_types=_TWO * 2,
+    hidden_size_per_layer_input=8,
+    vocab_size_per_layer_input=32,
+)
+MORE["gemma3n_text"] = (
+    dict(
+        _GEMMA_SMALL,
+        laurel_rank=4,
+        altup_num_inputs=2,
+        activation_sparsity_pattern=[0.0] * 4,
+    ),
+    [0, 1],
+    "Gemma 3n: sliding 4 / full layers with v_norm, QK-norm of gain w, "
+    "scale 1; layers 2 and 3 read the keys and values of 0 and 1",
+)
+MORE["gemma4_text"] = (
+    dict(
+        _GEMMA_SMALL,
+        hidden_size_per_layer_input=0,  # no per-layer inputs to rebuild
+        # the shared layers then run on every position (HF otherwise
+        # slices per_layer_inputs, None without them)
+        output_hidden_states=True,
+        attention_k_eq_v=True,
+        global_head_dim=16,
+        num_global_key_value_heads=1,
+    ),
+    [0, 1],
+    "Gemma 4: as Gemma 3n, and full layers of head_dim 16 with 1 KV "
+    "head, values from k_proj (attention_k_eq_v), proportional RoPE "
+    "(a quarter of the pairs turned)",
+)
+MORE["gemma4_unified_text"] = (
+    dict(
+        {k: v for k, v in _GEMMA_SMALL.items() if "per_layer" not in k},
+        attention_k_eq_v=True,
+        global_head_dim=16,
+        num_global_key_value_heads=1,
+    ),
+    [0, 1],
+    "Gemma 4 unified: Gemma 4's attention class (Gemma4TextAttention) "
+    "in a decoder without per-layer inputs",
+)
+_READERS = {
+    name: {2: 0, 3: 1}
+    for name in ("gemma3n_text", "gemma4_text", "gemma4_unified_text")
+}
 # families whose fixtures keep a Gated DeltaNet layer's cached states
 # (Kimi Linear's: its Kimi Delta Attention layer's)
 _GDN_MORE = ("qwen3_5_text", "qwen3_5_moe_text", "lara_mini", "kimi_linear")
@@ -2132,6 +2273,8 @@ def more_families():
             config = cls(**{**base, **kw})
             extra = {"states": _gdn_state} if name in _GDN_MORE else {}
             extra.update(_OPTIONS.get(name, {}))
+            if name in _READERS:
+                extra["readers"] = _READERS[name]
             record(
                 name,
                 config,

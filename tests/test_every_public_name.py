@@ -56,7 +56,11 @@ from attn_np.linear import conv, gates
 from attn_np.long_context import qk_norm_backward as lc_qk_norm_backward
 from attn_np.long_context import qk_norm_forward as lc_qk_norm_forward
 from attn_np.pretrained import CausalLM, LlamaConfig
-from attn_np.rope_scaling import ScaledRotary, scaled_rope_forward
+from attn_np.rope_scaling import (
+    ProportionalRotary,
+    ScaledRotary,
+    scaled_rope_forward,
+)
 from attn_np.serving import paged_attention
 from attn_np.serving.paged import paged_attention_by_page as paged_by_page
 
@@ -178,15 +182,18 @@ def layer(make, x, *, fw=None, **fw_kw):
     return calls
 
 
-def _reader_calls(x):
+def _reader_calls(x, make_reader=None):
     """A KVReader's forward with the producer's k and v (a tuple: each
-    spoiled in turn) and its backward."""
+    spoiled in turn) and its backward (``make_reader``: a subclass's)."""
 
     def make():
         producer = attn_np.GroupedQueryAttention(8, 2, 1, rope_base=1e4)
         producer.forward(x, causal=True)
-        reader = shared_kv.KVReader(8, 2, 1, rope_base=1e4, seed=1)
+        reader = (make_reader or default)()
         return reader, shared_kv.shared_kv(producer)
+
+    def default():
+        return shared_kv.KVReader(8, 2, 1, rope_base=1e4, seed=1)
 
     reader, (k, v) = make()
     y = reader.forward(x, (k, v))
@@ -320,6 +327,15 @@ def _rope():
                 ScaledRotary(1e4).forward,
                 kw,
                 ScaledRotary(1e4).backward,
+                "dy",
+            ),
+        ),
+        "attn_np.rope_scaling.ProportionalRotary": lambda: one(
+            fn(ProportionalRotary(1e4, 4, 1).forward, **kw),
+            bw(
+                ProportionalRotary(1e4, 4, 1).forward,
+                kw,
+                ProportionalRotary(1e4, 4, 1).backward,
                 "dy",
             ),
         ),
@@ -901,9 +917,17 @@ def _caches_and_ids():
 def _more_layers():
     x = n(1, 5, 8)
     hf = importlib.import_module("attn_np.hf.layers")
+    gemma = importlib.import_module("attn_np.hf.families_gemma")
     return {
         "attn_np.hf.layers.HFAttention": lambda: layer(
             lambda: hf.HFAttention(8, 2, 1), x
+        ),
+        "attn_np.hf.families_gemma.GemmaAttention": lambda: layer(
+            lambda: gemma.GemmaAttention(8, 2, 1, qk_norm="head", k_eq_v=1),
+            x,
+        ),
+        "attn_np.hf.families_gemma.HFKVReader": lambda: _reader_calls(
+            x, lambda: gemma.HFKVReader(8, 2, 1, 4, kv_source=0)
         ),
         "attn_np.hf.layers.HFLatentAttention": lambda: layer(
             lambda: hf.HFLatentAttention(8, 2, 4, 4, 2), x

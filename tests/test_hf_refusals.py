@@ -43,7 +43,7 @@ def test_no_decoder_row_is_unexamined(loaded):
 @pytest.mark.parametrize(
     ("model_type", "words"),
     [
-        ("gemma3n_text", "v_norm"),
+        ("deepseek_v4", "kv_proj"),
         ("bailing_hybrid", "Kimi Delta Attention"),
         ("mimo_v2_flash", "v_head_dim"),
         ("minimax", "lightning attention"),
@@ -67,6 +67,6 @@ def test_a_family_without_attention_says_so(model_type):
 
 def test_wrappers_are_refused_by_their_text_model(loaded):
     rows = {r["model_type"]: r for r in loaded["families"]}
-    for wrapper in ("gemma3n", "gemma4", "mllama", "qwen4_exp"):
+    for wrapper in ("mllama", "qwen4_exp"):
         with pytest.raises(ValueError, match="its attention needs"):
             layer_settings(rows[wrapper]["config"], 0)

@@ -47,8 +47,8 @@ _BLOCK_TYPES = {
 _STATE_DTYPES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # Model types whose layers share another layer's cache
 # (num_kv_shared_layers), and Gemma 4's full layers' own heads.
-_SHARED_KV = {"gemma3n", "gemma3n_text", "gemma4", "gemma4_text"}
-_GEMMA4 = {"gemma4", "gemma4_text"}
+_GEMMA4 = {"gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text"}
+_SHARED_KV = {"gemma3n", "gemma3n_text", *_GEMMA4}
 
 
 def _state_dtype(cfg: dict) -> tuple[str, int]:

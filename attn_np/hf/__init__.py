@@ -7,6 +7,8 @@
 * :mod:`attn_np.hf.families`: what each family's attention layer is,
   each written as a difference from the plain decoder (Llama), the way
   ``transformers``' ``modular_*.py`` files define a model;
+* :mod:`attn_np.hf.families_gemma`: Gemma 3n and Gemma 4, whose last
+  layers read the keys and values of earlier ones (``HFKVReader``);
 * :mod:`attn_np.hf.fused`: the families whose q, k and v are one fused
   or ``Conv1D`` weight (GPT-2, BLOOM, MPT, Phi-3, ...), the orders of
   its rows and the spellings of their configuration classes;

@@ -32,6 +32,7 @@ import json
 
 import numpy as np
 
+from ..shared_kv import shared_kv
 from .config import count, language_model, load_config
 from .families import layer_settings
 from .families_more import _respell
@@ -64,7 +65,10 @@ def attention_from_hf(
     under GLM-4.7-Flash, Youtu, Sarvam and MiniCPM3); the families whose
     q, k and v are one fused or ``Conv1D`` weight (``attn_np.hf.fused``):
     Phi-3, GPT-2 and GPT-SW3, OpenAI GPT, GPT-BigCode, BLOOM and MPT
-    (ALiBi), CodeGen, Persimmon (a LayerNorm per head on q and k). RoPE
+    (ALiBi), CodeGen, Persimmon (a LayerNorm per head on q and k);
+    Gemma 3n and Gemma 4 (``attn_np.hf.families_gemma``: a layer of the
+    last ``num_kv_shared_layers`` is a reader of an earlier layer's keys
+    and values, :func:`attention_layers_from_hf` attaches it). RoPE
     as ``rope_theta``/``rope_scaling``/``partial_rotary_factor`` at the
     top level or under ``rope_parameters`` (transformers 5; per layer type
     for Gemma 3); ``rope_type`` ``default``, ``linear``, and chapter 11's
@@ -97,7 +101,15 @@ def attention_layers_from_hf(config, state_dicts=None, dtype=np.float64):
     :func:`attention_from_hf` per layer of ``num_hidden_layers`` (a hybrid
     model such as Qwen3-Next mixes Gated DeltaNet and attention layers).
     ``state_dicts`` is None (random weights) or a sequence with one state
-    dict per layer (HF's names without the layer's module prefix)."""
+    dict per layer (HF's names without the layer's module prefix).
+
+    A layer that reads another's keys and values (Gemma 3n's and Gemma
+    4's last ``num_kv_shared_layers``: a :class:`~attn_np.shared_kv.
+    KVReader`) has that layer attached as its ``producer``: after the
+    producer's forward, ``reader.forward(x)`` reads its keys; decoding,
+    ``reader.forward(x_chunk, kv_cache=c)`` with ``c`` the producer's
+    cache; its ``backward`` leaves ``dkv`` for ``producer.backward(dy,
+    dkv=...)``, summed over the producer's readers."""
     data, _, _ = load_config(config)
     cfg = language_model(data)
     cfg = _respell(cfg, cfg.get("model_type"))  # XGLM's num_layers, ...
@@ -107,7 +119,7 @@ def attention_layers_from_hf(config, state_dicts=None, dtype=np.float64):
             f"state_dicts must have one entry per layer "
             f"(num_hidden_layers={n}), got {len(state_dicts)}"
         )
-    return [
+    layers = [
         attention_from_hf(
             cfg,
             i,
@@ -116,6 +128,11 @@ def attention_layers_from_hf(config, state_dicts=None, dtype=np.float64):
         )
         for i in range(n)
     ]
+    for layer in layers:  # Gemma 3n's, Gemma 4's readers: their producer
+        source = getattr(layer, "kv_source", None)
+        if source is not None:
+            layer.producer = layers[source]
+    return layers
 
 
 def fixture_errors(path, layer_idx=0):
@@ -133,16 +150,13 @@ def fixture_errors(path, layer_idx=0):
     config = json.loads(str(f["config"]))
     meta = json.loads(str(f["meta"]))
     i = layer_idx
-    pre = f"layer{i}.param."
-    state = {k[len(pre) :]: f[k] for k in f.files if k.startswith(pre)}
-    layer = attention_from_hf(config, layer_idx=i, state_dict=state)
-
-    def err(a, b):
-        return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
-
+    source = meta.get("readers", {}).get(str(i))
+    if source is not None:  # Gemma 3n's, Gemma 4's shared layers
+        return _reader_errors(f, config, i, source)
+    layer = attention_from_hf(config, i, state_dict=_state(f, i))
     x = f["x"]
-    errors = {"forward": err(layer.forward(x), f[f"layer{i}.out"])}
-    errors["grad x"] = err(layer.backward(f["dy"]), f[f"layer{i}.grad.x"])
+    errors = {"forward": _err(layer.forward(x), f[f"layer{i}.out"])}
+    errors["grad x"] = _err(layer.backward(f["dy"]), f[f"layer{i}.grad.x"])
     grads = layer.to_hf(layer.grads)
     gpre = f"layer{i}.grad."
     want = {k[len(gpre) :] for k in f.files if k.startswith(gpre)} - {"x"}
@@ -164,7 +178,57 @@ def fixture_errors(path, layer_idx=0):
     # HF's class without a cache (OpenAI GPT): the decode must give the
     # forward HF recorded
     key = f"layer{i}.decode.out"
-    errors["decode"] = err(y, f[key if key in f.files else f"layer{i}.out"])
+    errors["decode"] = _err(y, f[key if key in f.files else f"layer{i}.out"])
+    return errors
+
+
+def _state(f, i):
+    """Layer ``i``'s state dict in the fixture ``f``."""
+    pre = f"layer{i}.param."
+    return {k[len(pre) :]: f[k] for k in f.files if k.startswith(pre)}
+
+
+def _err(a, b):
+    """The largest absolute error over the reference's largest entry."""
+    return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def _reader_errors(f, config, r, p):
+    """:func:`fixture_errors` of layer ``r``, which reads producer ``p``'s
+    keys and values: the producer run on its recorded input ``xp``, the
+    reader on ``x``; the reader's output and gradients, those it sends
+    to the shared keys and values (``grad shared.k``, ``.v``) and, after
+    the producer's backward with them, to the producer's input and
+    weights (``grad producer.*``); then the chunked decode, the reader
+    over the producer's cache."""
+    prod = attention_from_hf(config, p, state_dict=_state(f, p))
+    reader = attention_from_hf(config, r, state_dict=_state(f, r))
+    x, xp, g = f["x"], f[f"layer{r}.xp"], f"layer{r}.grad."
+    prod.forward(xp)
+    kv = shared_kv(prod)
+    errors = {"forward": _err(reader.forward(x, kv), f[f"layer{r}.out"])}
+    errors["grad x"] = _err(reader.backward(f["dy"]), f[g + "x"])
+    grads = reader.to_hf(reader.grads)
+    dk, dv = reader.dkv
+    grads.update({"shared.k": dk, "shared.v": dv})
+    grads["producer.x"] = prod.backward(np.zeros_like(xp), dkv=reader.dkv)
+    theirs = prod.to_hf(prod.grads)
+    grads.update({f"producer.{k}": a for k, a in theirs.items()})
+    want = {k[len(g) :] for k in f.files if k.startswith(g)} - {"x"}
+    if not want <= set(grads):
+        raise ValueError(
+            f"gradients {sorted(grads)} do not cover the fixture's "
+            f"{sorted(want)}"
+        )
+    for name in sorted(want):
+        errors[f"grad {name}"] = _err(grads[name], f[g + name])
+    cache, outs, start = prod.new_cache(), [], 0
+    for c in json.loads(str(f["meta"]))["chunks"]:
+        prod.forward(xp[:, start : start + c], kv_cache=cache)
+        outs.append(reader.forward(x[:, start : start + c], kv_cache=cache))
+        start += c
+    y = np.concatenate(outs, axis=1)
+    errors["decode"] = _err(y, f[f"layer{r}.decode.out"])
     return errors
 
 

@@ -62,6 +62,7 @@ from .config import (
     rope_parameters,
     windows,
 )
+from .families_gemma import _gemma, _per_layer
 from .families_more import (
     _LLAMA_4_SCALED,
     _NTK_ALPHA,
@@ -609,8 +610,12 @@ FAMILIES = {
     "minimax_m2": _minimax_m2,
     "olmoe": _and(_olmo2, _CLIP),
     "olmo": _CLIP,
-    # Gemma 2's scale and soft-cap: VaultGemma
+    # Gemma 2's scale and soft-cap: VaultGemma; Gemma 3n and Gemma 4
+    # (families_gemma: v_norm, scale 1, layers reading others' keys)
     "vaultgemma": _gemma2,
+    "gemma3n_text": _gemma,
+    "gemma4_text": _gemma,
+    "gemma4_unified_text": _gemma,
     # the scale attention_multiplier: Granite, Granite MoE (shared),
     # HyperCLOVA X
     "granite": _attention_multiplier,
@@ -696,6 +701,7 @@ def _decoder(cfg, model_type, layer_idx):
     layer_idx = _layer_index(cfg, layer_idx)
     cfg = _hybrid_layer(cfg, model_type, layer_idx)  # a Mamba layer: no
     layer_type = _layer_type(cfg, layer_idx)
+    cfg = _per_layer(cfg, model_type, layer_idx, layer_type)  # Gemma 3n, 4
     if layer_type == "linear_attention" and model_type in _GATED_DELTANET:
         return _linear(cfg)
     if model_type in _SPLIT_TYPES:

@@ -58,6 +58,7 @@ from .config import (
     number,
     rope_parameters,
 )
+from .families_gemma import _GEMMA_TYPES, _text_causal
 from .keys import _CLASS_WINDOWS
 from .layers import _PostRopeGainAttention, _ScaledQueryLatentAttention
 
@@ -210,6 +211,8 @@ def _respell(cfg, model_type):
     """``cfg`` with the family's own spellings of the sizes under the
     common names (its configuration class's ``attribute_map``); a file
     that writes both spellings with different values is refused."""
+    if model_type in ("gemma4_text", "gemma4_unified_text"):
+        cfg = _text_causal(cfg)
     spell = _SPELLINGS.get(model_type)
     if not spell:
         return cfg
@@ -690,6 +693,7 @@ _CLASS_TYPES = {
     "modernbert-decoder": _modernbert_types,
     "lfm2": _lfm2_types,
     "lfm2_moe": _lfm2_types,
+    **_GEMMA_TYPES,  # Gemma 3n: every fifth layer full; Gemma 4: sixth
 }
 
 

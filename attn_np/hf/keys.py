@@ -276,6 +276,19 @@ _ELSEWHERE = {
     "no_bias",
     "embedding_fraction",
     "norm_type",
+    # Gemma 3n and Gemma 4 outside attention: AltUp, LAuReL, per-layer
+    # inputs, the MLP's sparsity and width, MoE blocks
+    "activation_sparsity_pattern",
+    "altup_active_idx",
+    "altup_coef_clip",
+    "altup_correct_scale",
+    "altup_num_inputs",
+    "laurel_rank",
+    "hidden_size_per_layer_input",
+    "vocab_size_per_layer_input",
+    "enable_moe_block",
+    "use_double_wide_mlp",
+    "top_k_experts",
 }
 
 _ATTENTION = {
@@ -371,7 +384,14 @@ _ATTENTION = {
     "attn_config",  # MPT's, every key checked there
     # Phi-3: read by its LongRoPE only (a rope_type refused there)
     "original_max_position_embeddings",
+    # Gemma 3n and Gemma 4 (attn_np.hf.families_gemma)
+    "num_kv_shared_layers",
+    "attention_k_eq_v",
+    "global_head_dim",
+    "num_global_key_value_heads",
+    "per_layer_config",
 }
+_GEMMAS = ("gemma3n_text", "gemma4_text", "gemma4_unified_text")
 # Keys only some families read: set (not null, false, 0 or empty) in
 # another family's config, each is refused by name, since that family's
 # layer would silently ignore it (a Llama config with qkv_bias: true).
@@ -423,6 +443,11 @@ _FAMILY_KEYS = {
     "new_decoder_architecture": ("falcon",),
     "bias": ("falcon",),
     "num_kv_heads": ("falcon",),
+    "num_kv_shared_layers": _GEMMAS,
+    "attention_k_eq_v": _GEMMAS[1:],
+    "global_head_dim": _GEMMAS[1:],
+    "num_global_key_value_heads": _GEMMAS[1:],
+    "per_layer_config": _GEMMAS[1:],
 }
 # Features attention_from_hf does not build: refused by name when on.
 _REFUSED = {
@@ -491,26 +516,6 @@ _NOT_BUILT = {
         "sqrt(hidden_size / q_lora_rank) and sqrt(hidden_size / "
         "kv_lora_rank), a per-head sigmoid output gate (g_proj), sliding "
         "layers and an indexer on indexed_attention layers"
-    ),
-    "gemma3n_text": (
-        "an RMSNorm of the values without weights (v_norm), scale 1, keys "
-        "and values shared by the last num_kv_shared_layers layers "
-        "(shared_kv_states)"
-    ),
-    "gemma4_text": (
-        "an RMSNorm of the values without weights (v_norm), scale 1, keys "
-        "and values shared by the last num_kv_shared_layers layers "
-        "(shared_kv_states), head dims and KV heads per layer type "
-        "(global_head_dim, num_global_key_value_heads) and values equal "
-        "to the keys on full layers (attention_k_eq_v)"
-    ),
-    "gemma4_unified_text": (
-        "an RMSNorm of the values without weights (v_norm), scale 1, keys "
-        "and values shared by the last num_kv_shared_layers layers "
-        "(shared_kv_states; every layer in the assistant), head dims and "
-        "KV heads per layer type (global_head_dim, "
-        "num_global_key_value_heads) and values equal to the keys on full "
-        "layers (attention_k_eq_v)"
     ),
     "git": (
         "a prefix mask (the image tokens attend to one another both ways, "

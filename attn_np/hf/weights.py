@@ -58,6 +58,8 @@ def _hf_names(layout, layer):
     names = {}
     spell = layout.get("names", {})  # OPT's out_proj, CTRL's Wq, ...
     for n in ("q", "k", "v", "o"):
+        if f"W_{n}" not in p:  # a reader's k and v; Gemma 4's k_eq_v
+            continue
         pre = spell.get(n, f"{n}_proj")
         names[f"{pre}.weight"] = f"W_{n}"
         if f"b_{n}" in p:
