@@ -2039,6 +2039,24 @@ MORE["emu3_text_model"] = (
     "Emu3's language model (Emu3TextModel, built by its class: AutoModel "
     "does not map its config): Llama's attention, with attention_bias",
 )  # fmt: skip
+MORE["cohere_compass_text"] = (
+    dict(
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=4,
+        rope_parameters={
+            "sliding_attention": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [4, 2, 2],
+            },
+            "full_attention": None,
+        },
+    ),
+    [0, 1],
+    "Cohere Compass's text model: layer 0 sliding 4 with RoPE (its "
+    "multimodal sections, one position on every axis for text), layer 1 "
+    "full with rope_parameters null: NoPE",
+)
 MORE["lfm2"] = (
     dict(layer_types=["conv", "full_attention"], norm_eps=1e-3),
     [1],

@@ -78,13 +78,10 @@ from .families_more import (
     _hunyuan,
     _hybrid_layer,
     _jamba,
-    _lara_mini,
     _learned_positions,
-    _lfm2,
     _llama_4_scaling,
     _minicpm3_settings,
     _mistral4,
-    _modernbert_decoder,
     _nanochat,
     _nemotron_h,
     _ntk_alpha,
@@ -92,6 +89,7 @@ from .families_more import (
     _respell,
     _text_positions,
 )
+from .families_types import _compass, _lara_mini, _lfm2, _modernbert_decoder
 from .fused import _FUSED_LAYERS, _fused, _persimmon, _phi3
 from .keys import (
     _ATTENTION,
@@ -684,6 +682,8 @@ FAMILIES = {
     "modernbert-decoder": _modernbert_decoder,
     "lfm2": _lfm2,  # conv layers refused by name
     "lfm2_moe": _lfm2,
+    # RoPE per layer type, null for none
+    "cohere_compass_text": _compass,
     "nemotron_h": _nemotron_h,
     # one fused qkv_proj (attn_np.hf.fused): Phi-3, its window on every
     # layer (as Mistral's)

@@ -59,6 +59,12 @@ from .config import (
     rope_parameters,
 )
 from .families_gemma import _GEMMA_TYPES, _text_causal
+from .families_types import (
+    _compass_types,
+    _lara_mini_types,
+    _lfm2_types,
+    _modernbert_types,
+)
 from .keys import _CLASS_WINDOWS
 from .layers import _PostRopeGainAttention, _ScaledQueryLatentAttention
 
@@ -555,126 +561,6 @@ def _granitemoehybrid(cfg, i, layer_type, kw, layout):
     kw["use_rope"] = kind == "rope"
 
 
-def _lara_mini_types(cfg):
-    """``layer_types`` as ``LaraMiniConfig`` fills it when the file has
-    none: the released period of five, ``linear_attention``,
-    ``sliding_attention``, ``linear_attention``, ``full_attention``,
-    ``sliding_attention``."""
-    if cfg.get("layer_types") is not None:
-        return cfg
-    n = count(cfg, "num_hidden_layers")
-    period = ("linear_attention", SLIDING, "linear_attention", FULL, SLIDING)
-    return {**cfg, "layer_types": [period[i % 5] for i in range(n)]}
-
-
-def _lara_mini(cfg, i, layer_type, kw, layout):
-    """Lara Mini: Qwen3's per-head QK RMSNorm (gain ``w``), RoPE on the
-    ``sliding_attention`` layers only (the model hands the rotation to
-    those layers and none to the ``full_attention`` ones, whatever the
-    window), its ``linear_attention`` layers Qwen3.5's Gated DeltaNet."""
-    kw["qk_norm"] = "head"
-    kw["use_rope"] = layer_type == SLIDING
-
-
-def _modernbert_types(cfg):
-    """``layer_types`` and ``sliding_window`` as
-    ``ModernBertDecoderConfig`` sets them: layer ``i`` full when ``i %
-    global_attn_every_n_layers == 0`` (3 by default), else sliding, when
-    the file writes no ``layer_types``; the window always
-    ``local_attention // 2`` (128 // 2 by default), whatever
-    ``sliding_window`` the file writes, so a file whose
-    ``sliding_window`` says otherwise is refused."""
-    out = dict(cfg)
-    if cfg.get("layer_types") is None:
-        n = count(cfg, "num_hidden_layers")
-        every = count(cfg, "global_attn_every_n_layers", required=False)
-        every = every or 3
-        out["layer_types"] = [
-            FULL if i % every == 0 else SLIDING for i in range(n)
-        ]
-    local = cfg.get("local_attention", 128)
-    if local is None or local == 0:  # HF's window is then -1
-        raise ValueError(
-            f"config key local_attention={local!r} gives "
-            "modernbert-decoder's sliding layers a window of -1, which "
-            "attention_from_hf does not build"
-        )
-    window = count({"local_attention": local}, "local_attention") // 2
-    written = cfg.get("sliding_window")
-    if written is not None and written != window:
-        raise ValueError(
-            f"config is contradictory: sliding_window={written!r}, but "
-            f"modernbert-decoder's window is local_attention // 2 = "
-            f"{window}"
-        )
-    out["sliding_window"] = window
-    return out
-
-
-def _modernbert_decoder(cfg, i, layer_type, kw, layout):
-    """ModernBERT's decoder: every head its own keys and values,
-    ``attention_bias`` on all four projections, the output ``Wo``, a
-    window on the sliding layers (:func:`_modernbert_types`) and RoPE per
-    layer type (bases 160,000 full and 10,000 sliding when the file
-    writes none)."""
-    model_type = cfg.get("model_type")
-    n_heads = count(cfg, "num_attention_heads")
-    for key, want in (
-        ("num_key_value_heads", n_heads),
-        ("head_dim", count(cfg, "hidden_size") // n_heads),
-    ):
-        if cfg.get(key) not in (None, want):
-            raise ValueError(
-                f"config key {key}={cfg[key]!r} is not read by "
-                f"{model_type}'s attention (its heads are hidden_size // "
-                f"num_attention_heads wide, each its own keys and values)"
-            )
-    layout["names"] = {"o": "Wo"}
-    if all(cfg.get(k) is None for k in ("rope_parameters", "rope_theta")):
-        kw["rope_base"] = 160000.0 if layer_type != SLIDING else 10000.0
-
-
-def _lfm2_types(cfg):
-    """``layer_types`` as ``Lfm2Config`` fills it when the file has none:
-    ``full_attention`` at ``full_attn_idxs`` (every layer by default),
-    ``conv`` elsewhere. ``Lfm2MoeConfig`` fills nothing, and its model
-    reads ``layer_types`` for every layer: a file without it is
-    refused."""
-    if cfg.get("layer_types") is not None:
-        return cfg
-    if cfg.get("model_type") == "lfm2_moe":
-        raise ValueError(
-            "config key layer_types is missing: lfm2_moe's configuration "
-            "class leaves it unset, and its model reads it for every layer"
-        )
-    n = count(cfg, "num_hidden_layers")
-    full = cfg.get("full_attn_idxs")
-    full = range(n) if full is None else full
-    if not isinstance(full, (list, range)) or any(
-        not isinstance(j, int) or isinstance(j, bool) for j in full
-    ):
-        raise ValueError(
-            f"config key full_attn_idxs must be a list of layer indices, "
-            f"got {full!r:.200}"
-        )
-    return {**cfg, "layer_types": [FULL if i in full else "conv" for i in
-                                   range(n)]}  # fmt: skip
-
-
-def _lfm2(cfg, i, layer_type, kw, layout):
-    """LFM2 and LFM2-MoE: Qwen3's per-head QK RMSNorm (gain ``w``, eps
-    ``norm_eps``) under the names ``q_layernorm`` and ``k_layernorm``, no
-    bias, the output ``out_proj``; its ``conv`` layers are short
-    convolutions, refused by name."""
-    kw.update(qk_norm="head", norm_eps=number(cfg, "norm_eps", 1e-5))
-    kw["biases"] = ()
-    layout["names"] = {
-        "o": "out_proj",
-        "q_norm": "q_layernorm",
-        "k_norm": "k_layernorm",
-    }
-
-
 def _all_mamba_types(cfg):
     """``layer_types`` as ``GraniteMoeHybridConfig`` fills it when the
     file has none: every layer a Mamba-2 mixer (``linear_attention``)."""
@@ -693,6 +579,7 @@ _CLASS_TYPES = {
     "modernbert-decoder": _modernbert_types,
     "lfm2": _lfm2_types,
     "lfm2_moe": _lfm2_types,
+    "cohere_compass_text": _compass_types,
     **_GEMMA_TYPES,  # Gemma 3n: every fifth layer full; Gemma 4: sixth
 }
 

@@ -184,6 +184,7 @@ _ELSEWHERE = {
     "initializer_cutoff_factor",
     "mlp_dropout",
     "norm_bias",
+    "pooling",  # Cohere Compass: its classification head's pooling
     # LFM2: its convolutions and MLP
     "conv_bias",
     "conv_L_cache",

@@ -1,0 +1,192 @@
+"""Families whose configuration classes fill in their own layer pattern
+(``layer_types``), window or RoPE per layer type when a file does not
+write them, each a difference from the plain decoder (chapter 10):
+
+* Lara Mini: Qwen3's per-head QK-norm, RoPE on its ``sliding_attention``
+  layers only, and Qwen3.5's Gated DeltaNet (its projections split) on its
+  ``linear_attention`` layers, in a period of five;
+* ModernBERT's decoder: every head its own keys and values, biases on all
+  four projections, the output ``Wo``, a window of ``local_attention //
+  2`` on two layers in three, and RoPE bases per layer type;
+* LFM2 and LFM2-MoE: Qwen3's per-head QK-norm under the names
+  ``q_layernorm`` and ``k_layernorm``, ``out_proj``; their short
+  convolutions (``conv`` layers) are refused by name;
+* Cohere Compass's text model: Llama's layer with RoPE parameters per
+  layer type, ``null`` for a layer type without RoPE, and multimodal
+  RoPE's keys, which leave a text token's rotation as plain RoPE's.
+
+Read off each family's modeling file in ``transformers`` 5.24.0 and
+matched by ``tests/fixtures/families/<model_type>.npz``.
+"""
+
+from __future__ import annotations
+
+from .config import FULL, SLIDING, count, number
+
+
+def _lara_mini_types(cfg):
+    """``layer_types`` as ``LaraMiniConfig`` fills it when the file has
+    none: the released period of five, ``linear_attention``,
+    ``sliding_attention``, ``linear_attention``, ``full_attention``,
+    ``sliding_attention``."""
+    if cfg.get("layer_types") is not None:
+        return cfg
+    n = count(cfg, "num_hidden_layers")
+    period = ("linear_attention", SLIDING, "linear_attention", FULL, SLIDING)
+    return {**cfg, "layer_types": [period[i % 5] for i in range(n)]}
+
+
+def _lara_mini(cfg, i, layer_type, kw, layout):
+    """Lara Mini: Qwen3's per-head QK RMSNorm (gain ``w``), RoPE on the
+    ``sliding_attention`` layers only (the model hands the rotation to
+    those layers and none to the ``full_attention`` ones, whatever the
+    window), its ``linear_attention`` layers Qwen3.5's Gated DeltaNet."""
+    kw["qk_norm"] = "head"
+    kw["use_rope"] = layer_type == SLIDING
+
+
+def _modernbert_types(cfg):
+    """``layer_types`` and ``sliding_window`` as
+    ``ModernBertDecoderConfig`` sets them: layer ``i`` full when ``i %
+    global_attn_every_n_layers == 0`` (3 by default), else sliding, when
+    the file writes no ``layer_types``; the window always
+    ``local_attention // 2`` (128 // 2 by default), whatever
+    ``sliding_window`` the file writes, so a file whose
+    ``sliding_window`` says otherwise is refused."""
+    out = dict(cfg)
+    if cfg.get("layer_types") is None:
+        n = count(cfg, "num_hidden_layers")
+        every = count(cfg, "global_attn_every_n_layers", required=False)
+        every = every or 3
+        out["layer_types"] = [
+            FULL if i % every == 0 else SLIDING for i in range(n)
+        ]
+    local = cfg.get("local_attention", 128)
+    if local is None or local == 0:  # HF's window is then -1
+        raise ValueError(
+            f"config key local_attention={local!r} gives "
+            "modernbert-decoder's sliding layers a window of -1, which "
+            "attention_from_hf does not build"
+        )
+    window = count({"local_attention": local}, "local_attention") // 2
+    written = cfg.get("sliding_window")
+    if written is not None and written != window:
+        raise ValueError(
+            f"config is contradictory: sliding_window={written!r}, but "
+            f"modernbert-decoder's window is local_attention // 2 = "
+            f"{window}"
+        )
+    out["sliding_window"] = window
+    return out
+
+
+def _modernbert_decoder(cfg, i, layer_type, kw, layout):
+    """ModernBERT's decoder: every head its own keys and values,
+    ``attention_bias`` on all four projections, the output ``Wo``, a
+    window on the sliding layers (:func:`_modernbert_types`) and RoPE per
+    layer type (bases 160,000 full and 10,000 sliding when the file
+    writes none)."""
+    model_type = cfg.get("model_type")
+    n_heads = count(cfg, "num_attention_heads")
+    for key, want in (
+        ("num_key_value_heads", n_heads),
+        ("head_dim", count(cfg, "hidden_size") // n_heads),
+    ):
+        if cfg.get(key) not in (None, want):
+            raise ValueError(
+                f"config key {key}={cfg[key]!r} is not read by "
+                f"{model_type}'s attention (its heads are hidden_size // "
+                f"num_attention_heads wide, each its own keys and values)"
+            )
+    layout["names"] = {"o": "Wo"}
+    if all(cfg.get(k) is None for k in ("rope_parameters", "rope_theta")):
+        kw["rope_base"] = 160000.0 if layer_type != SLIDING else 10000.0
+
+
+def _lfm2_types(cfg):
+    """``layer_types`` as ``Lfm2Config`` fills it when the file has none:
+    ``full_attention`` at ``full_attn_idxs`` (every layer by default),
+    ``conv`` elsewhere. ``Lfm2MoeConfig`` fills nothing, and its model
+    reads ``layer_types`` for every layer: a file without it is
+    refused."""
+    if cfg.get("layer_types") is not None:
+        return cfg
+    if cfg.get("model_type") == "lfm2_moe":
+        raise ValueError(
+            "config key layer_types is missing: lfm2_moe's configuration "
+            "class leaves it unset, and its model reads it for every layer"
+        )
+    n = count(cfg, "num_hidden_layers")
+    full = cfg.get("full_attn_idxs")
+    full = range(n) if full is None else full
+    if not isinstance(full, (list, range)) or any(
+        not isinstance(j, int) or isinstance(j, bool) for j in full
+    ):
+        raise ValueError(
+            f"config key full_attn_idxs must be a list of layer indices, "
+            f"got {full!r:.200}"
+        )
+    return {**cfg, "layer_types": [FULL if i in full else "conv" for i in
+                                   range(n)]}  # fmt: skip
+
+
+def _lfm2(cfg, i, layer_type, kw, layout):
+    """LFM2 and LFM2-MoE: Qwen3's per-head QK RMSNorm (gain ``w``, eps
+    ``norm_eps``) under the names ``q_layernorm`` and ``k_layernorm``, no
+    bias, the output ``out_proj``; its ``conv`` layers are short
+    convolutions, refused by name."""
+    kw.update(qk_norm="head", norm_eps=number(cfg, "norm_eps", 1e-5))
+    kw["biases"] = ()
+    layout["names"] = {
+        "o": "out_proj",
+        "q_norm": "q_layernorm",
+        "k_norm": "k_layernorm",
+    }
+
+
+# multimodal RoPE's keys: a text token has one position on all three axes
+_MROPE_KEYS = ("mrope_section", "mrope_interleaved")
+
+
+def _compass_types(cfg):
+    """Cohere Compass's text model as its configuration class and rotary
+    embedding read it: every layer ``full_attention`` when the file
+    writes no ``layer_types``; ``rope_parameters`` one entry per layer
+    type (the top-level ``rope_theta`` and ``rope_type`` beside them are
+    dropped, as the class drops them), ``null`` for a type without RoPE
+    (kept as ``_nope_types``), its multimodal keys left out. A layer type
+    without an entry is refused: the model would fail on it."""
+    out = dict(cfg)
+    if out.get("layer_types") is None:
+        out["layer_types"] = [FULL] * count(cfg, "num_hidden_layers")
+    types = sorted(set(out["layer_types"]))
+    rope = cfg.get("rope_parameters")
+    missing = [
+        t for t in types if not isinstance(rope, dict) or t not in rope
+    ]
+    if missing:
+        raise ValueError(
+            f"config key rope_parameters has no entry for the layer types "
+            f"{missing}: cohere_compass_text's rotary embedding reads one "
+            "per layer type (null for no RoPE)"
+        )
+    nope = [t for t in types if rope[t] is None]
+    per = {}
+    for t in types:
+        entry = rope[t] if rope[t] is not None else {"rope_theta": 1.0}
+        if not isinstance(entry, dict):
+            raise ValueError(
+                f"config key rope_parameters.{t} must be an object or "
+                f"null, got {entry!r:.80}"
+            )
+        per[t] = {k: v for k, v in entry.items() if k not in _MROPE_KEYS}
+    out["rope_parameters"] = per
+    out["_nope_types"] = nope
+    return out
+
+
+def _compass(cfg, i, layer_type, kw, layout):
+    """Cohere Compass's text model: Llama's layer, the window on its
+    sliding layers, and no RoPE on a layer type whose RoPE parameters
+    are ``null``."""
+    kw["use_rope"] = layer_type not in cfg.get("_nope_types", ())
