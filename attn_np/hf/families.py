@@ -92,7 +92,7 @@ from .families_more import (
     _respell,
     _text_positions,
 )
-from .fused import _FUSED_LAYERS, _fused, _persimmon, _phi3
+from .fused import _FUSED_LAYERS, _fused, _persimmon, _phi3, _phi3_rope
 from .keys import (
     _ATTENTION,
     _BUILT_BY,
@@ -206,7 +206,7 @@ def layer_rope(cfg, layer_type=None, *, default_theta=10000.0):
         raise ValueError(
             f"rope_type {rope_type!r} is not implemented by "
             "attention_from_hf; it builds 'default', 'linear', "
-            "'llama3' and 'yarn'"
+            "'llama3' and 'yarn' (and Phi-3's 'longrope')"
         )
     extra = set(params) - _PLAIN_ROPE_KEYS
     if rope_type == "linear":
@@ -711,6 +711,8 @@ def _decoder(cfg, model_type, layer_idx):
         cfg, temperature = _llama_4_scaling(cfg)
     if model_type in _NTK_ALPHA:  # HunYuan's fixed NTK stretch
         cfg = _ntk_alpha(cfg)
+    if FAMILIES.get(model_type) is _phi3:  # LongRoPE (attn_np.hf.fused)
+        cfg = _phi3_rope(cfg)
     if layer_type not in (None, FULL, SLIDING, "chunked_attention"):
         raise ValueError(
             f"layer {layer_idx} has layer type {layer_type!r}, which "
