@@ -1527,11 +1527,16 @@ MORE = {
         [0, 1],
         "OLMo 3: OLMo 2's QK-norm; layer 0 sliding 4",
     ),
-    "olmo": ({}, [0], "OLMo: Llama's attention (clip_qkv null)"),
-    "olmoe": (
-        dict(num_experts=4, **_MOE),
+    "olmo": (
+        dict(clip_qkv=1.0),
         [0],
-        "OLMoE: QK RMSNorm over the whole projection (clip_qkv null)",
+        "OLMo: Llama's attention, q, k and v clamped to +-1 (clip_qkv)",
+    ),
+    "olmoe": (
+        dict(num_experts=4, clip_qkv=1.0, **_MOE),
+        [0],
+        "OLMoE: QK RMSNorm over the whole projection, then q, k and v "
+        "clamped to +-1 (clip_qkv)",
     ),
     "qwen2_moe": (
         dict(

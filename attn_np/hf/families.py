@@ -26,8 +26,8 @@ layers). The comments in :data:`FAMILIES` give each one's difference;
 configuration class fills in when a file is silent. A family whose
 attention needs a part the library lacks is refused with that part
 named (:mod:`attn_np.hf.keys`, with every key read, ignored or refused;
-in an admitted family, ``clip_qkv``,
-``qk_layernorm`` and Cohere's ``use_qk_norm``).
+in an admitted family, ``qk_layernorm`` and Cohere's
+``use_qk_norm``).
 
 :func:`layer_settings` returns ``(cls, args, kwargs, layout)`` without
 building anything; :func:`layer_rope` turns a layer's RoPE parameters
@@ -69,6 +69,7 @@ from .families_more import (
     _afmoe,
     _bamba,
     _class_layer_types,
+    _clip_qkv,
     _cohere2_moe_rope,
     _falcon_h1,
     _gpt_neo,
@@ -540,7 +541,7 @@ def _qk_norm_if_used(cfg, i, layer_type, kw, layout):
         _qwen3(cfg, i, layer_type, kw, layout)
 
 
-_CLIP = _refuse("clip_qkv", "clamping q, k and v to +-clip_qkv")
+_CLIP = _clip_qkv  # OLMo's clamp of q, k and v (families_more)
 
 #: model_type -> its difference from the plain decoder
 FAMILIES = {
@@ -603,8 +604,8 @@ FAMILIES = {
     "dots1": _qwen3,
     "glm4_moe": _and(_bias_keys("attention_bias"), _qk_norm_if_used),
     # QK RMSNorm over the whole projection (OLMo 2's): OLMo 3, FlexOlmo,
-    # MiniMax-M2 (partial RoPE), OLMoE (clip_qkv must be null); OLMo
-    # is Llama's layer with clip_qkv null
+    # MiniMax-M2 (partial RoPE), OLMoE (and clip_qkv); OLMo is Llama's
+    # layer with clip_qkv
     "olmo3": _olmo2,
     "flex_olmo": _olmo2,
     "minimax_m2": _minimax_m2,

@@ -417,7 +417,7 @@ _FAMILY_KEYS = {
         "granitemoe_swa",
         "granitemoehybrid",
     ),
-    "clip_qkv": ("olmo", "olmoe"),  # refused there too, when set
+    "clip_qkv": ("olmo", "olmoe"),  # the projection's clamp
     "qk_layernorm": ("stablelm", "phi", "persimmon"),  # refused by some
     "use_qk_norm": ("llama4_text", "cohere", "glm4_moe", "sarvam_moe"),
     "no_rope_layers": ("llama4_text", "smollm3"),
