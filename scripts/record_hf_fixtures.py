@@ -1734,6 +1734,12 @@ MORE = {
     "exaone": ({}, [0], "EXAONE 3: HF builds LlamaAttention"),
     "internlm3": ({}, [0], "InternLM3: HF builds LlamaAttention"),
     "iquestcoder": ({}, [0], "IQuest-Coder: HF builds LlamaAttention"),
+    "bitnet": (
+        {},
+        [0],
+        "BitNet: Llama's attention with attn_sub_norm, an RMSNorm of the "
+        "heads' outputs (gain [hidden_size]) before o_proj",
+    ),
     "apertus1p5_text": (
         {},
         [0],

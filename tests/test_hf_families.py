@@ -151,7 +151,6 @@ def test_an_admitted_family_refuses_what_it_lacks(name, change, match):
 @pytest.mark.parametrize(
     "model_type,match",
     [
-        ("bitnet", "attn_sub_norm"),
         ("zaya", "convolutions on q and k"),
         ("diffllama", "differential attention"),
         ("laguna", "output gate from its own g_proj"),

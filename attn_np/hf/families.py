@@ -104,7 +104,12 @@ from .keys import (
     _REFUSED,
 )
 from .kimi import _kimi_linear
-from .layers import HFAttention, HFLatentAttention, HFSparseLatentAttention
+from .layers import (
+    HFAttention,
+    HFLatentAttention,
+    HFSparseLatentAttention,
+    _bitnet,
+)
 from .weights import SPLIT_LINEAR_TYPES as _SPLIT_TYPES
 
 # the families whose linear_attention layers are a Gated DeltaNet
@@ -647,6 +652,7 @@ FAMILIES = {
     "exaone": _same,
     "internlm3": _same,
     "iquestcoder": _same,
+    "bitnet": _bitnet,  # RMSNorm of the heads before o_proj
     "emu3_text_model": _same,  # Emu3's language model
     # per-head QK RMSNorm: Apertus 1.5, Hunyuan V3; Sarvam-MoE is
     # GLM-4.5's layer (HF builds Glm4MoeAttention); EXAONE-MoE is

@@ -465,7 +465,6 @@ _GATE = "an output gate from its own "
 # Decoder families examined in transformers 5.24.0 and refused,
 # model_type -> the part (or config key) their attention needs.
 _NOT_BUILT = {
-    "bitnet": "attn_sub_norm, an RMSNorm of the heads before o_proj",
     "diffllama": (
         "differential attention (two softmaxes, lambda_q1, lambda_k1, "
         "lambda_q2, lambda_k2)"
