@@ -384,7 +384,10 @@ class Projection:
     ``b_q``, ``b_k``, ``b_v`` for each name in ``biases``), then QK-norm
     before RoPE (``qk_norm``: ``"head"`` per head, ``"proj"`` over the
     whole projection, gain ``offset + w``; ``w`` the parameters
-    ``q_norm`` and ``k_norm`` when ``learned``, else none). The protocol
+    ``q_norm`` and ``k_norm`` when ``learned``, else none), then with
+    ``clip`` each of q, k and v clamped to ``[-clip, clip]`` (OLMo's
+    ``clip_qkv``; its gradient passes where the value was kept and is 0
+    where it was clamped). The protocol
     of a step part: ``add_params(layer, rng)``, ``forward(layer, x3) ->
     (q, k, v, saved)``, ``backward(layer, x3, g, saved) -> dx`` (it fills
     ``layer.grads``)."""
@@ -394,6 +397,7 @@ class Projection:
     offset: float = 0.0
     learned: bool = True
     eps: float = 1e-6
+    clip: float | None = None
 
     def add_params(self, layer, rng):
         p, dtype = layer.params, layer.dtype
@@ -433,6 +437,11 @@ class Projection:
                     offset=self.offset,
                 )
                 t[n] = y.reshape(B, L, -1)
+        if self.clip is not None:  # [B, L, heads * d], after the norms
+            c = self.clip
+            for n in ("q", "k", "v"):
+                saved[f"{n}_kept"] = np.abs(t[n]) <= c  # slope 1 there
+                t[n] = np.clip(t[n], -c, c)
         q = split_groups(t["q"], n_kv, layer.group_size, layer.d_k)
         k = split_heads(t["k"], n_kv, layer.d_k)
         return q, k, split_heads(t["v"], n_kv, layer.d_v), saved
@@ -445,6 +454,9 @@ class Projection:
             "k": merge_heads(g.pop("k")),  # [B, L, n_kv * d_k]
             "v": merge_heads(g.pop("v")),
         }
+        for n in ("q", "k", "v"):  # 0 where clamped
+            if f"{n}_kept" in saved:
+                d[n] = np.where(saved[f"{n}_kept"], d[n], 0.0)
         for n in ("q", "k"):
             if f"{n}n" in saved:
                 c = saved[f"{n}n"]
@@ -551,7 +563,8 @@ class RefinedAttention(GroupedQueryAttention):
       ``rope_scaling`` (chapter 11: llama3, YaRN, ...), or NoPE; then
       Llama 4's post-RoPE norm;
     * projection: :class:`Projection`, ``x W + b`` for q, k and v, then
-      QK-norm (per head or over the whole projection) before RoPE;
+      QK-norm (per head or over the whole projection) before RoPE, then
+      OLMo's clamp of q, k and v to ``[-clip_qkv, clip_qkv]``;
     * mask rule (``chunk``): :class:`~attn_np.masks.ChunkedMask`; the
       window and the sinks are chapter 8's;
     * score mods: Llama 4's :class:`QueryTemperature`, the caller's
@@ -580,6 +593,7 @@ class RefinedAttention(GroupedQueryAttention):
         qk_norm_learned=True,
         qk_norm_after_rope=False,
         norm_eps=1e-6,
+        clip_qkv=None,
         scale=None,
         score_mods=(),
         gate=None,
@@ -606,6 +620,7 @@ class RefinedAttention(GroupedQueryAttention):
             qk_norm_learned=qk_norm_learned,
             qk_norm_after_rope=qk_norm_after_rope,
             norm_eps=norm_eps,
+            clip_qkv=clip_qkv,
             gate=gate,
             chunk=chunk,
             rope_base=rope_base,
@@ -653,6 +668,7 @@ class RefinedAttention(GroupedQueryAttention):
                 self.qk_norm_offset,
                 self.qk_norm_learned,
                 self.norm_eps,
+                self.clip_qkv,
             ),
             "out_projection": GatedOutput(self.gate, "o" in self.biases),
         }
@@ -668,6 +684,7 @@ class RefinedAttention(GroupedQueryAttention):
             "qk_norm_learned": self.qk_norm_learned,
             "qk_norm_after_rope": self.qk_norm_after_rope,
             "norm_eps": self.norm_eps,
+            "clip_qkv": self.clip_qkv,
             "scale": self.scale,
             "score_mods": self._mods,
             "gate": self.gate,
@@ -823,6 +840,8 @@ def _check_refined(**kw):
         kw["chunk"] = check_positive_int(kw["chunk"], "chunk")
     for name in ("rope_factor", "norm_eps"):
         kw[name] = float(check_positive_number(kw[name], name))
+    if kw["clip_qkv"] is not None:
+        kw["clip_qkv"] = check_positive_number(kw["clip_qkv"], "clip_qkv")
     kw["qk_norm_offset"] = check_number(
         kw["qk_norm_offset"], "qk_norm_offset"
     )

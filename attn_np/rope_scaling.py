@@ -14,6 +14,10 @@ spelled as Hugging Face spells ``rope_scaling`` (one function per
                  smooth the band between
     yarn         ramp between the two by pair,   Peng et al. 2023
                  temperature 0.1 ln s + 1
+    longrope     theta_i / lambda_i, a searched  Ding et al. 2024
+                 factor per pair (short or long
+                 list by the length), temperature
+                 sqrt(1 + ln s / ln L)
 
 ``scaled_frequencies`` returns ``(theta [r/2], attention_factor)``: the
 factor multiplies the cosines and sines (HF's ``attention_scaling``,
@@ -55,7 +59,15 @@ from .rope import (
     rotate_pairs,
 )
 
-ROPE_TYPES = ("default", "linear", "ntk", "dynamic", "yarn", "llama3")
+ROPE_TYPES = (
+    "default",
+    "linear",
+    "ntk",
+    "dynamic",
+    "yarn",
+    "llama3",
+    "longrope",
+)
 
 # the keys each type needs (beyond rope_type); "ntk" is bloc97's static
 # NTK-aware rule, which transformers has no rope_type for
@@ -71,7 +83,14 @@ _REQUIRED = {
         "high_freq_factor",
         "original_max_position_embeddings",
     ),
+    "longrope": (
+        "short_factor",
+        "long_factor",
+        "original_max_position_embeddings",
+    ),
 }
+# LongRoPE's two lists of factors, one per pair (the other keys are numbers)
+_LISTS = ("short_factor", "long_factor")
 _OPTIONAL = {
     "dynamic": ("original_max_position_embeddings",),
     "yarn": (
@@ -82,6 +101,7 @@ _OPTIONAL = {
         "truncate",
         "attention_factor",
     ),
+    "longrope": ("factor", "attention_factor"),
 }
 # keys a config may carry beside the scaling (transformers 5 puts the base
 # inside rope_parameters)
@@ -94,9 +114,9 @@ def read_rope_scaling(rope_scaling, *, max_position_embeddings=None):
     Returns a new dict with ``"rope_type"`` and every key the type uses
     (defaults filled in as transformers fills them). ``None`` is
     ``{"rope_type": "default"}``. The type is read from ``rope_type`` or
-    the older ``type``. A YaRN dict without ``factor`` takes
+    the older ``type``. A YaRN or LongRoPE dict without ``factor`` takes
     ``max_position_embeddings / original_max_position_embeddings`` (HF's
-    rule for DeepSeek); a dynamic one without
+    rule for DeepSeek and Phi-3); a dynamic one without
     ``original_max_position_embeddings`` takes ``max_position_embeddings``.
     An unknown type, a missing key or a key the type does not use is a
     ``ValueError`` that names it.
@@ -126,7 +146,7 @@ def read_rope_scaling(rope_scaling, *, max_position_embeddings=None):
     for key in _PASSIVE:
         s.pop(key, None)
     mpe = max_position_embeddings
-    if kind == "yarn" and s.get("factor") is None:
+    if kind in ("yarn", "longrope") and s.get("factor") is None:
         orig = s.get("original_max_position_embeddings")
         if mpe is not None and orig is not None:
             s["factor"] = mpe / orig
@@ -151,7 +171,32 @@ def read_rope_scaling(rope_scaling, *, max_position_embeddings=None):
             raise ValueError(
                 f"rope_scaling of rope_type {kind!r} needs the key {key!r}"
             )
+    if kind == "longrope" and all(
+        s.get(k) is None for k in ("factor", "attention_factor")
+    ):
+        raise ValueError(  # nothing gives the temperature
+            "rope_scaling of rope_type 'longrope' needs 'factor' or "
+            "'attention_factor' (or pass max_position_embeddings=: the "
+            "factor is max_position_embeddings / "
+            "original_max_position_embeddings)"
+        )
     return _checked_values(kind, s)
+
+
+def _factor_list(value, key):
+    """LongRoPE's ``short_factor`` or ``long_factor``: positive numbers,
+    as a tuple of floats."""
+    if isinstance(value, (str, bytes, dict)) or not hasattr(
+        value, "__len__"
+    ):
+        raise ValueError(
+            f"rope_scaling {key} must be a list of positive numbers (one "
+            f"per rotated pair), got {value!r}"
+        )
+    return tuple(
+        float(check_positive_number(v, f"rope_scaling {key}[{i}]"))
+        for i, v in enumerate(value)
+    )
 
 
 def _checked_values(kind, s):
@@ -167,6 +212,8 @@ def _checked_values(kind, s):
                     f"{value!r}"
                 )
             out[key] = bool(value)
+        elif key in _LISTS:
+            out[key] = _factor_list(value, key)
         elif value is None:
             continue
         else:
@@ -279,8 +326,9 @@ def scaled_frequencies(
 
     The frequencies and the factor on cos/sin that transformers'
     ``ROPE_INIT_FUNCTIONS`` compute for the same config, in float64.
-    ``seq_len`` is the current length (only ``dynamic`` reads it: below
-    the trained length it is plain RoPE).
+    ``seq_len`` is the current length (``dynamic`` reads it: below the
+    trained length it is plain RoPE; ``longrope`` takes its long factors
+    past the trained length, its short ones up to it and without one).
     """
     s = read_rope_scaling(
         rope_scaling, max_position_embeddings=max_position_embeddings
@@ -290,6 +338,8 @@ def scaled_frequencies(
     kind = s["rope_type"]
     if kind == "default":
         return theta, 1.0
+    if kind == "longrope":
+        return longrope_frequencies(theta, s, seq_len)
     factor = s["factor"]
     if kind == "linear":  # positions p -> p / s
         return theta / factor, 1.0
@@ -351,6 +401,39 @@ def yarn_frequencies(theta, base, s):
     ramp = np.clip((i - low) / (high - low), 0.0, 1.0)  # 0 fast, 1 slow
     out = theta / factor * ramp + theta * (1 - ramp)
     return out, float(attention)
+
+
+def longrope_frequencies(theta, s, seq_len=None):
+    """LongRoPE (Ding et al. 2024) on the plain ``theta [r/2]``:
+    ``(theta / lambda, attention_factor)`` for ``s`` a dict checked by
+    :func:`read_rope_scaling` (HF's ``_compute_longrope_parameters``).
+
+    ``lambda`` is one factor per pair, found by search: ``long_factor``
+    when ``seq_len`` passes the trained length ``L``
+    (``original_max_position_embeddings``), else ``short_factor``. The
+    temperature is ``attention_factor``, or ``sqrt(1 + ln s / ln L)``
+    for ``s = factor > 1`` (1 otherwise). Hugging Face picks the list at
+    every forward from that call's ``max(position) + 1``, so a decode
+    that crosses ``L`` turns its new queries and keys by the long
+    factors while the cached keys keep the short ones (Phi-3's
+    ``generate`` re-reads the whole prompt there instead).
+    """
+    L = s["original_max_position_embeddings"]
+    n = 0 if seq_len is None else check_positive_int(seq_len, "seq_len")
+    key = "long_factor" if n > L else "short_factor"
+    lam = np.asarray(s[key], dtype=np.float64)  # [r/2]
+    if lam.shape != theta.shape:
+        raise ValueError(
+            f"rope_scaling {key} must hold one factor per rotated pair "
+            f"({len(theta)}), got {len(lam)}"
+        )
+    attention = s.get("attention_factor")
+    if attention is None:
+        factor = s["factor"]
+        attention = 1.0
+        if factor > 1.0:
+            attention = math.sqrt(1 + math.log(factor) / math.log(L))
+    return theta / lam, float(attention)
 
 
 def softmax_scale(d_qk, rope_scaling=None) -> float:

@@ -254,6 +254,7 @@ def record(
     folder=OUT,
     positions=False,
     readers=None,
+    decode_differs=False,
 ):
     """Record one family's fixture to ``folder``/NAME.npz (``folder``:
     tests/fixtures, or tests/fixtures/families for :func:`more_families`).
@@ -268,7 +269,10 @@ def record(
     no decode (a family whose HF class has no cache, OpenAI GPT).
     ``readers``: ``{layer: producer}``, layers that read a producer's keys
     and values (Gemma 3n, Gemma 4), recorded after the others by
-    :func:`record_reader`.
+    :func:`record_reader`. ``decode_differs``: the decode is HF's own
+    and differs from the forward by design (LongRoPE past its trained
+    length: each call picks its list of factors from its own last
+    position), and must differ, or the switch was never recorded.
     """
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -368,7 +372,10 @@ def record(
             layer_types=getattr(config, "layer_types", None),
             notes=notes,
         )
-    if worst > 1e-11:
+    if decode_differs:  # LongRoPE: the decode crosses the trained length
+        if worst < 1e-6:
+            raise RuntimeError(f"{name}: the decode never switches lists")
+    elif worst > 1e-11:
         raise RuntimeError(f"{name}: HF's decode differs from its forward")
     arrays["config"] = np.array(config.to_json_string(use_diff=False))
     arrays["meta"] = np.array(json.dumps(meta))
@@ -739,6 +746,37 @@ def families():
             "original 64 so each regime has a pair)",
         ),
     )
+    # Phi-3's LongRoPE: one factor per pair, the short list up to the
+    # trained length (original_max_position_embeddings), the long past it,
+    # chosen at every call from max(position) + 1. Trained length 6 puts
+    # the whole input past it and the decode's chunks on both sides.
+    short = [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8]
+    long = [1.0, 1.5, 2.4, 4.0, 7.0, 12.0, 20.0, 32.0]
+    for name, orig, kind in (
+        ("phi3_longrope", 6, "longrope"),
+        ("phi3_longrope_short", 32, "yarn"),
+    ):
+        yield (
+            name,
+            lambda name=name, orig=orig, kind=kind: record(
+                name,
+                cfg(
+                    t.Phi3Config,
+                    pad_token_id=0,
+                    original_max_position_embeddings=orig,
+                    rope_scaling={
+                        "type": kind,
+                        "short_factor": short,
+                        "long_factor": long,
+                    },
+                ),
+                [0],
+                f"Phi-3 with LongRoPE (rope type {kind!r}, trained length "
+                f"{orig} of 64: attention factor sqrt(1 + ln(64 / {orig}) "
+                f"/ ln {orig}))",
+                decode_differs=orig < L,
+            ),
+        )
     yield (
         "llama4",
         lambda: record(
@@ -1489,11 +1527,16 @@ MORE = {
         [0, 1],
         "OLMo 3: OLMo 2's QK-norm; layer 0 sliding 4",
     ),
-    "olmo": ({}, [0], "OLMo: Llama's attention (clip_qkv null)"),
-    "olmoe": (
-        dict(num_experts=4, **_MOE),
+    "olmo": (
+        dict(clip_qkv=1.0),
         [0],
-        "OLMoE: QK RMSNorm over the whole projection (clip_qkv null)",
+        "OLMo: Llama's attention, q, k and v clamped to +-1 (clip_qkv)",
+    ),
+    "olmoe": (
+        dict(num_experts=4, clip_qkv=1.0, **_MOE),
+        [0],
+        "OLMoE: QK RMSNorm over the whole projection, then q, k and v "
+        "clamped to +-1 (clip_qkv)",
     ),
     "qwen2_moe": (
         dict(
@@ -1691,6 +1734,12 @@ MORE = {
     "exaone": ({}, [0], "EXAONE 3: HF builds LlamaAttention"),
     "internlm3": ({}, [0], "InternLM3: HF builds LlamaAttention"),
     "iquestcoder": ({}, [0], "IQuest-Coder: HF builds LlamaAttention"),
+    "bitnet": (
+        {},
+        [0],
+        "BitNet: Llama's attention with attn_sub_norm, an RMSNorm of the "
+        "heads' outputs (gain [hidden_size]) before o_proj",
+    ),
     "apertus1p5_text": (
         {},
         [0],

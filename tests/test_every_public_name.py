@@ -1278,6 +1278,7 @@ exempt(
     "attn_np.refinements.Projection",
     "attn_np.rope_scaling.llama3_frequencies",
     "attn_np.rope_scaling.yarn_frequencies",
+    "attn_np.rope_scaling.longrope_frequencies",
     "attn_np.softmax.masked_softmax",
     "attn_np.softmax.row_max",
     "attn_np.sparse.selected_indices",

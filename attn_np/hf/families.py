@@ -26,8 +26,8 @@ layers). The comments in :data:`FAMILIES` give each one's difference;
 configuration class fills in when a file is silent. A family whose
 attention needs a part the library lacks is refused with that part
 named (:mod:`attn_np.hf.keys`, with every key read, ignored or refused;
-in an admitted family, ``clip_qkv``,
-``qk_layernorm`` and Cohere's ``use_qk_norm``).
+in an admitted family, ``qk_layernorm`` and Cohere's
+``use_qk_norm``).
 
 :func:`layer_settings` returns ``(cls, args, kwargs, layout)`` without
 building anything; :func:`layer_rope` turns a layer's RoPE parameters
@@ -69,6 +69,7 @@ from .families_more import (
     _afmoe,
     _bamba,
     _class_layer_types,
+    _clip_qkv,
     _cohere2_moe_rope,
     _falcon_h1,
     _gpt_neo,
@@ -90,7 +91,7 @@ from .families_more import (
     _text_positions,
 )
 from .families_types import _compass, _lara_mini, _lfm2, _modernbert_decoder
-from .fused import _FUSED_LAYERS, _fused, _persimmon, _phi3
+from .fused import _FUSED_LAYERS, _fused, _persimmon, _phi3, _phi3_rope
 from .keys import (
     _ATTENTION,
     _BUILT_BY,
@@ -101,7 +102,12 @@ from .keys import (
     _REFUSED,
 )
 from .kimi import _kimi_linear
-from .layers import HFAttention, HFLatentAttention, HFSparseLatentAttention
+from .layers import (
+    HFAttention,
+    HFLatentAttention,
+    HFSparseLatentAttention,
+    _bitnet,
+)
 from .weights import SPLIT_LINEAR_TYPES as _SPLIT_TYPES
 
 # the families whose linear_attention layers are a Gated DeltaNet
@@ -204,7 +210,7 @@ def layer_rope(cfg, layer_type=None, *, default_theta=10000.0):
         raise ValueError(
             f"rope_type {rope_type!r} is not implemented by "
             "attention_from_hf; it builds 'default', 'linear', "
-            "'llama3' and 'yarn'"
+            "'llama3' and 'yarn' (and Phi-3's 'longrope')"
         )
     extra = set(params) - _PLAIN_ROPE_KEYS
     if rope_type == "linear":
@@ -538,7 +544,7 @@ def _qk_norm_if_used(cfg, i, layer_type, kw, layout):
         _qwen3(cfg, i, layer_type, kw, layout)
 
 
-_CLIP = _refuse("clip_qkv", "clamping q, k and v to +-clip_qkv")
+_CLIP = _clip_qkv  # OLMo's clamp of q, k and v (families_more)
 
 #: model_type -> its difference from the plain decoder
 FAMILIES = {
@@ -601,8 +607,8 @@ FAMILIES = {
     "dots1": _qwen3,
     "glm4_moe": _and(_bias_keys("attention_bias"), _qk_norm_if_used),
     # QK RMSNorm over the whole projection (OLMo 2's): OLMo 3, FlexOlmo,
-    # MiniMax-M2 (partial RoPE), OLMoE (clip_qkv must be null); OLMo
-    # is Llama's layer with clip_qkv null
+    # MiniMax-M2 (partial RoPE), OLMoE (and clip_qkv); OLMo is Llama's
+    # layer with clip_qkv
     "olmo3": _olmo2,
     "flex_olmo": _olmo2,
     "minimax_m2": _minimax_m2,
@@ -644,6 +650,7 @@ FAMILIES = {
     "exaone": _same,
     "internlm3": _same,
     "iquestcoder": _same,
+    "bitnet": _bitnet,  # RMSNorm of the heads before o_proj
     "emu3_text_model": _same,  # Emu3's language model
     # per-head QK RMSNorm: Apertus 1.5, Hunyuan V3; Sarvam-MoE is
     # GLM-4.5's layer (HF builds Glm4MoeAttention); EXAONE-MoE is
@@ -711,6 +718,8 @@ def _decoder(cfg, model_type, layer_idx):
         cfg, temperature = _llama_4_scaling(cfg)
     if model_type in _NTK_ALPHA:  # HunYuan's fixed NTK stretch
         cfg = _ntk_alpha(cfg)
+    if FAMILIES.get(model_type) is _phi3:  # LongRoPE (attn_np.hf.fused)
+        cfg = _phi3_rope(cfg)
     if layer_type not in (None, FULL, SLIDING, "chunked_attention"):
         raise ValueError(
             f"layer {layer_idx} has layer type {layer_type!r}, which "

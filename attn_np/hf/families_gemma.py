@@ -139,7 +139,7 @@ class GemmaAttention(HFAttention):
         parts = super()._step_parts()
         biases = parts["projection"].biases
         parts["projection"] = _ValueNorm(
-            biases, "head", 0.0, True, self.norm_eps, self.k_eq_v
+            biases, "head", 0.0, True, self.norm_eps, k_eq_v=self.k_eq_v
         )
         return parts
 

@@ -759,3 +759,13 @@ def _afmoe(cfg, i, layer_type, kw, layout):
     kw["use_rope"] = kw["window"] is not None
     kw["gate"] = "elementwise"
     layout["gate_proj"] = "gate_proj"
+
+
+def _clip_qkv(cfg, i, layer_type, kw, layout):
+    """OLMo's and OLMoE's ``clip_qkv``: q, k and v, each clamped to
+    ``[-clip_qkv, clip_qkv]`` after the projection (and OLMoE's QK-norm),
+    before RoPE: chapter 10's projection part with ``clip``. Null: no
+    clamp; anything but a positive number is refused by name."""
+    bound = number(cfg, "clip_qkv")
+    if bound is not None:
+        kw["clip_qkv"] = bound

@@ -43,8 +43,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..long_context import read_rope_scaling
 from ..refinements import ALiBi, alibi_slopes
-from .config import count, flag, get_object, number
+from .config import FULL, count, flag, get_object, number, rope_parameters
 from .keys import _ELSEWHERE
 from .layers import HFAttention, _QKLayerNormAttention
 
@@ -210,24 +211,66 @@ def _scale(cfg, head_dim):
     return 1.0 if off else head_dim**-0.5
 
 
+_PHI3_LENGTH = 4096  # Phi3Config's max_position_embeddings, and original_
+
+
+def _phi3_rope(cfg):
+    """``cfg`` with Phi-3's RoPE as its configuration class reads it: the
+    types ``su``, ``yarn`` and ``longrope`` are LongRoPE (chapter 11),
+    whose trained length is the top-level
+    ``original_max_position_embeddings`` (4096 when the file has none;
+    it wins over one in the RoPE dict). The scaling, checked by
+    :func:`~attn_np.long_context.read_rope_scaling`, is kept under
+    ``"_longrope"`` for :func:`_phi3`, and the RoPE dict left is the
+    plain one of the same base. ``default`` passes unchanged; the class
+    refuses every other type, and so does this."""
+    params = dict((rope_parameters(cfg) or {}).get(FULL) or {})
+    kind = params.get("rope_type", "default")
+    if kind == "default":
+        return cfg
+    if kind not in ("su", "yarn", "longrope"):
+        raise ValueError(
+            f"config rope_type {kind!r} is not read by "
+            f"{cfg.get('model_type')}'s class: it takes 'default' and "
+            "LongRoPE ('longrope', or the older 'su' and 'yarn')"
+        )
+    plain = {"rope_type": "default"}
+    for key in ("rope_theta", "partial_rotary_factor"):
+        if key in params:
+            plain[key] = params.pop(key)
+    params["rope_type"] = "longrope"
+    params["original_max_position_embeddings"] = cfg.get(
+        "original_max_position_embeddings", _PHI3_LENGTH
+    )
+    scaling = read_rope_scaling(
+        params,
+        max_position_embeddings=cfg.get(
+            "max_position_embeddings", _PHI3_LENGTH
+        ),
+    )
+    old = ("rope_scaling", "rope_theta", "partial_rotary_factor")
+    out = {k: v for k, v in cfg.items() if k not in old}
+    return {**out, "rope_parameters": plain, "_longrope": scaling}
+
+
 def _phi3(cfg, i, layer_type, kw, layout):
     """Phi-3 (and Phi-4-multimodal's language model, the same module and
     configuration rules): Llama's layer with one ``qkv_proj``
     (``"blocks"`` rows) and no bias anywhere (``attention_bias`` is not
-    read by its class). Its configuration class accepts ``rope_type``
-    ``default`` and ``longrope`` only, and reads ``su`` and ``yarn`` as
-    LongRoPE, which the library lacks: only ``default`` is built."""
-    for key in ("rope_parameters", "rope_scaling"):
-        params = get_object(cfg, key) or {}
-        rope_type = params.get("rope_type", params.get("type", "default"))
-        if rope_type != "default":
-            raise ValueError(
-                f"config key {key}.rope_type={rope_type!r} is not built "
-                f"by attention_from_hf for {cfg.get('model_type')}: its "
-                "class reads su, yarn "
-                "and longrope as LongRoPE (rescaled frequencies per "
-                "pair), which the library lacks, and refuses other types"
-            )
+    read by its class); its RoPE plain or LongRoPE (:func:`_phi3_rope`),
+    one factor per rotated pair in each list."""
+    scaling = cfg.get("_longrope")
+    if scaling is not None:
+        d = count(cfg, "hidden_size") // count(cfg, "num_attention_heads")
+        pairs = (kw["rotary_dim"] or d) // 2
+        for key in ("short_factor", "long_factor"):
+            if len(scaling[key]) != pairs:
+                raise ValueError(
+                    f"config key rope_parameters.{key} must hold one "
+                    f"factor per rotated pair ({pairs}), got "
+                    f"{len(scaling[key])}"
+                )
+        kw["rope_scaling"] = scaling
     kw["biases"] = ()
     layout.update(_fused("qkv_proj", "o_proj", "blocks"))
 

@@ -418,7 +418,7 @@ _FAMILY_KEYS = {
         "granitemoe_swa",
         "granitemoehybrid",
     ),
-    "clip_qkv": ("olmo", "olmoe"),  # refused there too, when set
+    "clip_qkv": ("olmo", "olmoe"),  # the projection's clamp
     "qk_layernorm": ("stablelm", "phi", "persimmon"),  # refused by some
     "use_qk_norm": ("llama4_text", "cohere", "glm4_moe", "sarvam_moe"),
     "no_rope_layers": ("llama4_text", "smollm3"),
@@ -466,7 +466,6 @@ _GATE = "an output gate from its own "
 # Decoder families examined in transformers 5.24.0 and refused,
 # model_type -> the part (or config key) their attention needs.
 _NOT_BUILT = {
-    "bitnet": "attn_sub_norm, an RMSNorm of the heads before o_proj",
     "diffllama": (
         "differential attention (two softmaxes, lambda_q1, lambda_k1, "
         "lambda_q2, lambda_k2)"

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._checks import check_flag
+from ..heads import merge_groups, split_groups
 from ..latent import MultiHeadLatentAttention
 from ..long_context import (
     ChunkedKVCache,
@@ -32,12 +33,21 @@ from ..long_context import (
 )
 from ..masks import symmetric_window_mod
 from ..multihead import GroupedQueryAttention
-from ..refinements import Projection, QueryTemperature, RefinedAttention
+from ..norms import qk_norm_backward, qk_norm_forward
+from ..refinements import (
+    GatedOutput,
+    Projection,
+    QueryTemperature,
+    RefinedAttention,
+    _linear,
+    linear_backward,
+)
 from ..sparse import (
     SparseLatentAttention,
     layernorm_backward,
     layernorm_forward,
 )
+from .config import count
 
 
 class HFAttention(RefinedAttention):
@@ -250,3 +260,68 @@ class _ScaledQueryLatentAttention(HFLatentAttention):
     def _attend_absorbed(self, q_c, q_r, rows, where):
         where = dict(where, score_mods=(self._temp,))
         return super()._attend_absorbed(q_c, q_r, rows, where)
+
+
+@dataclass(frozen=True)
+class _SubNormOutput(GatedOutput):
+    """BitNet's output step (HF's ``attn_sub_norm``): the heads' outputs
+    side by side, ``o [B, L, H d_v]``, RMS-normalised over all ``H d_v``
+    features with a gain ``o_norm [H d_v]``, then ``W_o`` (and ``b_o``):
+    ``y = (w * o / sqrt(mean(o^2) + eps)) W_o``. Backward: ``W_o``'s,
+    then the norm's (chapter 10's QK-norm over the whole width)."""
+
+    eps: float = 1e-6
+
+    def add_params(self, layer, rng):
+        super().add_params(layer, rng)
+        n = layer.n_heads * layer.d_v
+        layer.params["o_norm"] = np.ones(n, layer.dtype)
+
+    def forward(self, layer, o, x3):
+        P = layer.params
+        o = merge_groups(o)  # [B, L, H d_v]
+        o, norm = qk_norm_forward(o, P["o_norm"], eps=self.eps)
+        y, out = _linear(o, P["W_o"], P.get("b_o"))  # [B, L, d_model]
+        return y, (out, norm)
+
+    def backward(self, layer, dy3, saved):
+        out, norm = saved
+        grads = layer.grads
+        do, grads["W_o"], db = linear_backward(dy3, out)  # [B, L, H d_v]
+        if db is not None:
+            grads["b_o"] = db
+        do, grads["o_norm"] = qk_norm_backward(do, norm)
+        G, d_v = layer.group_size, layer.d_v
+        return split_groups(do, layer.n_kv_heads, G, d_v), None
+
+
+class _SubNormAttention(HFAttention):
+    """BitNet's layer: :class:`HFAttention` whose output step is
+    :class:`_SubNormOutput` (with the layer's ``norm_eps``)."""
+
+    def _step_parts(self) -> dict:
+        parts = super()._step_parts()
+        if self.gate is not None:
+            raise ValueError("BitNet's sub-norm layer has no output gate")
+        parts["out_projection"] = _SubNormOutput(
+            None, "o" in self.biases, self.norm_eps
+        )
+        return parts
+
+
+def _bitnet(cfg, i, layer_type, kw, layout):
+    """BitNet: Llama's layer with ``attn_sub_norm``, an RMSNorm of gain
+    ``[hidden_size]`` over the heads' outputs side by side, before
+    ``o_proj`` (so ``num_attention_heads * head_dim`` must equal
+    ``hidden_size``, as HF's module assumes)."""
+    width = count(cfg, "hidden_size")
+    n_heads = count(cfg, "num_attention_heads")
+    head_dim = cfg.get("head_dim") or width // n_heads
+    if n_heads * head_dim != width:
+        raise ValueError(
+            f"bitnet's attn_sub_norm normalises hidden_size ({width}) "
+            "features: num_attention_heads * head_dim must equal it, got "
+            f"{n_heads} * {head_dim}"
+        )
+    layout["cls"] = _SubNormAttention
+    layout["names"] = {"o_norm": "attn_sub_norm"}

@@ -69,6 +69,8 @@ def _hf_names(layout, layer):
             names[f"{spell.get(f'{n}_norm', f'{n}_norm')}.weight"] = (
                 f"{n}_norm"
             )
+    if "o_norm" in p:  # BitNet's attn_sub_norm
+        names[f"{spell.get('o_norm', 'o_norm')}.weight"] = "o_norm"
     if "sinks" in p:
         names["sinks"] = "sinks"
     if layout.get("gate_proj"):  # an output gate's own projection (AFMoE)
