@@ -17,6 +17,7 @@ ALiBi               Falcon-RW, BLOOM, MPT              ``ALiBi``
 rope base per       Gemma 3 (local 1e4, global 1e6)    ``rope_base=``
 layer type
 query temperature   Llama 4's NoPE layers              ``QueryTemperature``
+narrower values     MiMo-V2-Flash (v_head_dim)         ``v_head_dim=``
 ==================  =================================  =============
 
 The QK-norm pair lives in :mod:`attn_np.norms` (chapter 11's
@@ -559,6 +560,10 @@ class RefinedAttention(GroupedQueryAttention):
       the ``scale``;
     * output: :class:`GatedOutput`, the gate, ``W_o`` and ``b_o``.
 
+    ``v_head_dim`` (None: ``head_dim``) is the width of a value head
+    (MiMo-V2-Flash's are narrower than its key heads): ``W_v [d_model,
+    n_kv v_head_dim]``, ``W_o [H v_head_dim, d_model]``.
+
     Extra ``params`` where enabled: ``b_q``, ``b_k``, ``b_v``, ``b_o``,
     ``q_norm``, ``k_norm``, ``W_g [d_model, H d]`` (elementwise) or
     ``[d_model, H]`` (headwise). Always causal: a decoder layer (the only
@@ -574,6 +579,7 @@ class RefinedAttention(GroupedQueryAttention):
         n_kv_heads=None,
         head_dim=None,
         *,
+        v_head_dim=None,
         biases=(),
         qk_norm=None,
         qk_norm_offset=0.0,
@@ -599,6 +605,8 @@ class RefinedAttention(GroupedQueryAttention):
         d_model, n_heads, n_kv_heads, head_dim = _check_sizes(
             d_model, n_heads, n_kv_heads, head_dim, score_mods, window, chunk
         )
+        v = v_head_dim
+        d_v = head_dim if v is None else check_count(v, "v_head_dim")
         kw = _check_refined(
             biases=biases,
             qk_norm=qk_norm,
@@ -624,7 +632,7 @@ class RefinedAttention(GroupedQueryAttention):
             n_heads,
             n_kv_heads,
             d_k=head_dim,
-            d_v=head_dim,
+            d_v=d_v,
             seed=seed,
             dtype=dtype,
             rope_base=rope_base,
@@ -662,6 +670,7 @@ class RefinedAttention(GroupedQueryAttention):
         """The keywords that rebuild this layer's kind (not its weights)."""
         return {
             "head_dim": self.d,
+            "v_head_dim": self.d_v,
             "biases": self.biases,
             "qk_norm": self.qk_norm,
             "qk_norm_offset": self.qk_norm_offset,
@@ -779,6 +788,7 @@ class RefinedAttention(GroupedQueryAttention):
         return (
             f"RefinedAttention(d_model={self.d_model}, n_heads="
             f"{self.n_heads}, n_kv_heads={self.n_kv}, head_dim={self.d}"
+            + (f", v_head_dim={self.d_v}" if self.d_v != self.d else "")
             + "".join(", " + e for e in extras)
             + ")"
         )

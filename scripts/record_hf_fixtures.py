@@ -1982,6 +1982,28 @@ MORE["afmoe"] = (
     "AFMoE: layer 0 sliding 4 with RoPE, layer 1 full and NoPE; per-head "
     "QK RMSNorm and an output gate sigmoid(gate_proj(x)) on both",
 )
+MORE["mimo_v2_flash"] = (
+    dict(
+        head_dim=24,
+        v_head_dim=16,
+        num_key_value_heads=1,
+        attention_bias=True,
+        attention_value_scale=0.5,
+        sliding_window_size=3,
+        layer_types=_TWO,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default",
+                                  "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 5e5,
+                               "partial_rotary_factor": 0.5},
+        },
+    ),
+    [0, 1],
+    "MiMo-V2-Flash: keys 24 wide, values 16 (v_head_dim), values times "
+    "0.5 (attention_value_scale); layer 0 sliding (window "
+    "sliding_window_size + 1 = 4) with 2 KV heads and sinks, RoPE on 8 "
+    "features (the class's 0.334); layer 1 full, 1 KV head, RoPE on 12",
+)  # fmt: skip
 MORE["ministral3"] = (
     dict(
         sliding_window=4,
@@ -2196,6 +2218,7 @@ _TINY_MOE_FAMILIES = (
     "afmoe",
     "lara_mini",
     "lfm2_moe",
+    "mimo_v2_flash",
 )
 # every head its own keys and values, heads hidden_size // heads wide:
 # BASE's num_key_value_heads and head_dim are dropped

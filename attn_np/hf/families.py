@@ -63,6 +63,7 @@ from .config import (
     windows,
 )
 from .families_gemma import _gemma, _per_layer
+from .families_mimo import _mimo_v2_flash
 from .families_more import (
     _LLAMA_4_SCALED,
     _NTK_ALPHA,
@@ -883,6 +884,10 @@ _OWN_LAYERS = {
     # Kimi Delta Attention and MLA without RoPE (attn_np.hf.kimi)
     "kimi_linear": lambda cfg, t, i: _kimi_linear(cfg, _layer_type(cfg, i)),
     "mistral4": lambda cfg, t, i: _mistral4(cfg, i, _mla),  # a query scale
+    # narrower scaled values, sinks and twice the KV heads on window layers
+    "mimo_v2_flash": lambda cfg, t, i: _mimo_v2_flash(
+        cfg, _layer_index(cfg, i), plain_decoder
+    ),
     # fused and Conv1D projections: GPT-2, OpenAI GPT, GPT-BigCode
     # (no RoPE), BLOOM and MPT (ALiBi), CodeGen (partial interleaved RoPE)
     **{name: _checked_index(b) for name, b in _FUSED_LAYERS.items()},

@@ -390,6 +390,11 @@ _ATTENTION = {
     "global_head_dim",
     "num_global_key_value_heads",
     "per_layer_config",
+    # MiMo-V2-Flash (attn_np.hf.families_mimo): its value scale, and the
+    # window's older spelling, which its configuration class reads as
+    # sliding_window = sliding_window_size + 1
+    "attention_value_scale",
+    "sliding_window_size",
 }
 _GEMMAS = ("gemma3n_text", "gemma4_text", "gemma4_unified_text")
 # Keys only some families read: set (not null, false, 0 or empty) in
@@ -448,6 +453,7 @@ _FAMILY_KEYS = {
     "global_head_dim": _GEMMAS[1:],
     "num_global_key_value_heads": _GEMMAS[1:],
     "per_layer_config": _GEMMAS[1:],
+    "attention_value_scale": ("mimo_v2_flash",),
 }
 # Features attention_from_hf does not build: refused by name when on.
 _REFUSED = {
@@ -572,11 +578,6 @@ _NOT_BUILT = {
     "mixer, with RMSNorms of B, C and dt, in every layer",
     "rwkv": "no attention layer: RWKV's time mixing (a WKV recurrence "
     "with time_decay, time_first and a receptance gate) in every layer",
-    "mimo_v2_flash": (
-        "value heads narrower than key heads (v_head_dim), a value scale "
-        "(attention_value_scale), twice the KV heads on sliding layers and "
-        "sinks on sliding layers only"
-    ),
     "minimax": (
         "lightning attention layers (linear_attention: qkv_proj, a decay "
         "per head from the slope rate, block_size, an RMSNorm and "
