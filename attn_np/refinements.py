@@ -468,10 +468,21 @@ class GatedOutput:
     W_g)`` (``gate``: ``"elementwise"``, ``W_g [d_model, h d_v]``, or
     ``"headwise"``, ``[d_model, h]``; None: no gate), then ``W_o`` and,
     with ``bias``, ``b_o``. ``forward(layer, o, x3) -> (y, saved)``,
-    ``backward(layer, dy3, saved) -> (do, dx)``."""
+    ``backward(layer, dy3, saved) -> (do, dx)``. The nonlinearity is the
+    pair :meth:`activate` and :meth:`activate_backward`, which a variant
+    of the gate overrides."""
 
     gate: str | None = None
     bias: bool = False
+
+    def activate(self, layer, o4, g4):
+        """``(o * sigmoid(g), cache)`` (:func:`gate_forward`), ``o4 [B, L,
+        h, d_v]``, ``g4 [B, L, h, d_v or 1]``."""
+        return _gate(o4, g4)
+
+    def activate_backward(self, layer, do4, cache):
+        """``(do, dg)`` (:func:`gate_backward`)."""
+        return gate_backward(do4, cache)
 
     def add_params(self, layer, rng):
         p, d_model = layer.params, layer.d_model
@@ -489,7 +500,9 @@ class GatedOutput:
         o = merge_groups(o)  # [B, L, h * d_v]
         if self.gate:  # [B, L, h, d_v] * [B, L, h, d_v or 1]
             g, lin = _linear(x3, P["W_g"])
-            o4, gc = _gate(o.reshape(B, L, h, -1), g.reshape(B, L, h, -1))
+            o4, gc = self.activate(
+                layer, o.reshape(B, L, h, -1), g.reshape(B, L, h, -1)
+            )
             gate, o = (lin, gc), o4.reshape(B, L, -1)
         y, out = _linear(o, P["W_o"], P.get("b_o"))  # [B, L, d_model]
         return y, (out, gate)
@@ -504,7 +517,8 @@ class GatedOutput:
         if gate is not None:
             lin, gc = gate
             B, L = dy3.shape[:2]
-            do, dg = gate_backward(do.reshape(B, L, layer.n_heads, -1), gc)
+            do4 = do.reshape(B, L, layer.n_heads, -1)
+            do, dg = self.activate_backward(layer, do4, gc)
             dx, grads["W_g"], _ = linear_backward(dg.reshape(B, L, -1), lin)
             do = do.reshape(B, L, -1)
         G, d_v = layer.group_size, layer.d_v

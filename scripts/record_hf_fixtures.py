@@ -2004,6 +2004,19 @@ MORE["mimo_v2_flash"] = (
     "sliding_window_size + 1 = 4) with 2 KV heads and sinks, RoPE on 8 "
     "features (the class's 0.334); layer 1 full, 1 KV head, RoPE on 12",
 )  # fmt: skip
+MORE["laguna"] = (
+    dict(
+        sliding_window=4,
+        layer_types=_TWO,
+        num_attention_heads_per_layer=[4, 2],
+        attention_bias=True,
+    ),
+    [0, 1],
+    "Laguna: per-head QK RMSNorm, a softplus gate per head from g_proj "
+    "(gating true), q/k/v/o biases; layer 0 sliding 4 with 4 query "
+    "heads and RoPE base 1e4 on the whole head, layer 1 full with 2 "
+    "query heads and base 5e5 on half of it (LagunaConfig's RoPE)",
+)
 MORE["ministral3"] = (
     dict(
         sliding_window=4,
@@ -2219,6 +2232,7 @@ _TINY_MOE_FAMILIES = (
     "lara_mini",
     "lfm2_moe",
     "mimo_v2_flash",
+    "laguna",
 )
 # every head its own keys and values, heads hidden_size // heads wide:
 # BASE's num_key_value_heads and head_dim are dropped

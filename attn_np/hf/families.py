@@ -63,6 +63,7 @@ from .config import (
     windows,
 )
 from .families_gemma import _gemma, _per_layer
+from .families_laguna import _laguna
 from .families_mimo import _mimo_v2_flash
 from .families_more import (
     _LLAMA_4_SCALED,
@@ -884,8 +885,11 @@ _OWN_LAYERS = {
     # Kimi Delta Attention and MLA without RoPE (attn_np.hf.kimi)
     "kimi_linear": lambda cfg, t, i: _kimi_linear(cfg, _layer_type(cfg, i)),
     "mistral4": lambda cfg, t, i: _mistral4(cfg, i, _mla),  # a query scale
-    # narrower scaled values, sinks and twice the KV heads on window layers
+    # on the plain decoder's settings (families_mimo, families_laguna)
     "mimo_v2_flash": lambda cfg, t, i: _mimo_v2_flash(
+        cfg, _layer_index(cfg, i), plain_decoder
+    ),
+    "laguna": lambda cfg, t, i: _laguna(
         cfg, _layer_index(cfg, i), plain_decoder
     ),
     # fused and Conv1D projections: GPT-2, OpenAI GPT, GPT-BigCode

@@ -104,13 +104,22 @@ def _mimo_types(cfg):
     return cfg, types
 
 
-def _mimo_rope(cfg, kinds):
+def _rope_per_type(cfg, kinds, defaults, model_type):
     """``rope_parameters`` with an entry per layer type in ``kinds``
-    (the class's when the file writes none); a single entry for every
-    type is refused, as HF's rotary class cannot read it."""
+    (``defaults``, the configuration class's, when the file writes
+    none). A single entry for every type, a type without its entry or an
+    entry without ``rope_theta`` is refused: HF's rotary class reads
+    ``rope_parameters[layer_type]["rope_theta"]``. So is ``rope_scaling``,
+    which the class turns into a single entry."""
+    if cfg.get("rope_scaling") is not None:
+        raise ValueError(
+            f"config key rope_scaling is not read per layer type by "
+            f"{model_type}'s rotary class: write rope_parameters."
+            "full_attention and rope_parameters.sliding_attention"
+        )
     rope = get_object(cfg, "rope_parameters")
     if rope is None:
-        return dict(_MIMO_ROPE)
+        return dict(defaults)
     missing = [
         k
         for k in kinds
@@ -119,9 +128,9 @@ def _mimo_rope(cfg, kinds):
     if missing:
         raise ValueError(
             "config key rope_parameters must hold one entry per layer type "
-            "with its rope_theta for mimo_v2_flash (MiMoV2FlashRotary"
-            "Embedding reads rope_parameters[layer_type]['rope_theta']); "
-            f"it has none for {missing}"
+            f"with its rope_theta for {model_type} (its rotary class reads "
+            "rope_parameters[layer_type]['rope_theta']); it has none for "
+            f"{missing}"
         )
     return rope
 
@@ -129,12 +138,6 @@ def _mimo_rope(cfg, kinds):
 def _mimo_v2_flash(cfg, i, plain_decoder):
     """MiMo-V2-Flash's layer ``i``: ``(cls, args, kwargs, layout)``;
     ``plain_decoder`` is :func:`attn_np.hf.families.plain_decoder`."""
-    if cfg.get("rope_scaling") is not None:
-        raise ValueError(
-            "config key rope_scaling is not read per layer type by "
-            "mimo_v2_flash's rotary class: write rope_parameters."
-            "full_attention and rope_parameters.sliding_attention"
-        )
     cfg, types = _mimo_types(cfg)
     kind = types[i]
     if kind not in (FULL, SLIDING):
@@ -143,7 +146,9 @@ def _mimo_v2_flash(cfg, i, plain_decoder):
             "attention does not build"
         )
     out = {k: v for k, v in cfg.items() if k not in _NOT_READ}
-    out["rope_parameters"] = _mimo_rope(cfg, sorted(set(types)))
+    out["rope_parameters"] = _rope_per_type(
+        cfg, sorted(set(types)), _MIMO_ROPE, "mimo_v2_flash"
+    )
     n_kv = count(out, "num_key_value_heads")
     if kind == SLIDING:
         out["num_key_value_heads"] = 2 * n_kv

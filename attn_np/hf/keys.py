@@ -106,6 +106,10 @@ _ELSEWHERE = {
     "num_dense_layers",
     "route_scale",
     "enable_moe_fp32_combine",
+    # Laguna's router (its MoE outside the attention module)
+    "moe_apply_router_weight_on_input",
+    "moe_routed_scaling_factor",
+    "moe_router_logit_softcapping",
     "router_scaling_factor",
     "output_vocab_size",
     # keys of released config.json files that do not shape attention
@@ -395,6 +399,10 @@ _ATTENTION = {
     # sliding_window = sliding_window_size + 1
     "attention_value_scale",
     "sliding_window_size",
+    # Laguna (attn_np.hf.families_laguna): its gate's granularity and
+    # its query heads per layer
+    "gating",
+    "num_attention_heads_per_layer",
 }
 _GEMMAS = ("gemma3n_text", "gemma4_text", "gemma4_unified_text")
 # Keys only some families read: set (not null, false, 0 or empty) in
@@ -454,6 +462,8 @@ _FAMILY_KEYS = {
     "num_global_key_value_heads": _GEMMAS[1:],
     "per_layer_config": _GEMMAS[1:],
     "attention_value_scale": ("mimo_v2_flash",),
+    "gating": ("laguna",),
+    "num_attention_heads_per_layer": ("laguna",),
 }
 # Features attention_from_hf does not build: refused by name when on.
 _REFUSED = {
@@ -477,8 +487,13 @@ _NOT_BUILT = {
         "lambda_q2, lambda_k2)"
     ),
     "doge": "a dynamic mask from the values (A, dt_proj)",
-    "laguna": _GATE + "g_proj",
-    "dory": _GATE + "gate_proj with sqk and s_gate",
+    "dory": (
+        "nGPT's attention: queries and keys L2-normalised to unit length, "
+        "the queries times sqk^2 per feature after RoPE, an output gate "
+        "sigmoid(gate_proj(x) s_gate^2) and an L2 norm of the gated heads "
+        "before o_proj (attn_sub_norm), in recurrent layers run "
+        "n_recurrent_loops times over shared or per-loop caches"
+    ),
     "beam": _GATE + "gate_proj with gate_bias",
     "zaya": (
         "convolutions on q and k (conv_qk_depthwise, conv_qk_grouped), "
