@@ -2017,6 +2017,14 @@ MORE["laguna"] = (
     "heads and RoPE base 1e4 on the whole head, layer 1 full with 2 "
     "query heads and base 5e5 on half of it (LagunaConfig's RoPE)",
 )
+MORE["beam"] = (
+    dict(sliding_window=4, attention_bias=True),
+    [0, 1],
+    "Beam: per-head QK RMSNorm, an elementwise sigmoid gate from "
+    "gate_proj with a bias per head (gate_bias, redrawn nonzero), q/k/v/o "
+    "biases; BeamConfig's layers: 0 sliding 4 with RoPE base 1e4, 1 full "
+    "and NoPE with the query scale (1 + (p + 1) / 2048)^0.1",
+)
 MORE["ministral3"] = (
     dict(
         sliding_window=4,
@@ -2233,6 +2241,7 @@ _TINY_MOE_FAMILIES = (
     "lfm2_moe",
     "mimo_v2_flash",
     "laguna",
+    "beam",
 )
 # every head its own keys and values, heads hidden_size // heads wide:
 # BASE's num_key_value_heads and head_dim are dropped

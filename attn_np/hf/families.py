@@ -63,8 +63,6 @@ from .config import (
     windows,
 )
 from .families_gemma import _gemma, _per_layer
-from .families_laguna import _laguna
-from .families_mimo import _mimo_v2_flash
 from .families_more import (
     _LLAMA_4_SCALED,
     _NTK_ALPHA,
@@ -94,6 +92,7 @@ from .families_more import (
     _respell,
     _text_positions,
 )
+from .families_own import _on_plain
 from .fused import _FUSED_LAYERS, _fused, _persimmon, _phi3
 from .keys import (
     _ATTENTION,
@@ -885,13 +884,8 @@ _OWN_LAYERS = {
     # Kimi Delta Attention and MLA without RoPE (attn_np.hf.kimi)
     "kimi_linear": lambda cfg, t, i: _kimi_linear(cfg, _layer_type(cfg, i)),
     "mistral4": lambda cfg, t, i: _mistral4(cfg, i, _mla),  # a query scale
-    # on the plain decoder's settings (families_mimo, families_laguna)
-    "mimo_v2_flash": lambda cfg, t, i: _mimo_v2_flash(
-        cfg, _layer_index(cfg, i), plain_decoder
-    ),
-    "laguna": lambda cfg, t, i: _laguna(
-        cfg, _layer_index(cfg, i), plain_decoder
-    ),
+    # on the plain decoder's settings: MiMo-V2-Flash, Laguna, Beam
+    **_on_plain(plain_decoder, _layer_index),
     # fused and Conv1D projections: GPT-2, OpenAI GPT, GPT-BigCode
     # (no RoPE), BLOOM and MPT (ALiBi), CodeGen (partial interleaved RoPE)
     **{name: _checked_index(b) for name, b in _FUSED_LAYERS.items()},

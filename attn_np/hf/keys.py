@@ -494,7 +494,6 @@ _NOT_BUILT = {
         "before o_proj (attn_sub_norm), in recurrent layers run "
         "n_recurrent_loops times over shared or per-loop caches"
     ),
-    "beam": _GATE + "gate_proj with gate_bias",
     "zaya": (
         "convolutions on q and k (conv_qk_depthwise, conv_qk_grouped), "
         "a delayed value projection and a QK temperature"
