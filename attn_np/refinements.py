@@ -17,6 +17,7 @@ ALiBi               Falcon-RW, BLOOM, MPT              ``ALiBi``
 rope base per       Gemma 3 (local 1e4, global 1e6)    ``rope_base=``
 layer type
 query temperature   Llama 4's NoPE layers              ``QueryTemperature``
+narrower values     MiMo-V2-Flash (v_head_dim)         ``v_head_dim=``
 ==================  =================================  =============
 
 The QK-norm pair lives in :mod:`attn_np.norms` (chapter 11's
@@ -60,12 +61,11 @@ from ._checks import (
     check_backward_cache,
     check_count,
     check_finite,
-    check_flag,
     check_number,
-    check_positive_int,
     check_positive_number,
     check_upstream,
 )
+from ._refined_settings import _check_refined
 from .heads import merge_groups, merge_heads, split_groups, split_heads
 from .kv_cache import ChunkedKVCache
 from .masks import ChunkedMask, chunked_mask, position_mask
@@ -479,10 +479,21 @@ class GatedOutput:
     W_g)`` (``gate``: ``"elementwise"``, ``W_g [d_model, h d_v]``, or
     ``"headwise"``, ``[d_model, h]``; None: no gate), then ``W_o`` and,
     with ``bias``, ``b_o``. ``forward(layer, o, x3) -> (y, saved)``,
-    ``backward(layer, dy3, saved) -> (do, dx)``."""
+    ``backward(layer, dy3, saved) -> (do, dx)``. The nonlinearity is the
+    pair :meth:`activate` and :meth:`activate_backward`, which a variant
+    of the gate overrides."""
 
     gate: str | None = None
     bias: bool = False
+
+    def activate(self, layer, o4, g4):
+        """``(o * sigmoid(g), cache)`` (:func:`gate_forward`), ``o4 [B, L,
+        h, d_v]``, ``g4 [B, L, h, d_v or 1]``."""
+        return _gate(o4, g4)
+
+    def activate_backward(self, layer, do4, cache):
+        """``(do, dg)`` (:func:`gate_backward`)."""
+        return gate_backward(do4, cache)
 
     def add_params(self, layer, rng):
         p, d_model = layer.params, layer.d_model
@@ -500,7 +511,9 @@ class GatedOutput:
         o = merge_groups(o)  # [B, L, h * d_v]
         if self.gate:  # [B, L, h, d_v] * [B, L, h, d_v or 1]
             g, lin = _linear(x3, P["W_g"])
-            o4, gc = _gate(o.reshape(B, L, h, -1), g.reshape(B, L, h, -1))
+            o4, gc = self.activate(
+                layer, o.reshape(B, L, h, -1), g.reshape(B, L, h, -1)
+            )
             gate, o = (lin, gc), o4.reshape(B, L, -1)
         y, out = _linear(o, P["W_o"], P.get("b_o"))  # [B, L, d_model]
         return y, (out, gate)
@@ -515,7 +528,8 @@ class GatedOutput:
         if gate is not None:
             lin, gc = gate
             B, L = dy3.shape[:2]
-            do, dg = gate_backward(do.reshape(B, L, layer.n_heads, -1), gc)
+            do4 = do.reshape(B, L, layer.n_heads, -1)
+            do, dg = self.activate_backward(layer, do4, gc)
             dx, grads["W_g"], _ = linear_backward(dg.reshape(B, L, -1), lin)
             do = do.reshape(B, L, -1)
         G, d_v = layer.group_size, layer.d_v
@@ -572,6 +586,10 @@ class RefinedAttention(GroupedQueryAttention):
       the ``scale``;
     * output: :class:`GatedOutput`, the gate, ``W_o`` and ``b_o``.
 
+    ``v_head_dim`` (None: ``head_dim``) is the width of a value head
+    (MiMo-V2-Flash's are narrower than its key heads): ``W_v [d_model,
+    n_kv v_head_dim]``, ``W_o [H v_head_dim, d_model]``.
+
     Extra ``params`` where enabled: ``b_q``, ``b_k``, ``b_v``, ``b_o``,
     ``q_norm``, ``k_norm``, ``W_g [d_model, H d]`` (elementwise) or
     ``[d_model, H]`` (headwise). Always causal: a decoder layer (the only
@@ -587,6 +605,7 @@ class RefinedAttention(GroupedQueryAttention):
         n_kv_heads=None,
         head_dim=None,
         *,
+        v_head_dim=None,
         biases=(),
         qk_norm=None,
         qk_norm_offset=0.0,
@@ -613,7 +632,9 @@ class RefinedAttention(GroupedQueryAttention):
         d_model, n_heads, n_kv_heads, head_dim = _check_sizes(
             d_model, n_heads, n_kv_heads, head_dim, score_mods, window, chunk
         )
-        kw = _check_refined(
+        v = v_head_dim
+        d_v = head_dim if v is None else check_count(v, "v_head_dim")
+        kw = _checked(
             biases=biases,
             qk_norm=qk_norm,
             qk_norm_offset=qk_norm_offset,
@@ -639,7 +660,7 @@ class RefinedAttention(GroupedQueryAttention):
             n_heads,
             n_kv_heads,
             d_k=head_dim,
-            d_v=head_dim,
+            d_v=d_v,
             seed=seed,
             dtype=dtype,
             rope_base=rope_base,
@@ -678,6 +699,7 @@ class RefinedAttention(GroupedQueryAttention):
         """The keywords that rebuild this layer's kind (not its weights)."""
         return {
             "head_dim": self.d,
+            "v_head_dim": self.d_v,
             "biases": self.biases,
             "qk_norm": self.qk_norm,
             "qk_norm_offset": self.qk_norm_offset,
@@ -796,75 +818,16 @@ class RefinedAttention(GroupedQueryAttention):
         return (
             f"RefinedAttention(d_model={self.d_model}, n_heads="
             f"{self.n_heads}, n_kv_heads={self.n_kv}, head_dim={self.d}"
+            + (f", v_head_dim={self.d_v}" if self.d_v != self.d else "")
             + "".join(", " + e for e in extras)
             + ")"
         )
 
 
-def _check_refined(**kw):
-    """:class:`RefinedAttention`'s settings, checked (each error names
-    its keyword); returns them as the layer keeps them."""
-    biases = kw["biases"]
-    if isinstance(biases, str) or not isinstance(biases, (tuple, list)):
-        raise TypeError(
-            "biases must be a tuple of names among 'q', 'k', 'v', 'o' "
-            f"(such as ('q', 'k')), got {biases!r}"
-        )
-    bad = {b for b in biases if b not in ("q", "k", "v", "o")}
-    if bad or len(set(biases)) != len(biases):
-        bad = bad or biases
-        raise ValueError(
-            f"biases must name q, k, v or o, each at most once; got {bad}"
-        )
-    kw["biases"] = tuple(sorted(kw["biases"]))
-    if kw["qk_norm"] not in (None, "head", "proj"):
-        raise ValueError(
-            f"qk_norm must be None, 'head' or 'proj', got {kw['qk_norm']!r}"
-        )
-    if kw["gate"] not in (None, "elementwise", "headwise"):
-        raise ValueError(
-            "gate must be None, 'elementwise' or 'headwise', got "
-            f"{kw['gate']!r}"
-        )
-    for flag in ("qk_norm_learned", "qk_norm_after_rope", "use_rope"):
-        kw[flag] = check_flag(kw[flag], flag)
-    if kw["qk_norm"] and kw["qk_norm_after_rope"] and kw["qk_norm_learned"]:
-        # the norm after RoPE is the position part's, which has no
-        # weights: a learned gain there would be dropped without a word
-        raise ValueError(
-            "qk_norm_after_rope=True builds Llama 4's norm without weights:"
-            " pass qk_norm_learned=False (HunYuan's learned gains after "
-            "RoPE are attn_np.hf's layer)"
-        )
-    if kw["chunk"] is not None:
-        kw["chunk"] = check_positive_int(kw["chunk"], "chunk")
-    for name in ("rope_factor", "norm_eps"):
-        kw[name] = float(check_positive_number(kw[name], name))
-    if kw["clip_qkv"] is not None:
-        kw["clip_qkv"] = check_positive_number(kw["clip_qkv"], "clip_qkv")
-    kw["qk_norm_offset"] = check_number(
-        kw["qk_norm_offset"], "qk_norm_offset"
-    )
-    temp = kw["query_temperature"]
-    if temp is not None:
-        try:
-            floor_scale, attn_scale, *rest = temp
-            (offset,) = rest or (1,)
-        except (TypeError, ValueError):
-            raise ValueError(
-                "query_temperature must be (floor_scale, attn_scale) or "
-                f"(floor_scale, attn_scale, offset), got {temp!r}"
-            ) from None
-        if offset not in (0, 1) or isinstance(offset, bool):
-            raise ValueError(
-                f"query_temperature's offset must be 0 or 1, got {offset!r}"
-            )
-        kw["query_temperature"] = (
-            check_positive_number(floor_scale, "floor_scale"),
-            check_number(attn_scale, "attn_scale"),
-            int(offset),
-        )
-    return _check_refined_rope(kw)
+def _checked(**kw):
+    """The settings checked (:func:`~attn_np._refined_settings.
+    _check_refined`), then the RoPE scaling read."""
+    return _check_refined_rope(_check_refined(**kw))
 
 
 def _check_refined_rope(kw):

@@ -2031,6 +2031,49 @@ MORE["afmoe"] = (
     "AFMoE: layer 0 sliding 4 with RoPE, layer 1 full and NoPE; per-head "
     "QK RMSNorm and an output gate sigmoid(gate_proj(x)) on both",
 )
+MORE["mimo_v2_flash"] = (
+    dict(
+        head_dim=24,
+        v_head_dim=16,
+        num_key_value_heads=1,
+        attention_bias=True,
+        attention_value_scale=0.5,
+        sliding_window_size=3,
+        layer_types=_TWO,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default",
+                                  "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 5e5,
+                               "partial_rotary_factor": 0.5},
+        },
+    ),
+    [0, 1],
+    "MiMo-V2-Flash: keys 24 wide, values 16 (v_head_dim), values times "
+    "0.5 (attention_value_scale); layer 0 sliding (window "
+    "sliding_window_size + 1 = 4) with 2 KV heads and sinks, RoPE on 8 "
+    "features (the class's 0.334); layer 1 full, 1 KV head, RoPE on 12",
+)  # fmt: skip
+MORE["laguna"] = (
+    dict(
+        sliding_window=4,
+        layer_types=_TWO,
+        num_attention_heads_per_layer=[4, 2],
+        attention_bias=True,
+    ),
+    [0, 1],
+    "Laguna: per-head QK RMSNorm, a softplus gate per head from g_proj "
+    "(gating true), q/k/v/o biases; layer 0 sliding 4 with 4 query "
+    "heads and RoPE base 1e4 on the whole head, layer 1 full with 2 "
+    "query heads and base 5e5 on half of it (LagunaConfig's RoPE)",
+)
+MORE["beam"] = (
+    dict(sliding_window=4, attention_bias=True),
+    [0, 1],
+    "Beam: per-head QK RMSNorm, an elementwise sigmoid gate from "
+    "gate_proj with a bias per head (gate_bias, redrawn nonzero), q/k/v/o "
+    "biases; BeamConfig's layers: 0 sliding 4 with RoPE base 1e4, 1 full "
+    "and NoPE with the query scale (1 + (p + 1) / 2048)^0.1",
+)
 MORE["ministral3"] = (
     dict(
         sliding_window=4,
@@ -2263,6 +2306,9 @@ _TINY_MOE_FAMILIES = (
     "afmoe",
     "lara_mini",
     "lfm2_moe",
+    "mimo_v2_flash",
+    "laguna",
+    "beam",
 )
 # every head its own keys and values, heads hidden_size // heads wide:
 # BASE's num_key_value_heads and head_dim are dropped

@@ -153,7 +153,7 @@ def test_an_admitted_family_refuses_what_it_lacks(name, change, match):
     [
         ("zaya", "convolutions on q and k"),
         ("diffllama", "differential attention"),
-        ("laguna", "output gate from its own g_proj"),
+        ("dory", "sqk"),
     ],
 )
 def test_a_family_that_needs_a_missing_part_is_refused(model_type, match):

@@ -45,7 +45,6 @@ def test_no_decoder_row_is_unexamined(loaded):
     [
         ("deepseek_v4", "kv_proj"),
         ("bailing_hybrid", "Kimi Delta Attention"),
-        ("mimo_v2_flash", "v_head_dim"),
         ("minimax", "lightning attention"),
         ("olmo_hybrid", "linear_allow_neg_eigval"),
     ],

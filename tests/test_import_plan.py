@@ -33,6 +33,7 @@ CHAPTER = {
     "streaming": 8,
     "flash": 9,
     "refinements": 10,
+    "_refined_settings": 10,
     "shared_kv": 10,
     "hf": 10,
     "rope_scaling": 11,

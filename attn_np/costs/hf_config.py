@@ -18,6 +18,7 @@ from ..hf.config import (  # noqa: F401 (importable here too)
     MAX_CONFIG_BYTES,
     MAX_LAYERS,
     SLIDING,
+    _mimo_config,
     check_listed,
     count,
     flag,
@@ -389,7 +390,8 @@ def from_hf_config(config, name: str | None = None) -> ModelConfig:
       ``num_kv_shared_layers``; layer types with their own heads: Gemma 4's
       ``global_head_dim`` and ``num_global_key_value_heads``, transformers
       5's ``per_layer_config``, MiMo-V2-Flash's window layers (twice
-      ``num_key_value_heads``);
+      ``num_key_value_heads``; its class's sizes and layer rule where a
+      file writes none, and its window ``sliding_window_size + 1``);
     * RoPE in both spellings (:func:`rope_parameters`).
 
     Flags must be JSON booleans (``"false"`` is refused, not read as
@@ -435,6 +437,8 @@ def _head_dim(cfg, d_model, n_heads) -> tuple[int, dict]:
 
 def _from_dict(data: dict, name: str, source: str) -> ModelConfig:
     cfg = language_model(data)
+    if cfg.get("model_type") == "mimo_v2_flash":  # its class's rules
+        cfg = _mimo_config(cfg)
     plan = _plan_types(cfg)
     if plan is not None:
         n_layers, types = plan

@@ -68,7 +68,11 @@ def attention_from_hf(
     (ALiBi), CodeGen, Persimmon (a LayerNorm per head on q and k);
     Gemma 3n and Gemma 4 (``attn_np.hf.families_gemma``: a layer of the
     last ``num_kv_shared_layers`` is a reader of an earlier layer's keys
-    and values, :func:`attention_layers_from_hf` attaches it). RoPE
+    and values, :func:`attention_layers_from_hf` attaches it);
+    MiMo-V2-Flash (``attn_np.hf.families_mimo``: values narrower than
+    keys and scaled, sinks and twice the KV heads on window layers),
+    Laguna (a softplus output gate, query heads per layer) and Beam (a
+    gate bias per head, a query scale on its NoPE layers). RoPE
     as ``rope_theta``/``rope_scaling``/``partial_rotary_factor`` at the
     top level or under ``rope_parameters`` (transformers 5; per layer type
     for Gemma 3); ``rope_type`` ``default``, ``linear``, and chapter 11's

@@ -644,3 +644,34 @@ def rope_parameters(cfg: dict, layer_types=None) -> dict | None:
                     f"level and {params[key]!r} in rope_parameters"
                 )
     return per
+
+
+# MiMoV2FlashConfig's sizes for a file that writes none
+_MIMO_SIZES = {
+    "head_dim": 192,
+    "v_head_dim": 128,
+    "num_key_value_heads": 4,
+    "sliding_window": 129,
+}
+
+
+def _mimo_config(cfg: dict) -> dict:
+    """``cfg`` as MiMo-V2-Flash's configuration class reads it: its
+    sizes where the file writes none (head_dim 192, v_head_dim 128, 4
+    key/value heads, window 129); ``sliding_window = sliding_window_size
+    + 1`` when the older key is written (its window counts the query
+    too); ``layer_types`` by its rule when absent (layer 0 and each layer
+    ``i`` with ``(i + 1) % 6 == 0`` full, the others sliding)."""
+    out = {k: v for k, v in cfg.items() if k != "sliding_window_size"}
+    for key, value in _MIMO_SIZES.items():
+        out.setdefault(key, value)
+        count(out, key, required=True)  # null: refused by name
+    if cfg.get("sliding_window_size") is not None:
+        out["sliding_window"] = count(cfg, "sliding_window_size") + 1
+    if out.get("layer_types") is None:
+        n = count(cfg, "num_hidden_layers")
+        check_listed(cfg, n, "mimo_v2_flash's layer rule")
+        out["layer_types"] = [
+            FULL if i == 0 or (i + 1) % 6 == 0 else SLIDING for i in range(n)
+        ]
+    return out

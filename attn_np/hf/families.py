@@ -90,7 +90,17 @@ from .families_more import (
     _respell,
     _text_positions,
 )
-from .families_types import _compass, _lara_mini, _lfm2, _modernbert_decoder
+from .families_own import _on_plain
+from .families_types import (
+    _compass,
+    _exaone4_rope,
+    _lara_mini,
+    _lfm2,
+    _mellum,
+    _modernbert_decoder,
+    _rope_if_windowed,
+    _smollm3,
+)
 from .fused import _FUSED_LAYERS, _fused, _persimmon, _phi3, _phi3_rope
 from .keys import (
     _ATTENTION,
@@ -485,47 +495,6 @@ def _attention_multiplier(cfg, i, layer_type, kw, layout):
     kw["scale"] = number(cfg, "attention_multiplier", 1.0)
 
 
-def _smollm3(cfg, i, layer_type, kw, layout):
-    """NoPE where ``no_rope_layers[i] == 0`` (absent: every
-    ``no_rope_layer_interval``-th layer, 4 by default, as
-    ``SmolLM3Config`` fills it); a sliding layer's window only when
-    ``use_sliding_window`` is true."""
-    n = _n_layers(cfg)
-    flags = rope_flags(cfg, n)
-    if flags is None:
-        every = count(cfg, "no_rope_layer_interval", required=False) or 4
-        kw["use_rope"] = (i + 1) % every != 0
-    else:
-        kw["use_rope"] = bool(flags[i])
-    if not flag(cfg, "use_sliding_window"):
-        kw["window"] = None
-
-
-def _rope_if_windowed(cfg, i, layer_type, kw, layout):
-    """Cohere 2: RoPE on the window layers only (HF turns q and k iff
-    the layer's ``sliding_window`` is set); every other layer is NoPE."""
-    kw["use_rope"] = kw["window"] is not None
-
-
-def _exaone4_rope(cfg, i, layer_type, kw, layout):
-    """EXAONE 4: RoPE on the window layers, NoPE on the full ones; every
-    layer turns when the config has no ``sliding_window``."""
-    if cfg.get("sliding_window") is not None:
-        kw["use_rope"] = kw["window"] is not None
-
-
-def _mellum(cfg, i, layer_type, kw, layout):
-    """Mellum: Qwen3's per-head QK-norm; a file without RoPE keys takes
-    ``MellumConfig``'s bases, 5e5 on full layers and 1e4 on sliding
-    ones."""
-    _qwen3(cfg, i, layer_type, kw, layout)
-    no_rope_keys = all(
-        cfg.get(k) is None for k in ("rope_parameters", "rope_theta")
-    )
-    if no_rope_keys and kw["window"] is None:
-        kw["rope_base"] = 500000.0
-
-
 def _minimax_m2(cfg, i, layer_type, kw, layout):
     """OLMo 2's QK-norm; released MiniMax-M2 files write partial RoPE as
     ``rotary_dim`` (features turned per head), read when no
@@ -892,6 +861,8 @@ _OWN_LAYERS = {
     # Kimi Delta Attention and MLA without RoPE (attn_np.hf.kimi)
     "kimi_linear": lambda cfg, t, i: _kimi_linear(cfg, _layer_type(cfg, i)),
     "mistral4": lambda cfg, t, i: _mistral4(cfg, i, _mla),  # a query scale
+    # on the plain decoder's settings: MiMo-V2-Flash, Laguna, Beam
+    **_on_plain(plain_decoder, _layer_index),
     # fused and Conv1D projections: GPT-2, OpenAI GPT, GPT-BigCode
     # (no RoPE), BLOOM and MPT (ALiBi), CodeGen (partial interleaved RoPE)
     **{name: _checked_index(b) for name, b in _FUSED_LAYERS.items()},

@@ -15,13 +15,17 @@ write them, each a difference from the plain decoder (chapter 10):
   layer type, ``null`` for a layer type without RoPE, and multimodal
   RoPE's keys, which leave a text token's rotation as plain RoPE's.
 
+SmolLM3 (NoPE every fourth layer unless ``no_rope_layers`` says), Cohere
+2 and EXAONE 4 (RoPE on the window layers only) and Mellum (RoPE bases
+per layer type) are here too.
+
 Read off each family's modeling file in ``transformers`` 5.24.0 and
 matched by ``tests/fixtures/families/<model_type>.npz``.
 """
 
 from __future__ import annotations
 
-from .config import FULL, SLIDING, count, number
+from .config import FULL, SLIDING, count, flag, number, rope_flags
 
 
 def _lara_mini_types(cfg):
@@ -190,3 +194,47 @@ def _compass(cfg, i, layer_type, kw, layout):
     sliding layers, and no RoPE on a layer type whose RoPE parameters
     are ``null``."""
     kw["use_rope"] = layer_type not in cfg.get("_nope_types", ())
+
+
+def _smollm3(cfg, i, layer_type, kw, layout):
+    """NoPE where ``no_rope_layers[i] == 0`` (absent: every
+    ``no_rope_layer_interval``-th layer, 4 by default, as
+    ``SmolLM3Config`` fills it); a sliding layer's window only when
+    ``use_sliding_window`` is true."""
+    n = count(cfg, "num_hidden_layers", required=False)
+    types = cfg.get("layer_types")
+    if n is None and isinstance(types, list):
+        n = len(types)
+    flags = rope_flags(cfg, n)
+    if flags is None:
+        every = count(cfg, "no_rope_layer_interval", required=False) or 4
+        kw["use_rope"] = (i + 1) % every != 0
+    else:
+        kw["use_rope"] = bool(flags[i])
+    if not flag(cfg, "use_sliding_window"):
+        kw["window"] = None
+
+
+def _rope_if_windowed(cfg, i, layer_type, kw, layout):
+    """Cohere 2: RoPE on the window layers only (HF turns q and k iff
+    the layer's ``sliding_window`` is set); every other layer is NoPE."""
+    kw["use_rope"] = kw["window"] is not None
+
+
+def _exaone4_rope(cfg, i, layer_type, kw, layout):
+    """EXAONE 4: RoPE on the window layers, NoPE on the full ones; every
+    layer turns when the config has no ``sliding_window``."""
+    if cfg.get("sliding_window") is not None:
+        kw["use_rope"] = kw["window"] is not None
+
+
+def _mellum(cfg, i, layer_type, kw, layout):
+    """Mellum: Qwen3's per-head QK-norm; a file without RoPE keys takes
+    ``MellumConfig``'s bases, 5e5 on full layers and 1e4 on sliding
+    ones."""
+    kw["qk_norm"] = "head"  # Qwen3's
+    no_rope_keys = all(
+        cfg.get(k) is None for k in ("rope_parameters", "rope_theta")
+    )
+    if no_rope_keys and kw["window"] is None:
+        kw["rope_base"] = 500000.0

@@ -106,6 +106,10 @@ _ELSEWHERE = {
     "num_dense_layers",
     "route_scale",
     "enable_moe_fp32_combine",
+    # Laguna's router (its MoE outside the attention module)
+    "moe_apply_router_weight_on_input",
+    "moe_routed_scaling_factor",
+    "moe_router_logit_softcapping",
     "router_scaling_factor",
     "output_vocab_size",
     # keys of released config.json files that do not shape attention
@@ -391,6 +395,15 @@ _ATTENTION = {
     "global_head_dim",
     "num_global_key_value_heads",
     "per_layer_config",
+    # MiMo-V2-Flash (attn_np.hf.families_mimo): its value scale, and the
+    # window's older spelling, which its configuration class reads as
+    # sliding_window = sliding_window_size + 1
+    "attention_value_scale",
+    "sliding_window_size",
+    # Laguna (attn_np.hf.families_laguna): its gate's granularity and
+    # its query heads per layer
+    "gating",
+    "num_attention_heads_per_layer",
 }
 _GEMMAS = ("gemma3n_text", "gemma4_text", "gemma4_unified_text")
 # Keys only some families read: set (not null, false, 0 or empty) in
@@ -449,6 +462,9 @@ _FAMILY_KEYS = {
     "global_head_dim": _GEMMAS[1:],
     "num_global_key_value_heads": _GEMMAS[1:],
     "per_layer_config": _GEMMAS[1:],
+    "attention_value_scale": ("mimo_v2_flash",),
+    "gating": ("laguna",),
+    "num_attention_heads_per_layer": ("laguna",),
 }
 # Features attention_from_hf does not build: refused by name when on.
 _REFUSED = {
@@ -471,9 +487,13 @@ _NOT_BUILT = {
         "lambda_q2, lambda_k2)"
     ),
     "doge": "a dynamic mask from the values (A, dt_proj)",
-    "laguna": _GATE + "g_proj",
-    "dory": _GATE + "gate_proj with sqk and s_gate",
-    "beam": _GATE + "gate_proj with gate_bias",
+    "dory": (
+        "nGPT's attention: queries and keys L2-normalised to unit length, "
+        "the queries times sqk^2 per feature after RoPE, an output gate "
+        "sigmoid(gate_proj(x) s_gate^2) and an L2 norm of the gated heads "
+        "before o_proj (attn_sub_norm), in recurrent layers run "
+        "n_recurrent_loops times over shared or per-loop caches"
+    ),
     "zaya": (
         "convolutions on q and k (conv_qk_depthwise, conv_qk_grouped), "
         "a delayed value projection and a QK temperature"
@@ -572,11 +592,6 @@ _NOT_BUILT = {
     "mixer, with RMSNorms of B, C and dt, in every layer",
     "rwkv": "no attention layer: RWKV's time mixing (a WKV recurrence "
     "with time_decay, time_first and a receptance gate) in every layer",
-    "mimo_v2_flash": (
-        "value heads narrower than key heads (v_head_dim), a value scale "
-        "(attention_value_scale), twice the KV heads on sliding layers and "
-        "sinks on sliding layers only"
-    ),
     "minimax": (
         "lightning attention layers (linear_attention: qkv_proj, a decay "
         "per head from the slope rate, block_size, an RMSNorm and "

@@ -75,6 +75,8 @@ def _hf_names(layout, layer):
         names["sinks"] = "sinks"
     if layout.get("gate_proj"):  # an output gate's own projection (AFMoE)
         names[f"{layout['gate_proj']}.weight"] = "W_g"
+    if "b_g" in p:  # its bias per head (Beam's gate_bias)
+        names["gate_bias"] = "b_g"
     return names
 
 
