@@ -141,6 +141,29 @@ def test_llama4_scout_by_hand():
     assert max_context(cfg, 12 * per_layer * 10_000 + 36 * per_layer * 8192)
 
 
+def test_a_null_rope_entry_is_a_nope_layer_type():
+    """Beam and Cohere Compass write ``null`` for a layer type without
+    RoPE: sized as any other layer, its RoPE shown as NoPE."""
+    data = {
+        "model_type": "beam",
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "hidden_size": 64,
+        "sliding_window": 8,
+        "layer_types": [SLIDING, SLIDING, SLIDING, FULL],
+        "rope_parameters": {
+            SLIDING: {"rope_type": "default", "rope_theta": 1e4},
+            FULL: None,
+        },
+    }
+    cfg = from_hf_config(data)
+    assert cfg.rope[FULL]["rope_type"] == "none (NoPE)"
+    assert cfg.rope[SLIDING]["rope_theta"] == 1e4
+    assert kv_cache_bytes(cfg, 4) == 4 * 4 * (2 * 2 * 16) * 2
+
+
 def test_no_rope_layers_one_means_rope():
     # Hugging Face's trap: no_rope_layers[i] == 1 means layer i USES RoPE.
     data = load("llama4_scout_17b_16e")

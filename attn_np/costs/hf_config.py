@@ -14,6 +14,7 @@ from __future__ import annotations
 from ..hf.config import (  # noqa: F401 (importable here too)
     CHUNKED,
     FULL,
+    LAYER_TYPES,
     LINEAR,
     MAX_CONFIG_BYTES,
     MAX_LAYERS,
@@ -179,8 +180,18 @@ NOPE = {"rope_type": "none (NoPE)"}
 def _rope_in_use(cfg: dict, types) -> dict | None:
     """:func:`rope_parameters`, with the layers that use no RoPE marked
     :data:`NOPE`: Llama 4's full layers beside its chunked ones, and Kimi
-    Linear's MLA layers (``mla_use_nope``)."""
+    Linear's MLA layers (``mla_use_nope``), and the layer types whose
+    entry of ``rope_parameters`` is ``null`` (Beam's full layers, Cohere
+    Compass's)."""
+    raw = cfg.get("rope_parameters")
+    nope = set()
+    if isinstance(raw, dict) and raw and set(raw) <= set(LAYER_TYPES):
+        nope = {k for k, v in raw.items() if v is None}
+        kept = {k: v for k, v in raw.items() if v is not None}
+        cfg = {**cfg, "rope_parameters": kept or None}
     rope = rope_parameters(cfg, types)
+    if nope:
+        rope = {**(rope or {}), **{k: NOPE for k in nope}}
     kinds = set(types or (FULL,))
     if flag(cfg, "mla_use_nope"):
         rope = {k: NOPE for k in kinds - {LINEAR}}
