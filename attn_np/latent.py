@@ -120,7 +120,10 @@ class MultiHeadLatentAttention:
     ``rotary`` is a position part that replaces the rotation of
     ``rope_base`` and ``rope_layout`` (the protocol of
     :class:`~attn_np.rope.Rotary`, as for the other layers).
+    ``latent_eps`` is the epsilon of those norms.
     """
+
+    latent_eps = 1e-6
 
     def __init__(
         self,
@@ -324,7 +327,9 @@ class MultiHeadLatentAttention:
         if self.d_latent_q is not None:
             c_q = x3 @ W["W_dq"]  # [B, L, d] @ [d, d_cq] -> [B, L, d_cq]
             if self.latent_norm:
-                c_q, norm = rmsnorm_forward(c_q, W["g_q"])  # [B, L, d_cq]
+                c_q, norm = rmsnorm_forward(
+                    c_q, W["g_q"], eps=self.latent_eps
+                )
             q_c = c_q @ W["W_uq"]  # [B, L, d_cq] @ [d_cq, h*d_h]
         else:
             q_c = x3 @ W["W_q"]  # [B, L, d] @ [d, h*d_h] -> [B, L, h*d_h]
@@ -332,7 +337,19 @@ class MultiHeadLatentAttention:
         q_c = split_heads(q_c, h, self.d_head)  # -> [B, h, L, d_h]
         q_r = split_heads(q_r, h, self.d_rope)  # -> [B, h, L, d_R]
         q_r, rope = self.rotary.forward(q_r, pos)  # rotated: [B, h, L, d_R]
-        return q_c, q_r, (c_q, norm, rope)
+        q_c, q_r, scaled = self.scale_queries(q_c, q_r, pos)
+        return q_c, q_r, (c_q, norm, rope, scaled)
+
+    def scale_queries(self, q_c, q_r, pos):
+        """The queries' last step, after RoPE, on both paths: ``(q_c,
+        q_r, saved)``. Chapter 7's layer changes nothing; a subclass
+        multiplies each query by a scale of its head and position here
+        (:meth:`scale_queries_backward` is the twin)."""
+        return q_c, q_r, None
+
+    def scale_queries_backward(self, dq, saved):
+        """``dq [B, h, L, d_h + d_R]`` before :meth:`scale_queries`."""
+        return dq
 
     def _latents(self, x3, pos):
         """``c_KV [B, L, d_latent_kv]``, rotated ``k_R [B, L, d_rope]``."""
@@ -340,7 +357,10 @@ class MultiHeadLatentAttention:
         c_kv = x3 @ W["W_dkv"]  # [B, L, d] @ [d, d_c] -> [B, L, d_c]
         norm = None
         if self.latent_norm:
-            c_kv, norm = rmsnorm_forward(c_kv, W["g_kv"])  # [B, L, d_c]
+            # [B, L, d_c]
+            c_kv, norm = rmsnorm_forward(
+                c_kv, W["g_kv"], eps=self.latent_eps
+            )
         k_r = x3 @ W["W_kr"]  # [B, L, d] @ [d, d_R] -> [B, L, d_R]
         k_r, rope = self.rotary.forward(k_r, pos)  # rotated: [B, L, d_R]
         return c_kv, k_r, (norm, rope)
@@ -492,6 +512,7 @@ class MultiHeadLatentAttention:
         do = split_heads(do, h, self.d_head_v)  # -> [B, h, L, d_v]
         g = grouped_attention_backward(do[:, :, None], att)  # G = 1
         dq, dk, dv = g["q"][:, :, 0], g["k"], g["v"]  # [B, h, L(_k), ..]
+        dq = self.scale_queries_backward(dq, q_keep[3])
         dk_c = merge_heads(dk[..., :d_h])  # [B, h, L, d_h] -> [B, L, h*d_h]
         dk_r = dk[..., d_h:].sum(axis=1)  # shared key: sum over heads
         dv = merge_heads(dv)  # [B, h, L, d_v] -> [B, L, h*d_v]
@@ -510,7 +531,7 @@ class MultiHeadLatentAttention:
         dx = dc_kv @ W["W_dkv"].T + dk_r @ W["W_kr"].T  # [B, L, d]
 
         # queries
-        c_q, q_norm, q_rope = q_keep
+        c_q, q_norm, q_rope, _ = q_keep
         dq_r = self.rotary.backward(dq[..., d_h:], q_rope)  # [B, h, L, d_R]
         dq_r = merge_heads(dq_r)  # -> [B, L, h*d_R]
         dq_c = merge_heads(dq[..., :d_h])  # -> [B, L, h*d_h]

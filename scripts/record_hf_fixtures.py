@@ -181,6 +181,8 @@ def redraw(module, gen):
                 p.copy_(torch.log(0.5 + 3.5 * u))
             elif leaf == "dt_bias":
                 p.copy_(1.0 + 0.3 * r)
+            elif ".softmax_scaling." in f".{name}":  # c = s ln(1+p) + b
+                p.copy_(0.3 * r + (1.0 if leaf == "bias" else 0.0))
             elif leaf == "sinks":
                 p.copy_(r)
             elif name.startswith("conv1d"):
@@ -255,6 +257,7 @@ def record(
     positions=False,
     readers=None,
     decode_differs=False,
+    model_params=(),
 ):
     """Record one family's fixture to ``folder``/NAME.npz (``folder``:
     tests/fixtures, or tests/fixtures/families for :func:`more_families`).
@@ -273,6 +276,10 @@ def record(
     and differs from the forward by design (LongRoPE past its trained
     length: each call picks its list of factors from its own last
     position), and must differ, or the switch was never recorded.
+    ``model_params``: parameters of the model
+    outside the layers that every layer reads (Mistral Large 4's learned
+    RoPE frequencies, ``rotary_emb.alpha``), redrawn and recorded in
+    each layer's state dict, without a gradient.
     """
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -294,6 +301,12 @@ def record(
         dy = torch.randn(B, L, hidden, generator=gen)
         emb = torch.randn(B, L, hidden, generator=gen)
         arrays = {"x": x.numpy(), "dy": dy.numpy()}
+        shared = {}
+        with torch.no_grad():
+            for pname in model_params:
+                p = model.get_parameter(pname)
+                p.copy_(0.3 * torch.randn(p.shape, generator=gen))
+                shared[pname] = p.detach().numpy().copy()
         modules = {}
         worst = 0.0
         for i in layers:
@@ -303,6 +316,8 @@ def record(
             params = dict(mod.named_parameters())
             for pname, p in params.items():
                 arrays[f"layer{i}.param.{pname}"] = p.detach().numpy().copy()
+            for pname, a in shared.items():
+                arrays[f"layer{i}.param.{pname}"] = a
             seen = {}
             hooks = [
                 mod.get_submodule(c).register_forward_hook(
@@ -2241,6 +2256,37 @@ MORE["mistral4"] = (
     "8 + 4 rotary), YaRN 16 over 4 positions, every query times "
     "1 + 0.1 ln(1 + floor(p / 4))",
 )
+MORE["mistral_large4_text"] = (
+    dict(
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        qk_nope_head_dim=8,
+        qk_rope_head_dim=4,
+        v_head_dim=8,
+        index_n_heads=2,
+        index_head_dim=8,
+        index_topk=4,
+        n_routed_experts=2,
+        num_experts_per_tok=1,
+        moe_intermediate_size=16,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 16.0,
+            "original_max_position_embeddings": 4,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+    ),
+    [0],
+    "Mistral Large 4: MLA without a query latent (kv latent 16, heads "
+    "of 8 + 4 rotary, interleaved), learned RoPE frequencies "
+    "(rotary_emb.alpha, recorded in the layer's state dict), YaRN 16 "
+    "over 4 positions, every query times s ln(1 + p) + b per head, and "
+    "the indexer (top-k 4 < L) with its LayerNorm'd, scaled queries. "
+    "The indexer runs under no_grad in HF: no gradients for it",
+)
 # Gemma 3n and Gemma 4: layers 0, 1 keep their own keys and values,
 # layers 2 and 3 (num_kv_shared_layers=2) read those of 0 and 1; heads 8
 # wide, so that four layers stay a few hundred KiB
@@ -2319,6 +2365,7 @@ _MHA_FAMILIES = (
 )  # fmt: skip
 _MLA_FAMILIES = (
     "kimi_linear",
+    "mistral_large4_text",
     "mistral4",
     "glm4_moe_lite",
     "youtu",
@@ -2348,6 +2395,13 @@ _OWN_BASE = {
 }
 # recording options of a family (OpenAI GPT: no cache, no decode)
 _OPTIONS = {"openai-gpt": dict(chunks=())}
+_EXTRA = {
+    "mistral_large4_text": dict(
+        no_grad=("indexer.",),
+        capture=("indexer",),
+        model_params=("rotary_emb.alpha",),
+    )
+}
 # a tiny mixture of experts, given to a family's config only where its
 # class has the key (its defaults are a released model's hundred experts)
 _TINY_MOE = dict(
@@ -2388,6 +2442,7 @@ def more_families():
             extra.update(_OPTIONS.get(name, {}))
             if name in _READERS:
                 extra["readers"] = _READERS[name]
+            extra.update(_EXTRA.get(name, {}))
             record(
                 name,
                 config,

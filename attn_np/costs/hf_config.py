@@ -14,7 +14,6 @@ from __future__ import annotations
 from ..hf.config import (  # noqa: F401 (importable here too)
     CHUNKED,
     FULL,
-    LAYER_TYPES,
     LINEAR,
     MAX_CONFIG_BYTES,
     MAX_LAYERS,
@@ -31,6 +30,7 @@ from ..hf.config import (  # noqa: F401 (importable here too)
     rope_parameters,
     windows,
 )
+from ..hf.config import LAYER_TYPES as _LAYER_TYPES
 from .model import NO_CACHE, Indexer, LinearState, ModelConfig
 
 # What each layer of a hybrid is, in the configs that say it with a
@@ -185,7 +185,7 @@ def _rope_in_use(cfg: dict, types) -> dict | None:
     Compass's)."""
     raw = cfg.get("rope_parameters")
     nope = set()
-    if isinstance(raw, dict) and raw and set(raw) <= set(LAYER_TYPES):
+    if isinstance(raw, dict) and raw and set(raw) <= set(_LAYER_TYPES):
         nope = {k for k, v in raw.items() if v is None}
         kept = {k: v for k, v in raw.items() if v is not None}
         cfg = {**cfg, "rope_parameters": kept or None}

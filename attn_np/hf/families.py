@@ -63,6 +63,7 @@ from .config import (
     windows,
 )
 from .families_gemma import _gemma, _per_layer
+from .families_mistral import _mistral_large4
 from .families_more import (
     _LLAMA_4_SCALED,
     _NTK_ALPHA,
@@ -863,6 +864,7 @@ _OWN_LAYERS = {
     "mistral4": lambda cfg, t, i: _mistral4(cfg, i, _mla),  # a query scale
     # on the plain decoder's settings: MiMo-V2-Flash, Laguna, Beam
     **_on_plain(plain_decoder, _layer_index),
+    "mistral_large4_text": lambda c, t, i: _mistral_large4(c, i, _mla),
     # fused and Conv1D projections: GPT-2, OpenAI GPT, GPT-BigCode
     # (no RoPE), BLOOM and MPT (ALiBi), CodeGen (partial interleaved RoPE)
     **{name: _checked_index(b) for name, b in _FUSED_LAYERS.items()},

@@ -337,6 +337,13 @@ _ATTENTION = {
     "index_n_heads",
     "index_head_dim",
     "index_topk",
+    # Mistral Large 4 (attn_np.hf.families_mistral): which layers share
+    # latents and top-k selections, and the keys that fill them
+    "indexer_types",
+    "kv_source_layers",
+    "index_topk_pattern",
+    "index_topk_freq",
+    "index_skip_topk_offset",
     # Qwen3-Next's linear-attention layers (chapter 12's GatedDeltaNet)
     "linear_conv_kernel_dim",
     "linear_key_head_dim",
@@ -434,7 +441,17 @@ _FAMILY_KEYS = {
     "clip_qkv": ("olmo", "olmoe"),  # the projection's clamp
     "qk_layernorm": ("stablelm", "phi", "persimmon"),  # refused by some
     "use_qk_norm": ("llama4_text", "cohere", "glm4_moe", "sarvam_moe"),
-    "no_rope_layers": ("llama4_text", "smollm3"),
+    "no_rope_layers": ("llama4_text", "smollm3", "mistral_large4_text"),
+    **dict.fromkeys(
+        (
+            "indexer_types",
+            "kv_source_layers",
+            "index_topk_pattern",
+            "index_topk_freq",
+            "index_skip_topk_offset",
+        ),
+        ("mistral_large4_text",),
+    ),
     "rotary_dim": ("minimax_m2", "gptj", "codegen"),
     "enable_bias": ("opt",),
     "attention_types": ("gpt_neo",),

@@ -42,6 +42,9 @@ def _hf_names(layout, layer):
             "kv_b_proj.weight": None,
             "o_proj.weight": "W_o",
         }
+        if layout.get("mistral_large"):  # its query scale's gains
+            names["softmax_scaling.scale"] = "qs_slope"
+            names["softmax_scaling.bias"] = "qs_bias"
         if "W_q" in p:
             names["q_proj.weight"] = None
         else:
@@ -114,9 +117,25 @@ def _check_hf_shape(a, entry, shape, why):
         )
 
 
-def _load_indexer(layer, got):
+# Mistral Large 4's indexer: its query norm and query scale, and the
+# model's learned RoPE frequencies (rotary_emb.alpha), which its layers
+# read as a setting
+_INDEXER_ML4 = {
+    "indexer.q_input_norm.weight": "g_qn",
+    "indexer.q_input_norm.bias": "b_qn",
+    "indexer.softmax_scaling.scale": "qs_slope",
+    "indexer.softmax_scaling.bias": "qs_bias",
+}
+_ALPHA = "rotary_emb.alpha"
+
+
+def _load_indexer(layer, got, layout):
     p = layer.indexer.params
-    for hf, key in _INDEXER.items():
+    names = dict(_INDEXER)
+    if layout.get("mistral_large"):
+        names.update(_INDEXER_ML4)
+        layer.set_rope_log_gain(got[_ALPHA])
+    for hf, key in names.items():
         a = got[hf]
         _store(p, key, a.T if a.ndim == 2 else a, hf)
 
@@ -157,6 +176,8 @@ def load_state(layer, layout, state_dict, dtype):
         names["q_proj.weight"] = None
     if layout.get("indexer"):
         names.update(dict.fromkeys(_INDEXER))
+    if layout.get("mistral_large"):
+        names.update(dict.fromkeys([*_INDEXER_ML4, _ALPHA]))
     extra = sorted(set(state_dict) - set(names))
     missing = sorted(set(names) - set(state_dict))
     if extra or missing:
@@ -193,7 +214,7 @@ def load_state(layer, layout, state_dict, dtype):
     if layout["kind"] == "mla":
         new.update(_mla_split(layer, got))
     if layout.get("indexer"):
-        _load_indexer(layer, got)
+        _load_indexer(layer, got, layout)
     if layout.get("gate_rows"):
         q, g = _gate_split(layer, got["q_proj.weight"])
         new["W_q"], new["W_g"] = q.T, g.T
