@@ -1675,15 +1675,18 @@ MORE = {
         "StarCoder2: q/k/v/o biases (use_bias), window 4 on every layer",
     ),
     "stablelm": (
-        dict(use_qkv_bias=True, partial_rotary_factor=0.25),
+        dict(
+            use_qkv_bias=True, partial_rotary_factor=0.25, qk_layernorm=True
+        ),
         [0],
-        "StableLM: q/k/v biases (use_qkv_bias), partial RoPE 0.25 "
-        "(qk_layernorm false)",
+        "StableLM: q/k/v biases (use_qkv_bias), partial RoPE 0.25, a "
+        "LayerNorm per head on q and k, each its own gain (qk_layernorm)",
     ),
     "cohere": (
-        dict(use_qk_norm=False),
+        dict(use_qk_norm=True),
         [0],
-        "Cohere (Command R): interleaved RoPE (use_qk_norm false)",
+        "Cohere (Command R+): interleaved RoPE, a LayerNorm per head on q "
+        "and k, each its own gain (use_qk_norm)",
     ),
     "cohere2": (
         dict(sliding_window=4, layer_types=_TWO),
@@ -1853,9 +1856,10 @@ MORE = {
         "GPT-J: RoPE on the first 8 of 16 features, interleaved pairs",
     ),
     "phi": (
-        dict(partial_rotary_factor=0.5, qk_layernorm=False),
+        dict(partial_rotary_factor=0.5, qk_layernorm=True),
         [0],
-        "Phi: q/k/v/dense biases, partial rotate-half RoPE 0.5",
+        "Phi: q/k/v/dense biases, partial rotate-half RoPE 0.5, a "
+        "LayerNorm per head on q and k (qk_layernorm)",
     ),
     "gpt_neo": (
         dict(attention_types=[[["global", "local"], 1]], window_size=4),

@@ -132,8 +132,8 @@ def test_a_missing_detail_shows():
     [
         ("olmo", {"clip_qkv": -8.0}, "clip_qkv"),
         ("olmoe", {"clip_qkv": "8"}, "clip_qkv"),
-        ("stablelm", {"qk_layernorm": True}, "qk_layernorm=True"),
-        ("cohere", {"use_qk_norm": True}, "LayerNorm per head"),
+        ("stablelm", {"qk_layernorm": "yes"}, "qk_layernorm"),
+        ("cohere", {"layer_norm_eps": -1.0}, "layer_norm_eps"),
         ("gemma", {"use_bidirectional_attention": True}, "bidirectional"),
         (
             "phimoe",

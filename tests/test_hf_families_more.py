@@ -159,13 +159,16 @@ def test_gptj_turns_the_first_rotary_dim_features_in_pairs():
             layer_settings({**_config("gptj"), "rotary_dim": bad}, 0)
 
 
-def test_phi_partial_rope_and_its_refused_qk_layernorm():
+def test_phi_partial_rope_and_its_qk_layernorm():
     cfg = _config("phi")
     bare = {k: v for k, v in cfg.items() if k != "rope_parameters"}
     bare.pop("partial_rotary_factor", None)
     assert _kw(bare)["rotary_dim"] == 8  # PhiConfig's 0.5 of 16
-    with pytest.raises(ValueError, match="qk_layernorm=True"):
-        layer_settings({**cfg, "qk_layernorm": True}, 0)
+    cls, _, kw, _ = layer_settings({**cfg, "qk_layernorm": True}, 0)
+    assert cls.__name__ == "_QKLayerNormAttention"
+    assert kw["norm_eps"] == cfg["layer_norm_eps"]
+    cls, _, _, _ = layer_settings({**cfg, "qk_layernorm": False}, 0)
+    assert cls.__name__ == "HFAttention"
 
 
 def test_gpt_neo_layer_kinds():

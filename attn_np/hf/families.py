@@ -77,6 +77,7 @@ from .families_more import (
     _gptj,
     _granite_swa,
     _granitemoehybrid,
+    _head_gain_norm,
     _hunyuan,
     _hybrid_layer,
     _jamba,
@@ -560,14 +561,13 @@ FAMILIES = {
     "glm4": _and(_interleaved, _bias_keys("attention_bias")),
     # biases under other keys: Seed-OSS (attention_bias on q/k/v,
     # attention_out_bias on o), Qwen2-MoE (qkv_bias), StarCoder2
-    # (use_bias, all four), StableLM (use_qkv_bias; its qk_layernorm is
-    # a LayerNorm per head, with a bias, which the library lacks)
+    # (use_bias, all four), StableLM (use_qkv_bias; its qk_layernorm a
+    # LayerNorm per head, each head its own gain)
     "seed_oss": _bias_keys("attention_bias", "attention_out_bias"),
     "qwen2_moe": _bias_keys("qkv_bias"),
     "starcoder2": _bias_keys("use_bias", "use_bias"),
     "stablelm": _and(
-        _bias_keys("use_qkv_bias"),
-        _refuse("qk_layernorm", "a LayerNorm per head on q and k"),
+        _bias_keys("use_qkv_bias"), _head_gain_norm("qk_layernorm")
     ),
     # per-head QK RMSNorm (Qwen3's): Apertus, Qwen3-MoE (its window, when
     # use_sliding_window, on every layer), dots.llm1; GLM-4.5 when
@@ -598,13 +598,9 @@ FAMILIES = {
     "hyperclovax": _attention_multiplier,
     # NoPE layers: SmolLM3 (no_rope_layers); Cohere 2 (interleaved RoPE
     # on the sliding layers only), EXAONE 4 (QK-norm, RoPE on the
-    # sliding layers only); Cohere with use_qk_norm false (true: a
-    # LayerNorm per head, which the library lacks)
+    # sliding layers only); Cohere (use_qk_norm: a LayerNorm per head)
     "smollm3": _smollm3,
-    "cohere": _and(
-        _interleaved,
-        _refuse("use_qk_norm", "a LayerNorm per head on q and k"),
-    ),
+    "cohere": _and(_interleaved, _head_gain_norm("use_qk_norm")),
     "cohere2": _and(_interleaved, _rope_if_windowed),
     "afmoe": _afmoe,
     "exaone4": _and(_qwen3, _exaone4_rope),

@@ -24,8 +24,10 @@ Read off each family's attention class in ``transformers`` 5.24.0
   ``dense``);
 * GPT-J: RoPE on the first ``rotary_dim`` features of each head, on
   interleaved pairs, no biases, ``out_proj``;
-* Phi: q/k/v and ``dense`` with biases, partial rotate-half RoPE (its
-  ``qk_layernorm``, a LayerNorm per head with a bias, is refused);
+* Phi: q/k/v and ``dense`` with biases, partial rotate-half RoPE, and
+  with ``qk_layernorm`` Persimmon's LayerNorm per head; Cohere's
+  ``use_qk_norm`` and StableLM's ``qk_layernorm``, a LayerNorm per head
+  with a gain of each head's own;
 * GPT-Neo: scores not divided by ``sqrt(d)``, ``local`` layers with a
   window of ``window_size`` alternating with ``global`` ones
   (``attention_types``), a bias on ``out_proj`` only;
@@ -66,7 +68,12 @@ from .families_types import (
     _modernbert_types,
 )
 from .keys import _CLASS_WINDOWS
-from .layers import _PostRopeGainAttention, _ScaledQueryLatentAttention
+from .layers import (
+    _HeadGainLayerNormAttention,
+    _PostRopeGainAttention,
+    _QKLayerNormAttention,
+    _ScaledQueryLatentAttention,
+)
 
 # ------------------------------------------------------ Cohere 2 MoE
 
@@ -374,14 +381,33 @@ def _phi(cfg, i, layer_type, kw, layout):
     """Phi: biases on q, k, v and ``dense`` always (HF writes
     ``bias=True``), partial rotate-half RoPE (``partial_rotary_factor``,
     0.5 when not written: ``PhiConfig``'s). ``qk_layernorm``, a LayerNorm
-    per head with a bias, is refused when true."""
-    if flag(cfg, "qk_layernorm"):
-        raise ValueError(
-            "config key qk_layernorm=True (a LayerNorm per head on q and k, "
-            "with a bias) is not built by attention_from_hf for phi"
-        )
+    per head with a gain and a bias shared by the heads (``q_layernorm``,
+    ``k_layernorm``, eps ``layer_norm_eps``), is Persimmon's part."""
     kw["biases"] = ("q", "k", "v", "o")
     layout["names"] = {"o": "dense"}
+    if flag(cfg, "qk_layernorm"):
+        kw["norm_eps"] = number(cfg, "layer_norm_eps", 1e-5)
+        layout["cls"] = _QKLayerNormAttention
+        layout["names"].update(q_norm="q_layernorm", k_norm="k_layernorm")
+
+
+def _head_gain_norm(key):
+    """Cohere (``use_qk_norm``) and StableLM (``qk_layernorm``): when
+    ``key`` is true, a LayerNorm per head on q and k, each head its own
+    gain and no bias, eps ``layer_norm_eps`` (1e-5 by default); StableLM
+    keeps one module per head (``q_layernorm.norms.{h}``)."""
+
+    def diff(cfg, i, layer_type, kw, layout):
+        if not flag(cfg, key):
+            return
+        kw["norm_eps"] = number(cfg, "layer_norm_eps", 1e-5)
+        layout["cls"] = _HeadGainLayerNormAttention
+        if cfg.get("model_type") == "stablelm":
+            layout["norm_per_head_module"] = True
+            names = layout.setdefault("names", {})
+            names.update(q_norm="q_layernorm", k_norm="k_layernorm")
+
+    return diff
 
 
 def _gpt_neo(cfg, i, layer_type, kw, layout):

@@ -8,8 +8,11 @@ builds: the book's layers with what HF's layers add to them.
   7's MLA and chapter 13's DSA, causal, with ``rope_scaling`` (chapter
   11) in the rotation and the softmax scale.
 
-Persimmon's layer is :class:`HFAttention` with a LayerNorm per head on q
-and k (``_QKLayerNormAttention``, its project step ``_HeadLayerNorm``).
+Persimmon's and Phi's layers are :class:`HFAttention` with a LayerNorm per
+head on q and k, one gain and bias shared by the heads
+(``_QKLayerNormAttention``, its project step ``_HeadLayerNorm``); Cohere's
+and StableLM's, with a gain of each head's own and no bias
+(``_HeadGainLayerNormAttention``, ``_HeadGainLayerNorm``).
 
 A Qwen3-Next ``linear_attention`` layer is chapter 12's
 :class:`~attn_np.GatedDeltaNet` itself: it takes the same ``kv_cache=``
@@ -205,6 +208,77 @@ class _QKLayerNormAttention(HFAttention):
         biases = parts["projection"].biases
         parts["projection"] = _HeadLayerNorm(
             biases, None, 0.0, True, self.norm_eps
+        )
+        return parts
+
+
+def _head_layernorm(t, g, eps):
+    """``(y, saved)``: each head of ``t [..., heads, L, d]`` normalised over
+    its ``d`` features, ``(t - mean t) / sqrt(var t + eps)``, times its
+    own gain ``g [heads, 1, d]``, no bias."""
+    mu = t.mean(axis=-1, keepdims=True)
+    r = 1.0 / np.sqrt(((t - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
+    that = (t - mu) * r
+    return that * g, (that, r, g)
+
+
+def _head_layernorm_backward(dy, saved):
+    """``(dt, dg)``: with ``u = dy g``, ``dt = r (u - mean u - that
+    mean(u that))``; ``dg`` summed over everything but the head and the
+    feature."""
+    that, r, g = saved
+    u = dy * g
+    dt = r * (
+        u
+        - u.mean(axis=-1, keepdims=True)
+        - that * (u * that).mean(axis=-1, keepdims=True)
+    )
+    lead = tuple(range(dy.ndim - g.ndim)) + (dy.ndim - 2,)  # not heads, d
+    return dt, (dy * that).sum(axis=lead, keepdims=True)[0]
+
+
+@dataclass(frozen=True)
+class _HeadGainLayerNorm(Projection):
+    """The project step with a LayerNorm per head on q and k, each head
+    its own gain and no bias (Cohere's ``q_norm``, ``k_norm`` of shape
+    ``[heads, d]``; StableLM's ``q_layernorm.norms.{h}``): over each
+    head's ``d`` features, ``y = g_h (t - mean t) / sqrt(var t + eps)``,
+    the gains ``q_norm [H, d]`` and ``k_norm [n_kv, d]``."""
+
+    def add_params(self, layer, rng):
+        super().add_params(layer, rng)
+        p, d = layer.params, layer.d_k
+        p["q_norm"] = np.ones((layer.n_heads, d), layer.dtype)
+        p["k_norm"] = np.ones((layer.n_kv_heads, d), layer.dtype)
+
+    def forward(self, layer, x3):
+        """``q [B, n_kv, G, L, d]``, ``k, v [B, n_kv, L, d]``."""
+        q, k, v, saved = super().forward(layer, x3)
+        P, n_kv, d = layer.params, layer.n_kv_heads, layer.d_k
+        gq = P["q_norm"].reshape(n_kv, -1, 1, d)  # head kv * G + g
+        q, saved["q_ln"] = _head_layernorm(q, gq, self.eps)
+        gk = P["k_norm"].reshape(n_kv, 1, d)
+        k, saved["k_ln"] = _head_layernorm(k, gk, self.eps)
+        return q, k, v, saved
+
+    def backward(self, layer, x3, g, saved):
+        for n in ("q", "k"):
+            g[n], dg = _head_layernorm_backward(g[n], saved[f"{n}_ln"])
+            layer.grads[f"{n}_norm"] = dg.reshape(
+                layer.params[f"{n}_norm"].shape
+            )
+        return super().backward(layer, x3, g, saved)
+
+
+class _HeadGainLayerNormAttention(HFAttention):
+    """:class:`HFAttention` whose project step is
+    :class:`_HeadGainLayerNorm` (with the layer's ``norm_eps``): Cohere's
+    layer with ``use_qk_norm``, StableLM's with ``qk_layernorm``."""
+
+    def _step_parts(self) -> dict:
+        parts = super()._step_parts()
+        parts["projection"] = _HeadGainLayerNorm(
+            parts["projection"].biases, None, 0.0, True, self.norm_eps
         )
         return parts
 

@@ -68,10 +68,14 @@ def _hf_names(layout, layer):
         if f"b_{n}" in p:
             names[f"{pre}.bias"] = f"b_{n}"
     for n in ("q", "k"):  # HunYuan's query_layernorm, key_layernorm
-        if f"{n}_norm" in p:
-            names[f"{spell.get(f'{n}_norm', f'{n}_norm')}.weight"] = (
-                f"{n}_norm"
-            )
+        pre = spell.get(f"{n}_norm", f"{n}_norm")
+        if f"{n}_norm" in p and layout.get("norm_per_head_module"):
+            for h in range(p[f"{n}_norm"].shape[0]):  # StableLM's
+                names[f"{pre}.norms.{h}.weight"] = None
+        elif f"{n}_norm" in p:
+            names[f"{pre}.weight"] = f"{n}_norm"
+        if f"{n}_norm_bias" in p:  # Phi's LayerNorm per head
+            names[f"{pre}.bias"] = f"{n}_norm_bias"
     if "o_norm" in p:  # BitNet's attn_sub_norm
         names[f"{spell.get('o_norm', 'o_norm')}.weight"] = "o_norm"
     if "sinks" in p:
@@ -210,7 +214,10 @@ def load_state(layer, layout, state_dict, dtype):
         for hf, key in names.items():
             a = got[hf]
             if key is not None:
-                new[key], source[key] = (a.T if a.ndim == 2 else a), hf
+                flip = a.ndim == 2 and key not in _GAINS
+                new[key], source[key] = (a.T if flip else a), hf
+        if layout.get("norm_per_head_module"):
+            new.update(_stack_head_norms(layout, layer, got))
     if layout["kind"] == "mla":
         new.update(_mla_split(layer, got))
     if layout.get("indexer"):
@@ -241,7 +248,13 @@ def to_hf(layout, layer, d):
         if key is None:
             continue
         a = d[key]
-        out[hf] = a.T if a.ndim == 2 else a
+        out[hf] = a.T if a.ndim == 2 and key not in _GAINS else a
+    if layout.get("norm_per_head_module"):
+        spell = layout.get("names", {})
+        for n in ("q", "k"):
+            pre = spell.get(f"{n}_norm", f"{n}_norm")
+            for h, row in enumerate(d[f"{n}_norm"]):
+                out[f"{pre}.norms.{h}.weight"] = row
     if layout["kind"] == "mla":
         out.update(_mla_fuse(layer, d))
     if layout.get("gate_rows"):
@@ -255,6 +268,25 @@ def to_hf(layout, layer, d):
 
 
 _SWAPPED = ("W_q", "W_k", "b_q", "b_k")
+# gains of a norm per head, [heads, d] in both layouts (Cohere's q_norm)
+_GAINS = ("q_norm", "k_norm")
+
+
+def _stack_head_norms(layout, layer, got):
+    """StableLM's ``q_layernorm.norms.{h}.weight`` (one LayerNorm per
+    head) stacked into the layer's ``q_norm [H, d]`` (``k_norm [n_kv,
+    d]``)."""
+    spell, out = layout.get("names", {}), {}
+    for n in ("q", "k"):
+        pre = spell.get(f"{n}_norm", f"{n}_norm")
+        heads, d = layer.params[f"{n}_norm"].shape
+        rows = []
+        for h in range(heads):
+            entry = f"{pre}.norms.{h}.weight"
+            _check_hf_shape(got[entry], entry, (d,), "one head's gains")
+            rows.append(got[entry])
+        out[f"{n}_norm"] = np.stack(rows)
+    return out
 
 
 def _swap_halves(a, d):
