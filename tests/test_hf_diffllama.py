@@ -72,6 +72,41 @@ def test_value_pairs_are_what_each_call_reads():
     assert np.isclose(lhs, np.sum(_value_pairs_backward(dw) * v))
 
 
+def _softmax(s):
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_the_layer_is_the_papers_equation():
+    """Pair p: (softmax(q_p K_j) - lambda softmax(q_{p+H/2} K_{j+n/2}))
+    [V_j, V_{j+n/2}], normalised, times 1 - lambda_init, then W_o."""
+    H, n, d, li, eps = 8, 4, 4, 0.3, 1e-5
+    layer = _DiffAttention(
+        16, H, n, d, seed=1, lambda_init=li, use_rope=False, norm_eps=eps
+    )
+    P, r = layer.params, np.random.default_rng(5)
+    for name in _LAMBDAS:
+        P[name] = 0.6 * r.standard_normal(d)
+    x = r.standard_normal((6, 16))
+    q = (x @ P["W_q"]).reshape(6, H, d)
+    k = (x @ P["W_k"]).reshape(6, n, d)
+    v = (x @ P["W_v"]).reshape(6, n, d)
+    causal = np.tril(np.ones((6, 6), bool))
+    lam, G, out = _lambda(P, li), H // n, []
+    for p in range(H // 2):
+        j = p // G
+        maps = [
+            _softmax(np.where(causal, q[:, a] @ k[:, b].T / 2.0, -np.inf))
+            for a, b in ((p, j), (p + H // 2, j + n // 2))
+        ]
+        pair = np.concatenate([v[:, j], v[:, j + n // 2]], axis=-1)
+        c = (maps[0] - lam * maps[1]) @ pair  # [6, 2d]
+        c = c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps)
+        out.append((1 - li) * c)
+    want = np.concatenate(out, axis=-1) @ P["W_o"]
+    assert np.abs(layer.forward(x) - want).max() < 1e-12
+
+
 @pytest.mark.parametrize("i", [0, 1])
 def test_lambda_init_by_layer_and_its_factor_matter(i):
     f, cfg, state = _fixture(i)

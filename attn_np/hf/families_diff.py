@@ -20,8 +20,14 @@ value heads, and pairs query head ``p`` with head ``p + H/2``:
   without a gain over the ``2d`` features (eps ``rms_norm_eps``), then
   the ``H/2`` pairs side by side, ``[H d]``, times ``W_o``.
 
+This is the paper's equation, ``(softmax(Q1 K1^T s) - lambda
+softmax(Q2 K2^T s)) V``, with ``Q1, Q2`` query heads ``p`` and ``p +
+H/2``, ``K1, K2`` key heads ``j`` and ``j + n_kv/2`` (``j = p // G``)
+and ``V`` value heads ``j`` and ``j + n_kv/2`` side by side, ``2d``
+wide: both heads of a pair read the same pair of value heads.
+
 The cache holds the values as HF's does, ``n_kv`` heads of ``d``; the
-pairs are laid out from it at each call.
+pairs are laid out from it at each call (a copy twice their size).
 
 Backward of the output step (:class:`_DiffOutput`): ``dz`` from
 ``W_o``'s, ``dc`` the norm's of ``(1 - lambda_init) dz``, then ``do_p
