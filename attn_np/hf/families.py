@@ -37,8 +37,9 @@ both spellings) into the layer's arguments.
 :mod:`attn_np.hf.families_more` holds the differences of the families
 admitted since (Cohere 2 MoE, Granite SWA, MLA under other model types,
 OPT-style NoPE layers, GPT-J, Phi, GPT-Neo, nanochat, the attention
-layers of Bamba, Jamba, Granite 4, Nemotron-H and Falcon-H1); they are
-registered here.
+layers of Bamba, Jamba, Granite 4, Nemotron-H and Falcon-H1), and
+:mod:`attn_np.hf.families_diff` DiffLlama's differential attention;
+they are registered here.
 """
 
 from __future__ import annotations
