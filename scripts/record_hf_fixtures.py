@@ -101,6 +101,7 @@ def float64_everywhere():
         "ones_like",
         "full_like",
         "empty_like",
+        "sum",  # DiffLlama's lambda: torch.sum(..., dtype=torch.float32)
     ):
         fn = getattr(torch, name)
 
@@ -185,6 +186,8 @@ def redraw(module, gen):
                 p.copy_(0.3 * r + (1.0 if leaf == "bias" else 0.0))
             elif leaf == "sinks":
                 p.copy_(r)
+            elif leaf.startswith("lambda_"):  # DiffLlama: lambda far
+                p.copy_(0.5 * r)  # from lambda_init
             elif name.startswith("conv1d"):
                 p.copy_(0.5 * r)
             elif p.ndim == 2:
@@ -2044,6 +2047,20 @@ MORE["qwen3_5_moe_text"] = (
     [0, 1],
     "Qwen3.5-MoE's text model: Qwen3.5's two layers (an MoE MLP)",
 )  # fmt: skip
+MORE["diffllama"] = (
+    dict(
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=8,
+        attention_bias=True,
+    ),
+    [0, 1],
+    "DiffLlama: differential attention, the same q and k against the "
+    "two halves of the value heads, head p minus lambda times head p + "
+    "H/2, an RMSNorm without a gain, times 1 - lambda_init (0.2 at "
+    "layer 0, 0.356 at layer 1); 8 query heads over 4 KV heads, q/k/v/o "
+    "biases, the lambda vectors drawn 0.5 N(0, 1)",
+)
 MORE["afmoe"] = (
     dict(sliding_window=4, layer_types=_TWO),
     [0, 1],

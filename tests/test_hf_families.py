@@ -152,7 +152,7 @@ def test_an_admitted_family_refuses_what_it_lacks(name, change, match):
     "model_type,match",
     [
         ("zaya", "convolutions on q and k"),
-        ("diffllama", "differential attention"),
+        ("doge", "a dynamic mask from the values"),
         ("dory", "sqk"),
     ],
 )

@@ -37,8 +37,9 @@ both spellings) into the layer's arguments.
 :mod:`attn_np.hf.families_more` holds the differences of the families
 admitted since (Cohere 2 MoE, Granite SWA, MLA under other model types,
 OPT-style NoPE layers, GPT-J, Phi, GPT-Neo, nanochat, the attention
-layers of Bamba, Jamba, Granite 4, Nemotron-H and Falcon-H1); they are
-registered here.
+layers of Bamba, Jamba, Granite 4, Nemotron-H and Falcon-H1), and
+:mod:`attn_np.hf.families_diff` DiffLlama's differential attention;
+they are registered here.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from .config import (
     rope_parameters,
     windows,
 )
+from .families_diff import _diffllama
 from .families_gemma import _gemma, _per_layer
 from .families_mistral import _mistral_large4
 from .families_more import (
@@ -617,6 +619,7 @@ FAMILIES = {
     "internlm3": _same,
     "iquestcoder": _same,
     "bitnet": _bitnet,  # RMSNorm of the heads before o_proj
+    "diffllama": _diffllama,  # two maps' difference (families_diff)
     "emu3_text_model": _same,  # Emu3's language model
     # per-head QK RMSNorm: Apertus 1.5, Hunyuan V3; Sarvam-MoE is
     # GLM-4.5's layer (HF builds Glm4MoeAttention); EXAONE-MoE is

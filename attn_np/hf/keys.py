@@ -32,6 +32,7 @@ _ELSEWHERE = {
     "hidden_dropout",
     "id2label",
     "initializer_range",
+    "lambda_std_dev",  # DiffLlama: its lambda vectors' initial spread
     "intermediate_size",
     "intermediate_size_mlp",
     "is_encoder_decoder",
@@ -499,10 +500,6 @@ _GATE = "an output gate from its own "
 # Decoder families examined in transformers 5.24.0 and refused,
 # model_type -> the part (or config key) their attention needs.
 _NOT_BUILT = {
-    "diffllama": (
-        "differential attention (two softmaxes, lambda_q1, lambda_k1, "
-        "lambda_q2, lambda_k2)"
-    ),
     "doge": "a dynamic mask from the values (A, dt_proj)",
     "dory": (
         "nGPT's attention: queries and keys L2-normalised to unit length, "

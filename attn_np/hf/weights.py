@@ -29,6 +29,7 @@ import numpy as np
 
 from ..linear import GatedDeltaNet
 from .config import count, language_model
+from .families_diff import _LAMBDAS
 from .fused import _fused_names, _fused_to_hf, _load_fused
 
 
@@ -80,6 +81,9 @@ def _hf_names(layout, layer):
         names[f"{spell.get('o_norm', 'o_norm')}.weight"] = "o_norm"
     if "sinks" in p:
         names["sinks"] = "sinks"
+    for n in _LAMBDAS:  # DiffLlama's lambda_q1 ... lambda_k2
+        if n in p:
+            names[n] = n
     if layout.get("gate_proj"):  # an output gate's own projection (AFMoE)
         names[f"{layout['gate_proj']}.weight"] = "W_g"
     if "b_g" in p:  # its bias per head (Beam's gate_bias)
