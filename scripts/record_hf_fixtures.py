@@ -2143,6 +2143,19 @@ MORE["lara_mini"] = (
     "layer 1 sliding 4 with RoPE, layer 2 full and NoPE; Qwen3's "
     "per-head QK RMSNorm on both attention layers",
 )  # fmt: skip
+MORE["olmo_hybrid"] = (
+    dict(
+        {k: v for k, v in _QWEN35.items() if k != "rope_parameters"},
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        pad_token_id=0,
+    ),
+    [0, 1],
+    "OLMo Hybrid: layer 0 its Gated DeltaNet (q_proj, k_proj, v_proj, "
+    "g_proj, b_proj, a_proj each its own, o_norm of eps 1e-5, beta "
+    "doubled: linear_allow_neg_eigval true; 2 key heads, 4 value heads, "
+    "d 8, conv 4), layer 1 full attention with OLMo 2's QK-norm over the "
+    "whole projection and RoPE (the released files' base is null: NoPE)",
+)
 MORE["modernbert-decoder"] = (
     dict(
         attention_bias=True,
@@ -2364,7 +2377,13 @@ _READERS = {
 }
 # families whose fixtures keep a Gated DeltaNet layer's cached states
 # (Kimi Linear's: its Kimi Delta Attention layer's)
-_GDN_MORE = ("qwen3_5_text", "qwen3_5_moe_text", "lara_mini", "kimi_linear")
+_GDN_MORE = (
+    "qwen3_5_text",
+    "qwen3_5_moe_text",
+    "lara_mini",
+    "kimi_linear",
+    "olmo_hybrid",
+)
 _TINY_MOE_FAMILIES = (
     "aria_text",
     "hy_v3",

@@ -46,7 +46,6 @@ def test_no_decoder_row_is_unexamined(loaded):
         ("deepseek_v4", "kv_proj"),
         ("bailing_hybrid", "Kimi Delta Attention"),
         ("minimax", "lightning attention"),
-        ("olmo_hybrid", "linear_allow_neg_eigval"),
     ],
 )
 def test_a_refusal_names_the_part(model_type, words):

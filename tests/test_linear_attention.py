@@ -374,15 +374,34 @@ def small_layer(cls=GatedDeltaNet, **kw):
     return cls(12, 4, 2, d_k=3, d_v=2, **kw)
 
 
+@pytest.mark.parametrize("neg", [False, True])
 @pytest.mark.parametrize("cls", [GatedDeltaNet, KimiDeltaAttention])
 @pytest.mark.parametrize("mode", ["chunked", "recurrent"])
-def test_layer_gradients(cls, mode):
-    layer = small_layer(cls, mode=mode)
+def test_layer_gradients(cls, mode, neg):
+    """Every input and parameter, with beta in (0, 1) and, doubled
+    (``allow_neg_eigval``: OLMo Hybrid's), in (0, 2)."""
+    layer = small_layer(cls, mode=mode, allow_neg_eigval=neg)
     x = np.random.default_rng(2).standard_normal((2, 7, 12))
     errs = check_layer_gradients(layer, x, seed=3, h=LAYER_H)
     assert set(errs) == {"x"} | set(layer.params)
     for name, err in errs.items():
         assert np.isfinite(err) and err < TOLERANCE, (name, err)
+
+
+@pytest.mark.parametrize("cls", [GatedDeltaNet, KimiDeltaAttention])
+def test_allow_neg_eigval_doubles_beta(cls):
+    """beta doubles and nothing else changes; the modes still agree."""
+    x = np.random.default_rng(4).standard_normal((2, 7, 12))
+    plain, neg = small_layer(cls), small_layer(cls, allow_neg_eigval=True)
+    (g0, b0), (g1, b1) = plain.gates(x), neg.gates(x)
+    assert np.array_equal(g0, g1) and np.allclose(b1, 2 * b0, rtol=0)
+    assert b1.max() > 1  # some state direction is turned around
+    assert "allow_neg_eigval=True" in repr(neg)
+    assert np.abs(neg.forward(x) - plain.forward(x)).max() > 1e-3
+    rec = small_layer(cls, allow_neg_eigval=True, mode="recurrent")
+    assert np.abs(rec.forward(x) - neg.forward(x)).max() < 1e-13
+    with pytest.raises(TypeError, match="allow_neg_eigval"):
+        small_layer(cls, allow_neg_eigval="yes")
 
 
 def test_layer_modes_agree_and_unbatched_input():

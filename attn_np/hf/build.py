@@ -52,7 +52,8 @@ def attention_from_hf(
     ``index_head_dim``, ``index_topk``), Qwen3-Next (its
     ``linear_attention`` layers are chapter 12's Gated DeltaNet, its
     weights read by ``gated_deltanet_from_hf``; ``kv_cache`` is then a
-    ``StateCache``; Qwen3.5's the same, with its projections split),
+    ``StateCache``; Qwen3.5's the same, with its projections split;
+    OLMo Hybrid's with each its own and ``beta`` doubled),
     Kimi Linear (chapter 12's Kimi Delta Attention and MLA without RoPE:
     ``attn_np.hf.kimi``),
     Llama 4's attention (chunked and NoPE layers) and more decoder

@@ -102,6 +102,7 @@ from .families_types import (
     _lfm2,
     _mellum,
     _modernbert_decoder,
+    _olmo_hybrid,
     _rope_if_windowed,
     _smollm3,
 )
@@ -122,10 +123,12 @@ from .layers import (
     HFSparseLatentAttention,
     _bitnet,
 )
+from .weights import _SEPARATE_LINEAR_TYPES as _SEPARATE_TYPES
 from .weights import SPLIT_LINEAR_TYPES as _SPLIT_TYPES
+from .weights import _linear_layout, _linear_options
 
 # the families whose linear_attention layers are a Gated DeltaNet
-_GATED_DELTANET = ("qwen3_next", *_SPLIT_TYPES)
+_GATED_DELTANET = ("qwen3_next", *_SPLIT_TYPES, *_SEPARATE_TYPES)
 
 
 def _needs(part):
@@ -660,6 +663,8 @@ FAMILIES = {
     "lfm2_moe": _lfm2,
     # RoPE per layer type, null for none
     "cohere_compass_text": _compass,
+    # OLMo 2's QK-norm, RoPE unless null; a Gated DeltaNet of doubled beta
+    "olmo_hybrid": _olmo_hybrid,
     "nemotron_h": _nemotron_h,
     # one fused qkv_proj (attn_np.hf.fused): Phi-3, its window on every
     # layer (as Mistral's)
@@ -761,10 +766,10 @@ def _linear(cfg):
         d_k=count(cfg, "linear_key_head_dim"),
         d_v=count(cfg, "linear_value_head_dim"),
         conv_size=count(cfg, "linear_conv_kernel_dim"),
-        eps=number(cfg, "rms_norm_eps", 1e-6),
+        **_linear_options(cfg),  # eps; OLMo Hybrid's doubled beta
     )
-    split = cfg.get("model_type") in _SPLIT_TYPES  # Qwen3.5's
-    layout = {"kind": "linear", "config": cfg, "split": split}
+    names = _linear_layout(cfg)  # fused, split (Qwen3.5's) or separate
+    layout = {"kind": "linear", "config": cfg, "names": names}
     return GatedDeltaNet, args, kw, layout
 
 

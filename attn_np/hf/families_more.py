@@ -66,6 +66,7 @@ from .families_types import (
     _lara_mini_types,
     _lfm2_types,
     _modernbert_types,
+    _olmo_hybrid_types,
 )
 from .keys import _CLASS_WINDOWS
 from .layers import (
@@ -606,6 +607,7 @@ _CLASS_TYPES = {
     "lfm2": _lfm2_types,
     "lfm2_moe": _lfm2_types,
     "cohere_compass_text": _compass_types,
+    "olmo_hybrid": _olmo_hybrid_types,
     **_GEMMA_TYPES,  # Gemma 3n: every fifth layer full; Gemma 4: sixth
 }
 

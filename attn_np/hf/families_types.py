@@ -13,7 +13,11 @@ write them, each a difference from the plain decoder (chapter 10):
   convolutions (``conv`` layers) are refused by name;
 * Cohere Compass's text model: Llama's layer with RoPE parameters per
   layer type, ``null`` for a layer type without RoPE, and multimodal
-  RoPE's keys, which leave a text token's rotation as plain RoPE's.
+  RoPE's keys, which leave a text token's rotation as plain RoPE's;
+* OLMo Hybrid: OLMo 2's QK-norm over the whole projection, RoPE (when
+  its base is not ``null``) on its ``full_attention`` layers, and
+  chapter 12's Gated DeltaNet, ``beta`` doubled and the projections
+  each its own, on its ``linear_attention`` layers, three in four.
 
 SmolLM3 (NoPE every fourth layer unless ``no_rope_layers`` says), Cohere
 2 and EXAONE 4 (RoPE on the window layers only) and Mellum (RoPE bases
@@ -25,7 +29,16 @@ matched by ``tests/fixtures/families/<model_type>.npz``.
 
 from __future__ import annotations
 
-from .config import FULL, SLIDING, count, flag, number, rope_flags
+from .config import (
+    FULL,
+    LINEAR,
+    SLIDING,
+    count,
+    flag,
+    get_object,
+    number,
+    rope_flags,
+)
 
 
 def _lara_mini_types(cfg):
@@ -238,3 +251,81 @@ def _mellum(cfg, i, layer_type, kw, layout):
     )
     if no_rope_keys and kw["window"] is None:
         kw["rope_base"] = 500000.0
+
+
+def _olmo_hybrid_types(cfg):
+    """``cfg`` as ``OlmoHybridConfig`` fills it: ``layer_types`` every
+    fourth layer ``full_attention``, the others ``linear_attention`` (the
+    last full if none is); the linear layers' sizes where the file writes
+    none (``num_attention_heads`` key and value heads, keys ``int(0.75
+    hidden_size / n_k)`` wide, values twice that, a convolution of 4).
+    The model turns its full layers by RoPE unless the base it reads is
+    ``null`` (the released files: NoPE), kept as ``_nope``. Any other
+    layer type is refused, as the model fails on it."""
+    out = dict(cfg)
+    n = count(cfg, "num_hidden_layers")
+    if out.get("layer_types") is None:
+        types = [FULL if i % 4 == 3 else LINEAR for i in range(n)]
+        if FULL not in types:
+            types[-1] = FULL
+        out["layer_types"] = types
+    types = out["layer_types"]
+    other = (
+        sorted(set(types) - {FULL, LINEAR})
+        if isinstance(types, list)
+        else types
+    )
+    if other:
+        raise ValueError(
+            f"config key layer_types holds {other!r:.80}: olmo_hybrid's "
+            "model builds linear_attention and full_attention layers only"
+        )
+    heads = count(cfg, "num_attention_heads")
+    sizes = {"linear_num_key_heads": heads, "linear_num_value_heads": heads}
+    for key, value in sizes.items():
+        if out.get(key) is None:
+            out[key] = value
+    if out.get("linear_key_head_dim") is None:
+        hidden = count(cfg, "hidden_size")
+        out["linear_key_head_dim"] = int(
+            0.75 * hidden / count(out, "linear_num_key_heads")
+        )
+    if out.get("linear_value_head_dim") is None:
+        out["linear_value_head_dim"] = 2 * count(out, "linear_key_head_dim")
+    if out.get("linear_conv_kernel_dim") is None:
+        out["linear_conv_kernel_dim"] = 4
+    return _olmo_hybrid_rope(out)
+
+
+def _olmo_hybrid_rope(cfg):
+    """The base OLMo Hybrid's rotary embedding reads: ``rope_parameters
+    .rope_theta``, else a top-level ``rope_theta``, else 10,000; a
+    ``null`` base leaves every layer unturned (``_nope``). Its default
+    RoPE turns the whole head whatever ``partial_rotary_factor`` says,
+    and its other types fail on one: a factor below 1 is refused."""
+    rope = get_object(cfg, "rope_parameters") or {}
+    if "rope_theta" in rope:
+        theta = rope["rope_theta"]
+    else:
+        theta = cfg.get("rope_theta", 10000.0)
+    for where in (rope, cfg):
+        f = where.get("partial_rotary_factor")
+        if f is not None and f != 1:
+            raise ValueError(
+                f"config key partial_rotary_factor={f!r}: olmo_hybrid's "
+                "rotary embedding turns the whole head (its default RoPE "
+                "ignores the factor and its scaled ones fail on it)"
+            )
+    if theta is not None:
+        return {**cfg, "_nope": False}
+    out = {k: v for k, v in cfg.items() if k not in ("rope_theta",)}
+    out["rope_parameters"] = {"rope_type": "default", "rope_theta": 1.0}
+    return {**out, "_nope": True}
+
+
+def _olmo_hybrid(cfg, i, layer_type, kw, layout):
+    """OLMo Hybrid's attention layers (``OlmoHybridAttention``, OLMo 3's):
+    an RMSNorm over the whole q and k projections (OLMo 2's), no window,
+    RoPE unless the base is ``null`` (:func:`_olmo_hybrid_rope`)."""
+    kw["qk_norm"] = "proj"
+    kw["use_rope"] = not cfg.get("_nope", False)

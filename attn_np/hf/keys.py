@@ -33,6 +33,12 @@ _ELSEWHERE = {
     "id2label",
     "initializer_range",
     "lambda_std_dev",  # DiffLlama: its lambda vectors' initial spread
+    # OLMo Hybrid's Gated DeltaNet: how A_log and dt_bias are drawn
+    "linear_a_log_min",
+    "linear_a_log_max",
+    "linear_dt_min",
+    "linear_dt_max",
+    "linear_dt_init_floor",
     "intermediate_size",
     "intermediate_size_mlp",
     "is_encoder_decoder",
@@ -351,6 +357,7 @@ _ATTENTION = {
     "linear_value_head_dim",
     "linear_num_key_heads",
     "linear_num_value_heads",
+    "linear_allow_neg_eigval",  # OLMo Hybrid's doubled beta
     # Kimi Linear's Kimi Delta Attention (attn_np.hf.kimi): its sizes in
     # either spelling, and its MLA's NoPE switch
     "linear_attn_config",
@@ -440,6 +447,7 @@ _FAMILY_KEYS = {
         "granitemoehybrid",
     ),
     "clip_qkv": ("olmo", "olmoe"),  # the projection's clamp
+    "linear_allow_neg_eigval": ("olmo_hybrid",),
     "qk_layernorm": ("stablelm", "phi", "persimmon"),  # refused by some
     "use_qk_norm": ("llama4_text", "cohere", "glm4_moe", "sarvam_moe"),
     "no_rope_layers": ("llama4_text", "smollm3", "mistral_large4_text"),
@@ -625,11 +633,6 @@ _NOT_BUILT = {
         "a depth decoder (depth_decoder_config) whose q, k, v and o "
         "projections hold one weight per codebook (MoshiFlexibleLinear) "
         "and use no RoPE, beside the temporal decoder"
-    ),
-    "olmo_hybrid": (
-        "gated delta net layers with beta scaled by 2 "
-        "(linear_allow_neg_eigval) and separate q, k, v, a, b and g "
-        "projections"
     ),
     "qwen4_exp_text": (
         "a QSA indexer on indexed_attention layers (index_qk_proj; "

@@ -18,7 +18,10 @@ out]``; some families fuse or interleave projections:
   :func:`gated_deltanet_grads_to_hf`): ``in_proj_qkvz`` grouped by key
   head, ``in_proj_ba``, one ``conv1d`` over ``[q | k | v]``; Qwen3.5's
   the same layer with ``in_proj_qkv`` (``[q | k | v]``), ``in_proj_z``,
-  ``in_proj_b`` and ``in_proj_a`` each its own (:data:`SPLIT_LINEAR_TYPES`).
+  ``in_proj_b`` and ``in_proj_a`` each its own (:data:`SPLIT_LINEAR_TYPES`);
+  OLMo Hybrid's with ``q_proj``, ``k_proj``, ``v_proj``, ``g_proj`` (the
+  output gate), ``b_proj``, ``a_proj``, ``o_norm`` and ``o_proj``, its
+  ``beta`` doubled.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ import copy
 import numpy as np
 
 from ..linear import GatedDeltaNet
-from .config import count, language_model
+from .config import count, flag, language_model, number
 from .families_diff import _LAMBDAS
+from .families_types import _olmo_hybrid_types
 from .fused import _fused_names, _fused_to_hf, _load_fused
 
 
@@ -377,8 +381,8 @@ def load_linear(layer, layout, state_dict, dtype):
 def linear_to_hf(layer, d):
     view = copy.copy(layer)  # the same layer, reading d as its grads
     view.grads = d
-    split = layer.hf_layout.get("split", False)
-    return gated_deltanet_grads_to_hf(view, split=split)
+    names = layer.hf_layout.get("names", "fused")
+    return gated_deltanet_grads_to_hf(view, names=names)
 
 
 # ------------------------------------------------ Qwen3-Next's linear layer
@@ -405,6 +409,32 @@ HF_LINEAR_SPLIT_KEYS = (
 )
 # the model types whose linear_attention layers keep the split projections
 SPLIT_LINEAR_TYPES = ("qwen3_5_text", "qwen3_5_moe_text", "lara_mini")
+# OLMo Hybrid's layer: q, k, v, the output gate g, b and a each its own
+# projection, the norm o_norm, the output o_proj; beta doubled
+_HF_LINEAR_SEPARATE_KEYS = (
+    "q_proj.weight",
+    "k_proj.weight",
+    "v_proj.weight",
+    "g_proj.weight",
+    "b_proj.weight",
+    "a_proj.weight",
+    "conv1d.weight",
+    "A_log",
+    "dt_bias",
+    "o_norm.weight",
+    "o_proj.weight",
+)
+_SEPARATE_LINEAR_TYPES = ("olmo_hybrid",)
+# each layout's keys, and its names for the norm's gain and W_o
+_LINEAR_KEYS = {
+    "fused": (HF_LINEAR_KEYS, "norm.weight", "out_proj.weight"),
+    "split": (HF_LINEAR_SPLIT_KEYS, "norm.weight", "out_proj.weight"),
+    "separate": (
+        _HF_LINEAR_SEPARATE_KEYS,
+        "o_norm.weight",
+        "o_proj.weight",
+    ),
+}
 _LINEAR_CONFIG = (
     "hidden_size",
     "linear_num_key_heads",
@@ -415,15 +445,39 @@ _LINEAR_CONFIG = (
 )
 
 
+def _linear_layout(cfg) -> str:
+    """How a model type names its linear layer's weights: ``"fused"``
+    (Qwen3-Next), ``"split"`` (Qwen3.5) or ``"separate"`` (OLMo
+    Hybrid)."""
+    kind = cfg.get("model_type")
+    if kind in _SEPARATE_LINEAR_TYPES:
+        return "separate"
+    return "split" if kind in SPLIT_LINEAR_TYPES else "fused"
+
+
+def _linear_options(cfg) -> dict:
+    """The layer's settings beyond its sizes: the output norm's ``eps``
+    (``rms_norm_eps``; OLMo Hybrid's is 1e-5, FLA's, whatever the file
+    says) and OLMo Hybrid's doubled ``beta`` (``linear_allow_neg_eigval``,
+    true unless the file says false)."""
+    if _linear_layout(cfg) != "separate":
+        return {"eps": number(cfg, "rms_norm_eps", 1e-6)}
+    neg = flag(cfg, "linear_allow_neg_eigval") is not False
+    return {"eps": 1e-5, "allow_neg_eigval": neg}
+
+
 def _linear_dims(config) -> dict:
     """The Gated DeltaNet's sizes from a Qwen3-Next ``config.json`` dict
-    (its ``text_config`` when there is one)."""
+    (its ``text_config`` when there is one; OLMo Hybrid's sizes filled as
+    its configuration class fills them)."""
     if not isinstance(config, dict):
         raise TypeError(
             "config must be a dict (a config.json), got "
             f"{type(config).__name__}"
         )
     cfg = language_model(config)
+    if _linear_layout(cfg) == "separate":
+        cfg = _olmo_hybrid_types(cfg)
     missing = [k for k in _LINEAR_CONFIG if k not in cfg]
     if missing:
         raise ValueError(
@@ -437,9 +491,9 @@ def _linear_dims(config) -> dict:
             f"gate's activation), got {act!r}"
         )
     d, n_k, n_v, d_k, d_v, K = (count(cfg, k) for k in _LINEAR_CONFIG)
-    split = cfg.get("model_type") in SPLIT_LINEAR_TYPES
+    names = _linear_layout(cfg)
     return dict(d=d, n_k=n_k, n_v=n_v, d_k=d_k, d_v=d_v, K=K, cfg=cfg,
-                split=split)  # fmt: skip
+                names=names)  # fmt: skip
 
 
 def _linear_state(state_dict, s) -> dict:
@@ -449,7 +503,7 @@ def _linear_state(state_dict, s) -> dict:
             "state_dict must be a dict of arrays, got "
             f"{type(state_dict).__name__}"
         )
-    keys = HF_LINEAR_SPLIT_KEYS if s["split"] else HF_LINEAR_KEYS
+    keys, norm, out = _LINEAR_KEYS[s["names"]]
     extra = sorted(set(state_dict) - set(keys))
     if extra:
         raise ValueError(
@@ -464,7 +518,16 @@ def _linear_state(state_dict, s) -> dict:
             "the 'model.layers.{i}.linear_attn.' prefix)"
         )
     d, n_k, n_v, d_k, d_v, K = (s[k] for k in "d n_k n_v d_k d_v K".split())
-    if s["split"]:  # Qwen3.5: [q | k | v], z, b, a, each its own
+    if s["names"] == "separate":  # OLMo Hybrid: each its own
+        expect = {
+            "q_proj.weight": (n_k * d_k, d),
+            "k_proj.weight": (n_k * d_k, d),
+            "v_proj.weight": (n_v * d_v, d),
+            "g_proj.weight": (n_v * d_v, d),
+            "b_proj.weight": (n_v, d),
+            "a_proj.weight": (n_v, d),
+        }
+    elif s["names"] == "split":  # Qwen3.5: [q | k | v], z, b, a
         expect = {
             "in_proj_qkv.weight": (2 * n_k * d_k + n_v * d_v, d),
             "in_proj_z.weight": (n_v * d_v, d),
@@ -480,8 +543,8 @@ def _linear_state(state_dict, s) -> dict:
         "conv1d.weight": (2 * n_k * d_k + n_v * d_v, 1, K),
         "A_log": (n_v,),
         "dt_bias": (n_v,),
-        "norm.weight": (d_v,),
-        "out_proj.weight": (d, n_v * d_v),
+        norm: (d_v,),
+        out: (d, n_v * d_v),
     }
     sd = {k: np.asarray(state_dict[k]) for k in keys}
     for name, shape in expect.items():
@@ -509,6 +572,7 @@ def _linear_params(sd, s) -> dict:
     """HF's layout -> the layer's ``params`` (``W [in, out]``)."""
     d, n_k, n_v, d_k, d_v = (s[k] for k in "d n_k n_v d_k d_v".split())
     G = n_v // n_k
+    _, norm, out = _LINEAR_KEYS[s["names"]]
     conv = sd["conv1d.weight"][:, 0, :].T  # [K, ch]: ch = [q | k | v]
     common = {
         "conv_q": conv[:, : n_k * d_k],
@@ -516,10 +580,18 @@ def _linear_params(sd, s) -> dict:
         "conv_v": conv[:, 2 * n_k * d_k :],
         "A_log": sd["A_log"],
         "dt_bias": sd["dt_bias"],
-        "norm": sd["norm.weight"],
-        "W_o": sd["out_proj.weight"].T,
+        "norm": sd[norm],
+        "W_o": sd[out].T,
     }
-    if s["split"]:  # [out, d] -> [d, out]; v head j reads key head j // G
+    if s["names"] == "separate":  # [out, d] -> [d, out], each its own
+        mine = {"W_q": "q", "W_k": "k", "W_v": "v", "W_z": "g"}
+        mine |= {"W_b": "b", "W_a": "a"}
+        return {
+            w: sd[f"{n}_proj.weight"].T for w, n in mine.items()
+        } | common
+    if (
+        s["names"] == "split"
+    ):  # [out, d] -> [d, out]; v head j reads key head j // G
         qkv = sd["in_proj_qkv.weight"].T  # [d, 2 n_k d_k + n_v d_v]
         return {
             "W_q": qkv[:, : n_k * d_k],
@@ -563,12 +635,16 @@ def gated_deltanet_from_hf(config, state_dict, *, dtype=None, **kwargs):
     :data:`SPLIT_LINEAR_TYPES`) reads ``in_proj_qkv.weight`` (``[q | k |
     v]`` rows; value head ``j`` reads key head ``j // G``),
     ``in_proj_z.weight``, ``in_proj_b.weight`` and ``in_proj_a.weight``
-    instead. Other keyword arguments go to the layer (``mode``,
+    instead; an OLMo Hybrid config (``model_type`` ``olmo_hybrid``)
+    ``q_proj``, ``k_proj``, ``v_proj``, ``g_proj`` (the output gate, the
+    layer's ``W_z``), ``b_proj``, ``a_proj``, ``o_norm`` (eps 1e-5) and
+    ``o_proj``, its ``beta`` doubled unless ``linear_allow_neg_eigval``
+    is false. Other keyword arguments go to the layer (``mode``,
     ``chunk_size``).
     """
     s = _linear_dims(config)
     sd = _linear_state(state_dict, s)
-    dtype = sd["in_proj_qkvz.weight"].dtype if dtype is None else dtype
+    dtype = sd["A_log"].dtype if dtype is None else dtype
     layer = GatedDeltaNet(
         s["d"],
         s["n_v"],
@@ -576,8 +652,8 @@ def gated_deltanet_from_hf(config, state_dict, *, dtype=None, **kwargs):
         d_k=s["d_k"],
         d_v=s["d_v"],
         conv_size=s["K"],
-        eps=float(s["cfg"].get("rms_norm_eps", 1e-6)),
         dtype=dtype,
+        **_linear_options(s["cfg"]),
         **kwargs,
     )
     for name, val in _linear_params(sd, s).items():
@@ -586,21 +662,33 @@ def gated_deltanet_from_hf(config, state_dict, *, dtype=None, **kwargs):
     return layer
 
 
-def gated_deltanet_grads_to_hf(layer, *, split=False) -> dict:
+def gated_deltanet_grads_to_hf(layer, *, names="fused") -> dict:
     """The layer's ``grads`` in HF's names and layout (the inverse of
     :func:`gated_deltanet_from_hf`), to compare with HF's gradients;
-    ``split=True``: Qwen3.5's split projections."""
+    ``names``: ``"fused"`` (Qwen3-Next's), ``"split"`` (Qwen3.5's) or
+    ``"separate"`` (OLMo Hybrid's)."""
+    if names not in _LINEAR_KEYS:
+        raise ValueError(
+            f"names must be one of {tuple(_LINEAR_KEYS)}, got {names!r}"
+        )
     gr = layer.grads
     d, n_k, G = layer.d_model, layer.n_k_heads, layer.group_size
     conv = np.concatenate([gr["conv_q"], gr["conv_k"], gr["conv_v"]], axis=1)
+    _, norm, out = _LINEAR_KEYS[names]
     common = {
         "conv1d.weight": conv.T[:, None, :],
         "A_log": gr["A_log"],
         "dt_bias": gr["dt_bias"],
-        "norm.weight": gr["norm"],
-        "out_proj.weight": gr["W_o"].T,
+        norm: gr["norm"],
+        out: gr["W_o"].T,
     }
-    if split:  # [d, q | k | v] -> [out, d]
+    if names == "separate":  # [d, out] -> [out, d], each its own
+        mine = {"W_q": "q", "W_k": "k", "W_v": "v", "W_z": "g"}
+        mine |= {"W_b": "b", "W_a": "a"}
+        return {
+            f"{n}_proj.weight": gr[w].T for w, n in mine.items()
+        } | common
+    if names == "split":  # [d, q | k | v] -> [out, d]
         qkv = np.concatenate([gr["W_q"], gr["W_k"], gr["W_v"]], axis=1)
         return {
             "in_proj_qkv.weight": qkv.T,

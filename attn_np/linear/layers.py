@@ -76,6 +76,11 @@ class GatedDeltaNet:
     ``W_o``. ``kv_cache=`` (a :class:`StateCache`, from
     :meth:`new_cache`) continues from the cached state, for decoding: the
     cache protocol of every layer in the book.
+
+    ``allow_neg_eigval=True`` doubles ``beta`` (FLA's name; OLMo Hybrid's
+    ``linear_allow_neg_eigval``): in ``(0, 2)``, the update ``I - beta k
+    k^T`` may turn the state's direction ``k`` around (its eigenvalue
+    ``1 - beta`` down to -1), not only shrink it.
     """
 
     def __init__(
@@ -90,6 +95,7 @@ class GatedDeltaNet:
         chunk_size=64,
         mode="chunked",
         eps=1e-6,
+        allow_neg_eigval=False,
         seed=0,
         dtype=np.float64,
     ):
@@ -118,6 +124,9 @@ class GatedDeltaNet:
             )
         self.mode = mode
         self.eps = float(eps)
+        self.allow_neg_eigval = check_flag(
+            allow_neg_eigval, "allow_neg_eigval"
+        )
         self.dtype = dtype = check_float_dtype(dtype)
         rng = np.random.default_rng(seed)
         d, n_k, n_v = self.d_model, self.n_k_heads, self.n_v_heads
@@ -173,7 +182,8 @@ class GatedDeltaNet:
             f"{self.n_v_heads}, n_k_heads={self.n_k_heads}, d_k={self.d_k}, "
             f"d_v={self.d_v}, conv_size={self.conv_size}, "
             f"mode={self.mode!r}, chunk_size={self.chunk_size}, "
-            f"dtype={self.dtype})"
+            + ("allow_neg_eigval=True, " if self.allow_neg_eigval else "")
+            + f"dtype={self.dtype})"
         )
 
     @property
@@ -194,6 +204,11 @@ class GatedDeltaNet:
     def new_cache(self) -> StateCache:
         """An empty :class:`StateCache` for ``forward(x, kv_cache=...)``."""
         return StateCache()
+
+    @property
+    def _beta_scale(self) -> float:
+        """What ``beta`` is multiplied by: 2 with ``allow_neg_eigval``."""
+        return 2.0 if self.allow_neg_eigval else 1.0
 
     # ------------------------------------------------------------------
     # forward: project, convolve, heads, gates, the delta rule, output
@@ -223,6 +238,7 @@ class GatedDeltaNet:
         q, k, v, norms = self._heads(qkv, B, L)
         # 4. gates: g [B, L, n_v (, d_k)], beta [B, L, n_v]
         g, beta, cgate = self._gates_forward(h, B, L)
+        beta = beta * self._beta_scale  # 2: in (0, 2) (allow_neg_eigval)
         # 5. the gated delta rule: o [B, n_k, G, L, d_v]
         o, use, ckern = self._delta_rule(q, k, v, g, beta, S0)
         # 6. output: gated RMSNorm and W_o -> [B, L, d_model]
@@ -402,7 +418,7 @@ class GatedDeltaNet:
         h_all = x.reshape(B * L, self.d_model) @ W_in
         h = dict(zip(names, np.split(h_all, cuts, axis=1)))
         g, beta, _ = self._gates_forward(h, B, L)
-        return g, beta
+        return g, beta * self._beta_scale
 
     def _in_projection(self):
         """``(W_in [d_model, ch_all], names, cuts)``: the projections of
@@ -451,10 +467,11 @@ class GatedDeltaNet:
         # 5. the kernel
         use, ckern = c["kernel"]
         dq, dk, dv, dg, dbeta, _ = KERNELS[use][1](do, ckern)
-        # 4. gates: back to [B, L, n_v (, d_k)]; write into dh
+        # 4. gates: back to [B, L, n_v (, d_k)]; write into dh (the
+        # doubled beta's gradient doubles too)
         self._gates_backward(
             _gate_heads_back(dg, B, L),
-            _gate_heads_back(dbeta, B, L),
+            _gate_heads_back(dbeta * self._beta_scale, B, L),
             c["gate"],
             dh,
         )
