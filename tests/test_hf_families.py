@@ -268,3 +268,23 @@ def test_ministral3_scales_its_queries_by_position():
     del plain["rope_parameters"]["llama_4_scaling_beta"]
     off = attention_from_hf(plain, 0, state).forward(f["x"])
     assert np.abs(off - f["layer0.out"]).max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    "name,reads",
+    [("arcee", False), ("cohere", False), ("olmoe", False), ("phi", True)],
+)
+def test_a_partial_rotation_only_where_the_family_reads_it(name, reads):
+    """transformers' rotary embedding of Llama-like families turns every
+    feature whatever partial_rotary_factor says (their inv_freq keeps
+    head_dim / 2 entries with 0.5 written): refused there, read where
+    the family's class reads it (Phi)."""
+    cfg = _config(name)
+    rope = dict(cfg.get("rope_parameters") or {"rope_type": "default"})
+    rope["partial_rotary_factor"] = 0.5
+    cfg = {**cfg, "rope_parameters": rope}
+    if reads:
+        assert _kw(cfg)["rotary_dim"] == 8  # of head_dim 16
+    else:
+        with pytest.raises(ValueError, match="partial_rotary_factor=0.5"):
+            layer_settings(cfg, 0)

@@ -103,6 +103,7 @@ from .families_types import (
     _mellum,
     _modernbert_decoder,
     _olmo_hybrid,
+    _refuse_unread_partial,
     _rope_if_windowed,
     _smollm3,
 )
@@ -339,6 +340,8 @@ def plain_decoder(
     )
     if not _writes_partial(cfg, layer_type):
         partial = default_partial
+    else:  # a family whose HF rotary turns the whole head: refused
+        _refuse_unread_partial(cfg.get("model_type"), partial)
     bias = flag(cfg, "attention_bias")
     kw = dict(
         biases=("q", "k", "v", "o") if bias else (),

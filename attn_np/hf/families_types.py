@@ -329,3 +329,32 @@ def _olmo_hybrid(cfg, i, layer_type, kw, layout):
     RoPE unless the base is ``null`` (:func:`_olmo_hybrid_rope`)."""
     kw["qk_norm"] = "proj"
     kw["use_rope"] = not cfg.get("_nope", False)
+
+
+# Families whose rotary embedding in transformers 5.24.0 turns every
+# feature of the head whatever partial_rotary_factor says (checked by
+# building each one's rotary with the factor 0.5 written: its inv_freq
+# keeps head_dim / 2 entries)
+_PARTIAL_IGNORED = frozenset(
+    """llama mistral qwen2 qwen3 gemma2 olmo2 llama4_text mixtral phimoe
+    ministral arcee gemma jais2 helium ernie4_5 ernie4_5_moe seed_oss
+    qwen2_moe starcoder2 qwen3_moe olmoe olmo vaultgemma granite granitemoe
+    granitemoeshared hyperclovax cohere cohere2 afmoe exaone4 kolibri1 flint
+    aria_text exaone internlm3 iquestcoder bitnet diffllama hunyuan_v1_dense
+    hunyuan_v1_moe hy_v3 exaone_moe cohere2_moe granite_swa granitemoe_swa
+    nanochat falcon_h1 lara_mini lfm2""".split()
+)
+
+
+def _refuse_unread_partial(model_type, factor):
+    """Refuse a ``partial_rotary_factor`` other than 1 written for a family
+    whose rotary embedding does not read it (:data:`_PARTIAL_IGNORED`):
+    Hugging Face turns the whole head, and a partial rotation here would
+    be another layer."""
+    if model_type in _PARTIAL_IGNORED and factor not in (None, 1, 1.0):
+        raise ValueError(
+            f"config key partial_rotary_factor={factor!r} is not read by "
+            f"{model_type}'s rotary embedding in transformers (it turns "
+            "every feature of the head): attention_from_hf refuses it "
+            "rather than build a rotation the model does not make"
+        )
