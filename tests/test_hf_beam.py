@@ -3,11 +3,9 @@ gate with a bias per head (gate_bias) and, on its NoPE full layers, the
 query scale (1 + (p + 1) / 2048)^0.1 as a score mod
 (attn_np.hf.families_beam, gradient-checked in float64)."""
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
+from helpers import family_fixture
 
 from attn_np import check_layer_gradients
 from attn_np.hf.build import attention_from_hf
@@ -15,15 +13,9 @@ from attn_np.hf.families import layer_settings
 from attn_np.hf.families_beam import _BeamAttention, _PowerQueryScale
 from attn_np.instruments.gradcheck import TOLERANCE
 
-FIXTURE = Path(__file__).parent / "fixtures" / "families" / "beam.npz"
-
 
 def _load(i):
-    f = np.load(FIXTURE)
-    cfg = json.loads(str(f["config"]))
-    pre = f"layer{i}.param."
-    state = {k[len(pre) :]: f[k] for k in f.files if k.startswith(pre)}
-    return f, cfg, state
+    return family_fixture("beam", i)
 
 
 @pytest.mark.parametrize("query_scale", [True, False])

@@ -3,11 +3,11 @@ Hugging Face's bias-free output gate, and its MLA without RoPE, against
 transformers 5.24.0 (tests/fixtures/families/kimi_linear.npz: layer 0
 KDA, layer 1 MLA); both parts gradient-checked in float64."""
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import check_linear_decode_state, close, family_fixture
 
 from attn_np import KimiDeltaAttention, check_layer_gradients
 from attn_np.hf.build import attention_from_hf
@@ -16,20 +16,14 @@ from attn_np.hf.kimi import _Unrotated
 from attn_np.hf.layers import HFLatentAttention
 from attn_np.instruments.gradcheck import TOLERANCE
 
-FIXTURE = Path(__file__).parent / "fixtures" / "families" / "kimi_linear.npz"
 RELEASED = Path(__file__).parent / "data/hf_configs/kimi_linear_48b_a3b.json"
 
 
 def _load(i):
-    f = np.load(FIXTURE)
-    cfg = json.loads(str(f["config"]))
-    pre = f"layer{i}.param."
-    state = {k[len(pre) :]: f[k] for k in f.files if k.startswith(pre)}
-    return f, cfg, state
+    return family_fixture("kimi_linear", i)
 
 
-def _close(a, b):
-    return np.abs(a - b).max() <= 1e-12 * max(1.0, np.abs(b).max())
+_close = close
 
 
 @pytest.mark.parametrize("mode", ["chunked", "recurrent"])
@@ -63,18 +57,7 @@ def test_kda_decode_state_matches_hf_cache():
     again)."""
     f, cfg, state = _load(0)
     layer = attention_from_hf(cfg, 0, state)
-    chunks = json.loads(str(f["meta"]))["chunks"]
-    x, cache, outs, t = f["x"], layer.new_cache(), [], 0
-    for n in chunks:
-        outs.append(layer.forward(x[:, t : t + n], kv_cache=cache))
-        t += n
-        if t == chunks[0]:
-            assert _close(
-                cache.state, f["layer0.decode.state.recurrent_state"]
-            )
-            conv = np.concatenate(cache.conv, axis=-1).transpose(0, 2, 1)
-            assert _close(conv, f["layer0.decode.state.conv_state"][..., 1:])
-    assert _close(np.concatenate(outs, axis=1), f["layer0.decode.out"])
+    check_linear_decode_state(f, layer)
 
 
 def test_weights_go_both_ways():

@@ -3,11 +3,9 @@ softplus in place of the sigmoid (attn_np.hf.families_laguna, its
 backward gradient-checked in float64), one gate per head or per feature,
 and each layer its own number of query heads."""
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
+from helpers import family_fixture
 
 from attn_np import check_layer_gradients
 from attn_np.hf.build import attention_from_hf
@@ -20,15 +18,9 @@ from attn_np.hf.families_laguna import (
 from attn_np.hf.layers import HFAttention
 from attn_np.instruments.gradcheck import TOLERANCE
 
-FIXTURE = Path(__file__).parent / "fixtures" / "families" / "laguna.npz"
-
 
 def _load(i):
-    f = np.load(FIXTURE)
-    cfg = json.loads(str(f["config"]))
-    pre = f"layer{i}.param."
-    state = {k[len(pre) :]: f[k] for k in f.files if k.startswith(pre)}
-    return f, cfg, state
+    return family_fixture("laguna", i)
 
 
 @pytest.mark.parametrize("gate", ["headwise", "elementwise"])

@@ -4,11 +4,11 @@ narrower than keys (chapter 10's v_head_dim=), scaled before the cache
 twice the key/value heads and gpt-oss's sinks on window layers, partial
 RoPE per layer type; the KV calculator sizes its cache."""
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import family_fixture
 
 from attn_np import check_layer_gradients
 from attn_np.costs import from_hf_config, kv_bytes_per_token
@@ -23,11 +23,7 @@ FIXTURE = FIXTURE / "mimo_v2_flash.npz"
 
 
 def _load(i):
-    f = np.load(FIXTURE)
-    cfg = json.loads(str(f["config"]))
-    pre = f"layer{i}.param."
-    state = {k[len(pre) :]: f[k] for k in f.files if k.startswith(pre)}
-    return f, cfg, state
+    return family_fixture("mimo_v2_flash", i)
 
 
 def _settings(cfg, i):

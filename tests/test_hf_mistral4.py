@@ -2,11 +2,9 @@
 position (attn_np.hf.layers._ScaledQueryLatentAttention, gradient-checked
 in float64), against transformers 5.24.0's fixture."""
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
+from helpers import family_fixture
 
 from attn_np import check_layer_gradients
 from attn_np.hf.build import attention_from_hf
@@ -14,15 +12,9 @@ from attn_np.hf.families import layer_settings
 from attn_np.hf.layers import HFLatentAttention, _ScaledQueryLatentAttention
 from attn_np.instruments.gradcheck import TOLERANCE
 
-FIXTURE = Path(__file__).parent / "fixtures" / "families" / "mistral4.npz"
-
 
 def _load():
-    f = np.load(FIXTURE)
-    cfg = json.loads(str(f["config"]))
-    pre = "layer0.param."
-    state = {k[len(pre) :]: f[k] for k in f.files if k.startswith(pre)}
-    return f, cfg, state
+    return family_fixture("mistral4")
 
 
 @pytest.mark.parametrize("d_latent_q", [None, 6])

@@ -4,11 +4,9 @@ position (attn_np.hf.families_mistral, gradient-checked in float64),
 against transformers 5.24.0's fixture; the layers it does not build are
 refused by name."""
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
+from helpers import family_fixture
 
 from attn_np import check_layer_gradients
 from attn_np.hf.build import attention_from_hf
@@ -16,20 +14,9 @@ from attn_np.hf.families import layer_settings
 from attn_np.hf.families_mistral import _MistralLargeLatentAttention
 from attn_np.instruments.gradcheck import TOLERANCE
 
-FIXTURE = (
-    Path(__file__).parent
-    / "fixtures"
-    / "families"
-    / "mistral_large4_text.npz"
-)
-
 
 def _load():
-    f = np.load(FIXTURE)
-    cfg = json.loads(str(f["config"]))
-    pre = "layer0.param."
-    state = {k[len(pre) :]: f[k] for k in f.files if k.startswith(pre)}
-    return f, cfg, state
+    return family_fixture("mistral_large4_text")
 
 
 def _layer(**kw):

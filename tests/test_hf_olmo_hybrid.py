@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import check_linear_decode_state, close, family_fixture
 
 from attn_np import GatedDeltaNet, attention_from_hf
 from attn_np.hf.build import fixture_errors
@@ -21,15 +22,10 @@ FIXTURE = Path(__file__).parent / "fixtures" / "families" / "olmo_hybrid.npz"
 
 
 def _load(i):
-    f = np.load(FIXTURE)
-    cfg = json.loads(str(f["config"]))
-    pre = f"layer{i}.param."
-    state = {k[len(pre) :]: f[k] for k in f.files if k.startswith(pre)}
-    return f, cfg, state
+    return family_fixture("olmo_hybrid", i)
 
 
-def _close(a, b):
-    return np.abs(a - b).max() <= 1e-12 * max(1.0, np.abs(b).max())
+_close = close
 
 
 def _err(a, b):
@@ -48,18 +44,7 @@ def test_decode_state_matches_hf_cache():
     again)."""
     f, cfg, state = _load(0)
     layer = attention_from_hf(cfg, 0, state)
-    chunks = json.loads(str(f["meta"]))["chunks"]
-    x, cache, outs, t = f["x"], layer.new_cache(), [], 0
-    for n in chunks:
-        outs.append(layer.forward(x[:, t : t + n], kv_cache=cache))
-        t += n
-        if t == chunks[0]:
-            assert _close(
-                cache.state, f["layer0.decode.state.recurrent_state"]
-            )
-            conv = np.concatenate(cache.conv, axis=-1).transpose(0, 2, 1)
-            assert _close(conv, f["layer0.decode.state.conv_state"][..., 1:])
-    assert _close(np.concatenate(outs, axis=1), f["layer0.decode.out"])
+    check_linear_decode_state(f, layer)
 
 
 def test_the_linear_layer_is_a_gated_deltanet_of_doubled_beta():
