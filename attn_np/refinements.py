@@ -423,20 +423,9 @@ class Projection:
     def forward(self, layer, x3):
         """``x [B, L, d_model]`` -> ``q [B, n_kv, G, L, d_k]``, ``k, v
         [B, n_kv, L, d]`` and what the backward needs."""
-        P, (B, L) = layer.params, x3.shape[:2]
-        n_kv, saved, t = layer.n_kv_heads, {}, {}
-        for n in ("q", "k", "v"):  # [B, L, d_model] -> [B, L, heads * d]
-            t[n], saved[n] = _linear(x3, P[f"W_{n}"], P.get(f"b_{n}"))
-        for n, heads in (("q", layer.n_heads), ("k", n_kv)):
-            if self.qk_norm:  # [B, L, heads, d] or [B, L, heads * d]
-                shape = (B, L, heads, -1) if self.qk_norm == "head" else None
-                y, saved[f"{n}n"] = qk_norm_forward(
-                    t[n] if shape is None else t[n].reshape(shape),
-                    P.get(f"{n}_norm"),
-                    eps=self.eps,
-                    offset=self.offset,
-                )
-                t[n] = y.reshape(B, L, -1)
+        saved, (B, L), n_kv = {}, x3.shape[:2], layer.n_kv_heads
+        t = self.linears(layer, x3, saved)  # [B, L, heads * d] each
+        self.norms(layer, t, saved, B, L)
         if self.clip is not None:  # [B, L, heads * d], after the norms
             c = self.clip
             for n in ("q", "k", "v"):
@@ -446,9 +435,29 @@ class Projection:
         k = split_heads(t["k"], n_kv, layer.d_k)
         return q, k, split_heads(t["v"], n_kv, layer.d_v), saved
 
+    def linears(self, layer, x3, saved):
+        """``{"q", "k", "v"}``: ``x W + b`` each, ``[B, L, heads * d]``."""
+        P, t = layer.params, {}
+        for n in ("q", "k", "v"):  # [B, L, d_model] -> [B, L, heads * d]
+            t[n], saved[n] = _linear(x3, P[f"W_{n}"], P.get(f"b_{n}"))
+        return t
+
+    def norms(self, layer, t, saved, B, L):
+        """QK-norm on ``t["q"]`` and ``t["k"]``, in place of them."""
+        P = layer.params
+        for n, heads in (("q", layer.n_heads), ("k", layer.n_kv_heads)):
+            if self.qk_norm:  # [B, L, heads, d] or [B, L, heads * d]
+                shape = (B, L, heads, -1) if self.qk_norm == "head" else None
+                y, saved[f"{n}n"] = qk_norm_forward(
+                    t[n] if shape is None else t[n].reshape(shape),
+                    P.get(f"{n}_norm"),
+                    eps=self.eps,
+                    offset=self.offset,
+                )
+                t[n] = y.reshape(B, L, -1)
+
     def backward(self, layer, x3, g, saved):
         """``dx``; fills ``dW``, ``db`` and the norms' gains."""
-        grads = layer.grads
         d = {
             "q": merge_groups(g.pop("q")),  # [B, L, h * d_k]
             "k": merge_heads(g.pop("k")),  # [B, L, n_kv * d_k]
@@ -457,16 +466,21 @@ class Projection:
         for n in ("q", "k", "v"):  # 0 where clamped
             if f"{n}_kept" in saved:
                 d[n] = np.where(saved[f"{n}_kept"], d[n], 0.0)
-        for n in ("q", "k"):
+        for n in ("q", "k", "v"):  # back through each norm there was
             if f"{n}n" in saved:
                 c = saved[f"{n}n"]
                 dt, dw = qk_norm_backward(d[n].reshape(c[0].shape), c)
                 d[n] = dt.reshape(d[n].shape)
                 if dw is not None:
-                    grads[f"{n}_norm"] = dw
-        dx = 0.0
-        for n in ("q", "k", "v"):
-            dxi, grads[f"W_{n}"], db = linear_backward(d[n], saved[n])
+                    layer.grads[f"{n}_norm"] = dw
+        return self.linears_backward(layer, d, saved)
+
+    def linears_backward(self, layer, d, saved):
+        """``dx`` from the projections' gradients ``d``; fills ``dW``,
+        ``db``."""
+        grads, dx = layer.grads, 0.0
+        for n, dn in d.items():
+            dxi, grads[f"W_{n}"], db = linear_backward(dn, saved[n])
             if db is not None:
                 grads[f"b_{n}"] = db
             dx = dx + dxi

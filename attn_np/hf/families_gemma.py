@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..heads import merge_groups, merge_heads, split_groups, split_heads
 from ..norms import qk_norm_backward, qk_norm_forward
 from ..refinements import Projection, _linear, linear_backward
 from ..rope_scaling import ProportionalRotary, ScaledRotary
@@ -71,14 +70,20 @@ class _ValueNorm(Projection):
         if self.k_eq_v:  # HF builds no v_proj
             del layer.params["W_v"]
 
-    def forward(self, layer, x3):
-        P, (B, L) = layer.params, x3.shape[:2]
-        n_kv, saved, t = layer.n_kv_heads, {}, {}
-        names = ("q", "k") if self.k_eq_v else ("q", "k", "v")
-        for n in names:  # [B, L, d_model] -> [B, L, heads * d]
+    def linears(self, layer, x3, saved):
+        """Projection's, or with ``k_eq_v`` the values ``x W_k`` too."""
+        if not self.k_eq_v:
+            return super().linears(layer, x3, saved)
+        P, t = layer.params, {}
+        for n in ("q", "k"):  # [B, L, d_model] -> [B, L, heads * d]
             t[n], saved[n] = _linear(x3, P[f"W_{n}"], P.get(f"b_{n}"))
-        if self.k_eq_v:
-            t["v"] = t["k"]  # k_proj's output, before k_norm
+        t["v"] = t["k"]  # k_proj's output, before k_norm
+        return t
+
+    def norms(self, layer, t, saved, B, L):
+        """An RMSNorm per head on q, k (gains ``q_norm``, ``k_norm``) and
+        v (no gain)."""
+        P, n_kv = layer.params, layer.n_kv_heads
         heads = {"q": layer.n_heads, "k": n_kv, "v": n_kv}
         for n in ("q", "k", "v"):  # [B, L, heads, d], normalised over d
             y, saved[f"{n}n"] = qk_norm_forward(
@@ -87,32 +92,11 @@ class _ValueNorm(Projection):
                 eps=self.eps,
             )
             t[n] = y.reshape(B, L, -1)
-        q = split_groups(t["q"], n_kv, layer.group_size, layer.d_k)
-        k = split_heads(t["k"], n_kv, layer.d_k)
-        return q, k, split_heads(t["v"], n_kv, layer.d_v), saved
 
-    def backward(self, layer, x3, g, saved):
-        grads = layer.grads
-        d = {
-            "q": merge_groups(g.pop("q")),  # [B, L, h * d_k]
-            "k": merge_heads(g.pop("k")),  # [B, L, n_kv * d_k]
-            "v": merge_heads(g.pop("v")),
-        }
-        for n in ("q", "k", "v"):
-            c = saved[f"{n}n"]
-            dt, dw = qk_norm_backward(d[n].reshape(c[0].shape), c)
-            d[n] = dt.reshape(d[n].shape)
-            if dw is not None:
-                grads[f"{n}_norm"] = dw
+    def linears_backward(self, layer, d, saved):
         if self.k_eq_v:  # both uses of x W_k
             d["k"] = d["k"] + d.pop("v")
-        dx = 0.0
-        for n, dn in d.items():
-            dxi, grads[f"W_{n}"], db = linear_backward(dn, saved[n])
-            if db is not None:
-                grads[f"b_{n}"] = db
-            dx = dx + dxi
-        return dx
+        return super().linears_backward(layer, d, saved)
 
 
 def _rotary(rope_base, rope_pairs, d):
