@@ -675,3 +675,25 @@ def _mimo_config(cfg: dict) -> dict:
             FULL if i == 0 or (i + 1) % 6 == 0 else SLIDING for i in range(n)
         ]
     return out
+
+
+def _mla_sizes(cfg: dict) -> tuple[tuple, dict]:
+    """DeepSeek's multi-head latent attention sizes from ``cfg``:
+    ``(args, kwargs)`` of :class:`~attn_np.MultiHeadLatentAttention`'s
+    ``(d_model, n_heads, d_head, d_latent_kv, d_rope)`` and its
+    ``d_latent_q`` (None without ``q_lora_rank``), ``d_head_v`` and the
+    latent norms every family of it keeps."""
+    q_lora = cfg.get("q_lora_rank")
+    args = (
+        count(cfg, "hidden_size"),
+        count(cfg, "num_attention_heads"),
+        count(cfg, "qk_nope_head_dim"),
+        count(cfg, "kv_lora_rank"),
+        count(cfg, "qk_rope_head_dim"),
+    )
+    kw = dict(
+        d_latent_q=None if q_lora is None else count(cfg, "q_lora_rank"),
+        d_head_v=count(cfg, "v_head_dim"),
+        latent_norm=True,
+    )
+    return args, kw

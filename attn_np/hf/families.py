@@ -53,6 +53,7 @@ from .config import (
     FULL,
     MODEL_TYPE_ALIASES,
     SLIDING,
+    _mla_sizes,
     count,
     flag,
     language_model,
@@ -798,8 +799,6 @@ def _mla(cfg, model_type, layer_idx):
 def _latent(cfg, model_type):
     """DeepSeek-V2/V3 multi-head latent attention; V3.2's with the
     lightning indexer (chapter 13)."""
-    d_model = count(cfg, "hidden_size")
-    n_heads = count(cfg, "num_attention_heads")
     q_lora = cfg.get("q_lora_rank")
     if flag(cfg, "attention_bias"):
         raise ValueError(
@@ -812,19 +811,10 @@ def _latent(cfg, model_type):
             "implemented"
         )
     interleave = flag(cfg, "rope_interleave") is not False
-    args = (
-        d_model,
-        n_heads,
-        count(cfg, "qk_nope_head_dim"),
-        count(cfg, "kv_lora_rank"),
-        count(cfg, "qk_rope_head_dim"),
-    )
-    kw = dict(
-        d_latent_q=None if q_lora is None else count(cfg, "q_lora_rank"),
-        d_head_v=count(cfg, "v_head_dim"),
+    args, kw = _mla_sizes(cfg)
+    kw.update(
         rope_base=base,
         rope_layout="interleaved" if interleave else "half",
-        latent_norm=True,
         rope_scaling=scaling,
     )
     if model_type == "deepseek_v32":

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..linear import KimiDeltaAttention
-from .config import count, flag, get_object, number
+from .config import _mla_sizes, count, flag, get_object, number
 from .layers import HFLatentAttention
 
 # linear_attn_config's key -> transformers 5's spelling of it
@@ -119,20 +119,8 @@ def _nope_mla(cfg):
             f"({n_heads}) for Kimi Linear's MLA (every head its own key "
             f"and value from the latent), got {n_kv}"
         )
-    q_lora = cfg.get("q_lora_rank")
-    args = (
-        count(cfg, "hidden_size"),
-        n_heads,
-        count(cfg, "qk_nope_head_dim"),
-        count(cfg, "kv_lora_rank"),
-        count(cfg, "qk_rope_head_dim"),
-    )
-    kw = dict(
-        d_latent_q=None if q_lora is None else count(cfg, "q_lora_rank"),
-        d_head_v=count(cfg, "v_head_dim"),
-        latent_norm=True,
-        rotary=_Unrotated(),
-    )
+    args, kw = _mla_sizes(cfg)
+    kw["rotary"] = _Unrotated()
     return HFLatentAttention, args, kw, {"kind": "mla"}
 
 
