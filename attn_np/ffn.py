@@ -154,13 +154,16 @@ class SwiGLU:
         self._cache = None
         self._packed = None  # pack()'s (buffer, views)
 
-    def pack(self):
+    def pack(self, out=None):
         """Keep ``W_gate`` and ``W_up`` side by side in one ``[d_model, 2
-        d_ff]`` buffer, ``params`` views of it: a decode step then makes
-        both products as one (:meth:`~attn_np.GroupedQueryAttention.
-        pack_projections` says why). Returns the layer."""
+        d_ff]`` buffer (``out`` if given), ``params`` views of it: a decode
+        step then makes both products as one (:meth:`~attn_np.
+        GroupedQueryAttention.pack_projections` says why). Returns the
+        layer."""
         names = ("W_gate", "W_up")
-        self._packed = side_by_side(*(self.params[n] for n in names))
+        self._packed = side_by_side(
+            *(self.params[n] for n in names), out=out
+        )
         self.params.update(zip(names, self._packed[1]))
         return self
 

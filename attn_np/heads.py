@@ -53,10 +53,11 @@ def flat(t):
     return t.reshape(-1, t.shape[-1])
 
 
-def side_by_side(*matrices):
+def side_by_side(*matrices, out=None):
     """``(buffer, views)``: matrices ``[d, n_i]`` copied side by side into
-    one contiguous ``[d, n_1 + n_2 + ...]`` buffer, and views of its
-    columns that hold them (the same numbers).
+    one contiguous ``[d, n_1 + n_2 + ...]`` buffer (``out``, a C-ordered
+    array of that shape and the matrices' dtype, if given), and views of
+    its columns that hold them (the same numbers).
 
     One product ``x @ buffer`` then makes every ``x @ matrix`` at once,
     the results split off as column views: a decode step's ``q``, ``k``
@@ -72,7 +73,22 @@ def side_by_side(*matrices):
         raise ValueError(
             f"matrices must be [d, n_i] with the same d, got {shapes}"
         )
-    buffer = np.concatenate(matrices, axis=1)  # [d, sum n_i]
+    if out is None:
+        buffer = np.concatenate(matrices, axis=1)  # [d, sum n_i]
+    else:
+        shape = (matrices[0].shape[0], sum(m.shape[1] for m in matrices))
+        if (
+            not isinstance(out, np.ndarray)
+            or out.shape != shape
+            or out.dtype != np.result_type(*matrices)
+            or not out.flags.c_contiguous
+        ):
+            raise ValueError(
+                f"out must be a C-ordered {shape} array of "
+                f"{np.result_type(*matrices)}, got "
+                f"{getattr(out, 'shape', type(out).__name__)}"
+            )
+        buffer = np.concatenate(matrices, axis=1, out=out)
     ends = np.cumsum([m.shape[1] for m in matrices])
     starts = ends - [m.shape[1] for m in matrices]
     views = [buffer[:, a:b] for a, b in zip(starts, ends)]
@@ -87,7 +103,10 @@ def still_side_by_side(packed, arrays):
     if packed is None:
         return None
     buffer, views = packed
-    if all(a is v and a.base is buffer for a, v in zip(arrays, views)):
+    # a view's base is the array that owns the memory (the buffer, or the
+    # allocation the buffer is itself a view of)
+    owner = buffer if buffer.base is None else buffer.base
+    if all(a is v and a.base is owner for a, v in zip(arrays, views)):
         return buffer
     return None
 

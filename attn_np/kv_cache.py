@@ -391,14 +391,17 @@ class KVCache(CacheBuffer):
         self.append_parts({"k": k, "v": v})
         return self.keys, self.values
 
-    def append_step(self, k, v):
+    def append_step(self, k, v, *, transposed=False):
         """:meth:`append` for a layer's decode step: one position's keys
         ``[B, n_kv, 1, d_k]`` and values ``[B, n_kv, 1, d_v]`` that the
         layer made itself from an input it checked, written into the next
         column without the checks of :meth:`append` when they fit the
         buffer as it is (its layout and dtype, a free column, no window);
         anything else goes through :meth:`append`. Returns every cached
-        key and value (views)."""
+        key and value (views); ``transposed=True``: as they are stored,
+        ``K^T [B, n_kv, d_k, n]`` and ``V^T [B, n_kv, d_v, n]``, each head
+        a block of contiguous rows (what a decode step's products
+        read)."""
         buf, n = self._buf, self._len
         if (
             self.window is not None
@@ -410,11 +413,16 @@ class KVCache(CacheBuffer):
             or v.shape[:-1] != k.shape[:-1]
             or (k.shape[-1], v.shape[-1]) != self._widths
         ):
-            return self.append(k, v)
+            K, V = self.append(k, v)
+            if transposed:
+                return K.swapaxes(-1, -2), V.swapaxes(-1, -2)
+            return K, V
         d_k = self._widths[0]
         buf[..., :d_k, n] = k[..., 0, :]  # [B, n_kv, d_k] into column n
         buf[..., d_k:, n] = v[..., 0, :]
         self._len, self._seen = n + 1, self._seen + 1
+        if transposed:
+            return buf[..., :d_k, : n + 1], buf[..., d_k:, : n + 1]
         return self.keys, self.values
 
     def step(self, q, k, v, rotary=None):

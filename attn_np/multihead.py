@@ -408,7 +408,7 @@ class GroupedQueryAttention:
         v = split_heads((xf @ W["W_v"]).reshape(B, L, -1), n_kv, self.d_v)
         return q, k, v
 
-    def pack_projections(self):
+    def pack_projections(self, out=None):
         """Keep ``W_q``, ``W_k`` and ``W_v`` side by side in one buffer
         ``[d_model, (n_heads + n_kv_heads) d_k + n_kv_heads d_v]``, with
         ``params`` views of its columns (the same numbers and keys; an
@@ -420,11 +420,15 @@ class GroupedQueryAttention:
         read at the rate memory gives, and one long read of the three
         matrices goes at a better rate than three shorter ones. (A
         projection part makes q, k and v itself: nothing to pack.)
-        Returns the layer.
+        ``out``: the buffer to fill (:func:`~attn_np.heads.side_by_side`),
+        for a model that keeps its weights in one allocation. Returns the
+        layer.
         """
         if self.projection is None:
             names = ("W_q", "W_k", "W_v")
-            self._packed = side_by_side(*(self.params[n] for n in names))
+            self._packed = side_by_side(
+                *(self.params[n] for n in names), out=out
+            )
             self.params.update(zip(names, self._packed[1]))
         return self
 

@@ -16,6 +16,7 @@ LAB = ("bench", "instruments")
 CHAPTER = {
     "_checks": 0,
     "_workers": 0,
+    "_blas": 0,
     "softmax": 1,
     "masks": 1,
     "attention": 1,

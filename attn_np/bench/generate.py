@@ -52,6 +52,7 @@ from attn_np.instruments.measure import (
 from attn_np.instruments.paired import spread_text
 from attn_np.instruments.plotting import format_bytes
 from attn_np.pretrained import load_gguf, smollm2_path
+from attn_np.pretrained.decode import _by_rows, _times
 
 from ._help import description as _description
 from .serve import kernels_text
@@ -90,11 +91,11 @@ def setup(model, prompt_len, seed=0):
 
 
 def products_only(model, seed=0):
-    """The weight products of one decode step alone, as the layers make
-    them (``x @ W`` for every matrix of every block, one product for
-    matrices packed side by side, and the tied head):
-    the step without its norms, RoPE, cache, checks and Python, to time
-    beside it."""
+    """The weight products of one decode step alone, as the step makes
+    them (:func:`~attn_np.pretrained.decode._times` for every matrix of
+    every block, one product for matrices packed side by side, and the
+    tied head): the step without its norms, RoPE, cache, checks and
+    Python, to time beside it."""
     rng = np.random.default_rng(seed)
     d, f = model.d_model, model.config.d_ff
     x = rng.standard_normal((1, d)).astype(model.dtype)  # [1, d]
@@ -104,18 +105,19 @@ def products_only(model, seed=0):
     E = model.head_weight  # [V, d], stored column by column
 
     def run():
+        rows = _by_rows(x[None])  # as the step decides, at each call
         for blk in model.blocks:
             a, p = blk.attn.params, blk.ffn.params
             qkv, gate_up = blk.attn.packed_qkv, blk.ffn.packed_gate_up
             if qkv is None:
                 x @ a["W_q"], x @ a["W_k"], x @ a["W_v"]
             else:  # side by side (pack_projections): one product
-                x @ qkv
+                _times(x, qkv, rows)
             if gate_up is None:
                 x @ p["W_gate"], x @ p["W_up"]
             else:
-                x @ gate_up
-            o @ a["W_o"], h @ p["W_down"]
+                _times(x, gate_up, rows)
+            _times(o, a["W_o"], rows), _times(h, p["W_down"], rows)
         return x @ E.T  # [1, d] @ [d, V]
 
     return run

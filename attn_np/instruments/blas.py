@@ -8,48 +8,19 @@ the chapter-5 model an order of magnitude faster than two. One thread also
 fixes the order of every floating-point sum, so a run repeats bit for bit.
 
 NumPy has no public switch for this, so we call OpenBLAS's own
-``set_num_threads`` through ``ctypes``, as the ``threadpoolctl`` package
-does. With a BLAS other than the OpenBLAS that NumPy's wheels bundle, the
-functions do nothing and return ``None``.
+``set_num_threads`` through ``ctypes`` (found by :mod:`attn_np._blas`),
+as the ``threadpoolctl`` package does. With a BLAS other than the
+OpenBLAS that NumPy's wheels bundle, the functions do nothing and return
+``None``.
 """
 
 from __future__ import annotations
 
 import ctypes
-import glob
-import os
 from contextlib import contextmanager
 
-import numpy as np
-
+from .._blas import _LIB, _functions
 from .._checks import check_count
-
-_PREFIXES = ("scipy_openblas", "openblas")
-_SUFFIXES = ("64_", "")
-
-
-def _functions(*names):
-    """The functions ``names`` (``"get_num_threads"``, ...) of the
-    OpenBLAS bundled with NumPy, all from one library under one naming
-    (``scipy_openblas``/``openblas``, with or without the 64-bit
-    suffix), or ``None``."""
-    here = os.path.dirname(np.__file__)
-    for path in glob.glob(
-        os.path.join(here, "..", "numpy.libs", "*openblas*")
-    ) + glob.glob(os.path.join(here, ".dylibs", "*openblas*")):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for prefix in _PREFIXES:
-            for suffix in _SUFFIXES:
-                fns = [
-                    getattr(lib, f"{prefix}_{name}{suffix}", None)
-                    for name in names
-                ]
-                if all(fn is not None for fn in fns):
-                    return fns
-    return None
 
 
 def blas_kernels() -> str | None:
@@ -68,21 +39,6 @@ def blas_kernels() -> str | None:
     fns[0].restype = ctypes.c_char_p
     name = fns[0]()
     return None if name is None else name.decode(errors="replace")
-
-
-def _openblas():
-    """``(get, set)`` functions of the OpenBLAS bundled with NumPy, or
-    ``None``."""
-    fns = _functions("get_num_threads", "set_num_threads")
-    if fns is None:
-        return None
-    get, put = fns
-    get.restype = ctypes.c_int
-    put.argtypes = [ctypes.c_int]
-    return get, put
-
-
-_LIB = _openblas()
 
 
 def get_blas_threads() -> int | None:

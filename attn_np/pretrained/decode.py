@@ -12,12 +12,18 @@ equations and weights and none of that:
 
     h = RMSNorm(x)                  (norm1's gain)
     q, k, v = h [W_q | W_k | W_v]   (the layer's packed projection)
-    q, k turned by RoPE at the cache's length (the kept tables)
+    q, k turned by RoPE at the cache's length, q scaled by 1/sqrt(d)
+                                    (one table for all the layers)
     k, v written into the cache's next column
-    p = softmax(q K^T / sqrt(d))    (each group's G query heads stacked)
+    p = softmax(q K^T)              (each group's G query heads stacked)
     x = x + (p V) W_o
     x = x + SwiGLU(RMSNorm(x))
     logits = RMSNorm(x) E^T
+
+At batch 1 every product of a block is a vector times a matrix, made
+by :func:`_times` (the rows of the matrix added up one after the
+other), and the model keeps those matrices in one allocation
+(:func:`~attn_np.pretrained.load_gguf`).
 
 The model checks what enters once (the token ids, the cache), and the
 logits once: a score or an output that overflowed shows there as a NaN
@@ -27,12 +33,14 @@ the layers' own step (float64: to 1e-12; float32: to rounding).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from .._blas import _thread_count
 from .._checks import all_finite, check_scale
 from ..ffn import swiglu_step
 from ..kv_cache import KVCache
-from ..rope import _pairs
 from ..rope import position_tables as _position_tables
 
 
@@ -53,92 +61,145 @@ def _fusable(model, x, kv_cache, where) -> bool:
 
 
 def _norm(x, layer):
-    """Chapter 5's RMSNorm of ``x [B, 1, d]`` with ``layer``'s gain: the
-    numbers of :func:`~attn_np.norms.rmsnorm_step`."""
-    ms = np.add.reduce(x * x, axis=-1, keepdims=True) / x.shape[-1]
-    return x * (1.0 / np.sqrt(ms + layer.eps)) * layer.params["g"]
+    """Chapter 5's RMSNorm of ``x [B, 1, d]`` with ``layer``'s gain,
+    ``x g / sqrt(mean(x^2) + eps)``. One row's mean square is a Python
+    number, its root taken by :mod:`math`: three NumPy calls."""
+    d, eps = x.shape[-1], layer.eps
+    if x.shape[0] == 1:
+        row = x.reshape(d)
+        r = 1.0 / math.sqrt(float(np.dot(row, row)) / d + eps)
+    else:  # [B, 1, 1]
+        r = 1.0 / np.sqrt(np.vecdot(x, x)[..., None] / d + eps)
+    h = x * layer.params["g"]
+    h *= r
+    return h
 
 
-def _rotate(layer, t, position):
-    """``t [B, heads, d]``, the heads of q and k side by side, turned by
-    chapter 6's RoPE at ``position`` (the kept tables of
-    :func:`~attn_np.rope.position_tables`, the arithmetic of
-    :func:`~attn_np.rope.rope_step`), or None where the tables do not
-    reach (the layer's own step then names what is wrong)."""
-    r = layer.rotary
-    if r is None:
-        return t
-    d = t.shape[-1]
-    rd = d if r.rotary_dim is None else r.rotary_dim
-    tables = _position_tables(r.base, r.layout, rd, position, t.dtype)
-    if tables is None:
+def _turn_tables(layer, position, tables):
+    """The tables that turn the query and key heads of ``layer`` side by
+    side, ``[H + n_kv, d]`` in the pairs' shape (``[.., d/2, 2]``
+    interleaved, ``[.., 2, d/2]`` rotate-half): ``(C, S)``, chapter 6's
+    ``cos`` and signed ``sin`` at ``position`` (:func:`~attn_np.rope.
+    position_tables`), the query heads' rows times the score scale, so
+    that ``x C + swap(x) S`` turns and scales them in three operations.
+    ``S`` is None without RoPE. Kept in ``tables`` for the other layers of
+    the step; None where the tables do not reach ``position`` or the
+    rotation is partial (the layer's own step then takes it)."""
+    r, H, n_kv, d = layer.rotary, layer.n_heads, layer.n_kv_heads, layer.d_k
+    scale = check_scale(layer.scale, d)
+    spec = None if r is None else (r.base, r.layout, r.rotary_dim)
+    key = (spec, H, n_kv, d, scale)
+    if key not in tables:
+        tables[key] = _tables(spec, H, n_kv, d, scale, position, layer.dtype)
+    return tables[key]
+
+
+def _tables(spec, H, n_kv, d, scale, position, dtype):
+    scales = np.ones((H + n_kv, 1, 1), dtype=dtype)
+    scales[:H] = scale
+    if spec is None:  # no RoPE: the query heads scaled
+        return scales, None
+    base, layout, rd = spec
+    if rd not in (None, d):
         return None
-    cos_r, sin_r = tables[2][0], tables[3][0]  # [rd] each
-    tr = t[..., :rd]
-    swapped = np.empty(tr.shape, dtype=t.dtype)  # (a, b) -> (b, a)
-    sa, sb = _pairs(swapped, r.layout, rd)
-    ta, tb = _pairs(tr, r.layout, rd)
-    sa[...], sb[...] = tb, ta
-    swapped *= sin_r  # (-b sin, a sin)
-    y = np.empty_like(t)
-    y[..., rd:] = t[..., rd:]
-    np.multiply(tr, cos_r, out=y[..., :rd])
-    y[..., :rd] += swapped  # (a cos - b sin, a sin + b cos)
-    return y
+    t = _position_tables(base, layout, d, position, dtype)
+    if t is None:
+        return None
+    pairs = (d // 2, 2) if layout == "interleaved" else (2, d // 2)
+    cos_r, sin_r = t[2][0].reshape(pairs), t[3][0].reshape(pairs)
+    return cos_r * scales, sin_r * scales  # [H + n_kv, *pairs] each
 
 
-def _attention(layer, h, cache):
+def _swap(t, layout):
+    """``t [..., d/2, 2]`` (interleaved) or ``[..., 2, d/2]`` (rotate-half)
+    with each pair's members swapped, ``(a, b) -> (b, a)``: a view."""
+    return t[..., ::-1] if layout == "interleaved" else t[..., ::-1, :]
+
+
+def _attention(layer, h, cache, tables, by_rows):
     """The attention half of a block for ``h [B, 1, d_model]`` (the
     normed input): ``[B, 1, d_model]``, the cache one column longer."""
     packed = layer.packed_qkv
-    if packed is None:  # three matrices: the layer's own step
+    turn = (
+        None if packed is None else _turn_tables(layer, len(cache), tables)
+    )
+    if turn is None:  # three matrices or a partial RoPE: the layer's step
         return layer._decode_one(h, cache)
     B = h.shape[0]
     H, n_kv, d = layer.n_heads, layer.n_kv_heads, layer.d_k
-    qkv = h.reshape(B, -1) @ packed  # [B, (H + 2 n_kv) d]
-    qk = _rotate(layer, qkv[:, : (H + n_kv) * d].reshape(B, H + n_kv, d),
-                 len(cache))  # fmt: skip
-    if qk is None:
-        return layer._decode_one(h, cache)
-    k = qk[:, H:, None]  # [B, n_kv, 1, d]
+    qkv = _times(h.reshape(B, -1), packed, by_rows)  # [B, (H + 2 n_kv) d]
+    C, S = turn
+    qk = qkv[:, : (H + n_kv) * d].reshape((B,) + C.shape)
+    qk_turned = qk * C  # the query heads scaled by 1/sqrt(d) too
+    if S is not None:
+        qk_turned += _swap(qk, layer.rotary.layout) * S
+    qk_turned = qk_turned.reshape(B, H + n_kv, d)
     v = qkv[:, (H + n_kv) * d :].reshape(B, n_kv, 1, layer.d_v)
-    K, V = cache.append_step(k, v)  # [B, n_kv, n, d], stored transposed
-    q = qk[:, :H].reshape(B, n_kv, H // n_kv, d)  # heads kv * G + g
-    # [B, n_kv, G, d] @ [B, n_kv, d, n] -> [B, n_kv, G, n]
-    s = (q * check_scale(layer.scale, d)) @ K.swapaxes(-1, -2)
+    # the cache as stored: K^T [B, n_kv, d, n], V^T [B, n_kv, d_v, n]
+    Kt, Vt = cache.append_step(qk_turned[:, H:, None], v, transposed=True)
+    q = qk_turned[:, :H].reshape(B, n_kv, H // n_kv, d)  # heads kv * G + g
+    s = q @ Kt  # [B, n_kv, G, d] @ [B, n_kv, d, n] -> [B, n_kv, G, n]
     s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
     s /= s.sum(axis=-1, keepdims=True)
-    # V^T [B, n_kv, d_v, n] @ P^T [B, n_kv, n, G] -> [B, n_kv, d_v, G]
-    o = V.swapaxes(-1, -2) @ s.swapaxes(-1, -2)
-    o = o.swapaxes(-1, -2).reshape(B, 1, -1)  # heads kv * G + g in order
+    o = s @ Vt.swapaxes(-1, -2)  # [B, n_kv, G, n] @ [B, n_kv, n, d_v]
     layer._att = None  # no weights kept: the layer's own forward keeps them
-    return o @ layer.params["W_o"]  # [B, 1, h d_v] @ [h d_v, d_model]
+    # [B, 1, h d_v] (heads kv * G + g in order) @ [h d_v, d_model]
+    return _times(o.reshape(B, -1), layer.params["W_o"], by_rows).reshape(
+        B, 1, -1
+    )
 
 
-def _swiglu(ffn, h):
+def _times(x, W, by_rows):
+    """``x [B, n] @ W [n, m]``. With ``by_rows`` (one row, one BLAS
+    thread) over a C-ordered ``W``, made as ``y = sum_i x_i W[i, :]`` with
+    :func:`numpy.einsum`: ``W``'s rows added into ``y`` one after the
+    other, one read of ``W`` front to back while ``y`` stays in the
+    core's first-level cache. BLAS's matrix-vector kernel reads several
+    rows at a time, and on rows as short as a block's (576 to 3,072
+    numbers) it streams them more slowly on the machines measured in
+    chapter 14; with more threads, BLAS's product splits the rows
+    between the cores, which one :func:`numpy.einsum` cannot."""
+    if by_rows and W.flags.c_contiguous:
+        return np.einsum("i,ij->j", x[0], W)[None]  # [1, m]
+    return x @ W
+
+
+def _by_rows(x) -> bool:
+    """Whether the step of ``x [B, 1, d]`` makes its products with
+    :func:`numpy.einsum` (:func:`_times`): one row, one BLAS thread."""
+    return x.shape[0] == 1 and _thread_count() == 1
+
+
+def _swiglu(ffn, h, by_rows):
     """SwiGLU of ``h [B, 1, d]``: ``(silu(h W_gate) * h W_up) W_down``,
     with ``silu(a) = a / (1 + e^-a)`` (an ``e^-a`` that overflows gives
     the limit 0; the step runs with overflow warnings off)."""
     f, packed = ffn.params, ffn.packed_gate_up
     if packed is None:
         return swiglu_step(h, f["W_gate"], f["W_up"], f["W_down"])
-    ab = h @ packed  # [B, 1, 2 d_ff]: gate, then up
+    ab = _times(
+        h.reshape(h.shape[0], -1), packed, by_rows
+    )  # [B, 2 d_ff]: gate, up
     n = f["W_gate"].shape[1]
     a, b = ab[..., :n], ab[..., n:]
     b *= a
     b /= 1.0 + np.exp(-a)
-    return b @ f["W_down"]  # [B, 1, d_ff] @ [d_ff, d]
+    return _times(b, f["W_down"], by_rows).reshape(h.shape)  # [B, 1, d]
 
 
 def _decode_step(model, x, kv_cache):
     """The logits ``[B, 1, vocab]`` of the next token for ``x [B, 1, d]``
     (its embedding) over ``kv_cache``, each layer's cache one column
     longer (:func:`_fusable` must hold)."""
+    tables = {}  # the step's RoPE tables, made once for all the layers
+    rows = _by_rows(x)
+    x = x.copy()  # the residual stream, added to in place
     with np.errstate(over="ignore", invalid="ignore"):  # checked below
         for blk, cache in zip(model.blocks, kv_cache.caches):
-            x = x + _attention(blk.attn, _norm(x, blk.norm1), cache)
-            x = x + _swiglu(blk.ffn, _norm(x, blk.norm2))
+            h = _norm(x, blk.norm1)
+            x += _attention(blk.attn, h, cache, tables, rows)
+            x += _swiglu(blk.ffn, _norm(x, blk.norm2), rows)
         logits = _norm(x, model.norm_f) @ model.head_weight.T
     if not all_finite(logits):
         raise ValueError(
