@@ -102,8 +102,13 @@ def swiglu_step(x, W_gate, W_up, W_down, W_gate_up=None):
     else:  # [..., d] @ [d, 2 d_ff] -> [..., 2 d_ff], split as views
         ab = x @ W_gate_up
         a, b = ab[..., : W_gate.shape[1]], ab[..., W_gate.shape[1] :]
+    # silu(a) * b = a b / (1 + e^-a), in b's memory, one exponential: an
+    # e^-a that overflows (a below about -88 in float32) gives the limit 0
     b *= a
-    b *= sigmoid(a)  # silu(a) * b, in b's memory
+    with np.errstate(over="ignore"):
+        e = np.exp(np.negative(a))
+    e += 1.0
+    b /= e
     return b @ W_down  # [..., d_ff] -> [..., d]
 
 

@@ -130,12 +130,13 @@ def test_main_prints_within_77_columns(capsys, monkeypatch):
 
 def test_read_probes_read_what_they_say():
     probes = read_probes(2**20)
-    assert len(probes) == 3
+    assert len(probes) == 4
     for name, (fn, nbytes) in probes.items():
         assert nbytes == 2**20
-        out = np.asarray(fn())
-        # every probe adds up ones: 1024 per row, or all of them
-        assert np.all(out == (2**18 if out.ndim == 0 else 1024)), name
+        out = np.asarray(fn()).astype(np.float64)
+        # every probe adds up the 2**18 ones, each once: all of them, 1024
+        # per row of a [256, 1024] matrix, or 256 per column of it
+        assert out.sum() == 2**18 and np.all(out == out.flat[0]), name
 
 
 def test_step_parts_are_the_steps_work():

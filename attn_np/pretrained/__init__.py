@@ -142,9 +142,10 @@ def _fill(model, ckpt, c, dtype) -> None:
     ``W_o``, gate and up side by side, ``W_down``; then the tied head),
     the parameters views of it. NumPy asks Linux for 2 MiB pages
     (transparent huge pages, ``madvise``) on every array of 4 MiB or
-    more: one allocation of some 540 MB gets them throughout, where most
-    of the matrices alone (``W_o`` is 1.3 MB) would get 4 KiB pages, and
-    the step's reads would cross some 130,000 pages instead of some 270.
+    more: one allocation of some 540 MB gets them throughout, where the
+    matrices under 4 MiB alone (SmolLM2's packed q, k, v, its ``W_o`` and
+    ``W_down``, two fifths of the bytes) would get 4 KiB pages, 512 for
+    each large one.
     """
     d, h, n_kv, d_k, f = c.d_model, c.n_heads, c.n_kv_heads, c.d_k, c.d_ff
     per_block = d * (h + 2 * n_kv) * d_k + h * d_k * d + 3 * d * f
@@ -199,20 +200,24 @@ def _fill(model, ckpt, c, dtype) -> None:
     # E [vocab, d] stored column by column (a transposed view of [d,
     # vocab]): the head's h @ E^T then reads E^T's rows one after the other,
     # the product BLAS streams fastest; a lookup E[ids] reads d numbers.
-    E = ckpt.array("token_embd.weight", (c.vocab_size, d))
-    Et = (
-        take((d, c.vocab_size))
-        if head
-        else np.empty((d, c.vocab_size), dtype)
-    )
-    Et[...] = E.T
-    model.embed.params["W"] = Et.T
+    Et = take((d, c.vocab_size)) if head else None
+    model.embed.params["W"] = _embedding(ckpt, c, dtype, Et)
     model.norm_f.params["g"] = vector("output_norm.weight")
     if not c.tied_embeddings:
         model.head = Embedding(c.vocab_size, d, dtype=dtype)
         model.head.params["W"] = ckpt.array(
             "output.weight", (c.vocab_size, d)
         ).astype(dtype)
+
+
+def _embedding(ckpt, c, dtype, out=None):
+    """The file's ``E [vocab, d]`` in ``dtype``, a transposed view of ``out``
+    (a C-ordered ``[d, vocab]`` array; a new one if None)."""
+    E = ckpt.array("token_embd.weight", (c.vocab_size, c.d_model))
+    if out is None:
+        out = np.empty((c.d_model, c.vocab_size), dtype=dtype)
+    out[...] = E.T
+    return out.T
 
 
 __all__ = [
