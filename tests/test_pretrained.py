@@ -543,3 +543,34 @@ def test_decode_products_row_by_row():
         assert _by_rows(x3) and not _by_rows(np.zeros((2, 1, 8)))
     with blas_threads(2):
         assert not _by_rows(x3)
+
+
+def test_the_reader_reads_what_ggufs_reader_reads(tmp_path):
+    """The checkpoint's reader (plain slices of the mapped file) gives the
+    stock gguf.GGUFReader's fields and tensors: every part of every field,
+    strings and arrays of strings included, and every tensor's bytes."""
+    import gguf
+
+    p = tmp_path / "strings.gguf"
+    w = gguf.GGUFWriter(str(p), "llama")
+    w.add_block_count(1)
+    w.add_token_list(["a", "bé", "<|im_start|>", ""] * 5)
+    w.add_token_merges(["a b", "c d"])
+    w.add_array("test.floats", [0.5, -1.25])
+    w.add_tensor("x", np.arange(12, dtype=np.float32).reshape(3, 4))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    stock, ours = gguf.GGUFReader(p), GGUFCheckpoint(p).reader
+    assert list(ours.fields) == list(stock.fields)
+    for key, f in stock.fields.items():
+        g = ours.fields[key]
+        assert (g.offset, g.data, g.types) == (f.offset, f.data, f.types)
+        assert len(g.parts) == len(f.parts)
+        for a, b in zip(g.parts, f.parts):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert [t.name for t in ours.tensors] == [t.name for t in stock.tensors]
+    for a, b in zip(ours.tensors, stock.tensors):
+        assert a.data_offset == b.data_offset
+        np.testing.assert_array_equal(a.data, b.data)

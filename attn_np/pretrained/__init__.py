@@ -34,7 +34,7 @@ from .gguf_file import (
     LlamaConfig,
     smollm2_path,
 )
-from .model import CausalLM, DecoderBlock, ModelCache
+from .model import CausalLM, DecoderBlock, ModelCache, _zero_grads
 from .sampling import sample_next, sampler
 from .tokenizer import GGUFTokenizer, tokenizer_from_gguf
 
@@ -68,7 +68,7 @@ def load_gguf(
     model = CausalLM(c, dtype=dtype, rope_layout=rope_layout)
     _fill(model, ckpt, c, dtype)
     for layer in model.children().values():  # zeros of the new shapes
-        layer.grads = {k: np.zeros_like(v) for k, v in layer.params.items()}
+        _zero_grads(layer)
     model.tokenizer = tokenizer_from_gguf(ckpt)
     model.source = {
         "path": str(ckpt.path),
@@ -216,7 +216,10 @@ def _embedding(ckpt, c, dtype, out=None):
     E = ckpt.array("token_embd.weight", (c.vocab_size, c.d_model))
     if out is None:
         out = np.empty((c.d_model, c.vocab_size), dtype=dtype)
-    out[...] = E.T
+    # transposed a block of rows at a time: each block's reads and writes
+    # stay within the caches, where one whole transpose would not
+    for i in range(0, c.vocab_size, 1024):
+        out[:, i : i + 1024] = E[i : i + 1024].T
     return out.T
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from gguf import GGUFReader
 
 #: The tensor types this module dequantises (anything else is refused).
 BUILT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
@@ -68,6 +69,33 @@ def smollm2_path() -> Path:
     return Path(spec.submodule_search_locations[0]) / SMOLLM2_FILE
 
 
+class _Reader(GGUFReader):
+    """ggml-org's :class:`gguf.GGUFReader`, its values sliced from a plain
+    array.
+
+    The reader maps the file (:class:`numpy.memmap`) and reads every
+    value of the metadata through a slice of that map, two slices a
+    string. A memmap's slice is a memmap too, and NumPy makes each with
+    a check of the memory it shares (``memmap.__array_finalize__``),
+    several times the cost of a plain slice. SmolLM2's tokenizer is
+    some 98,000 strings (its vocabulary and its merges): those slices
+    were most of the time the stock reader took to open the file. This
+    reader slices a plain view of the same mapped bytes instead (the
+    same numbers, no copy): the same fields and tensors, which
+    ``tests/test_pretrained.py`` compares with the stock reader's.
+    """
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        plain = self.__dict__.get("_plain")
+        if plain is None or plain.base is not self.data:
+            plain = self._plain = self.data.view(np.ndarray)
+        count = int(count)
+        end = offset + np.dtype(dtype).itemsize * count
+        arr = plain[offset:end].view(dtype=dtype)[:count]
+        order = self.byte_order if override_order is None else override_order
+        return arr.view(arr.dtype.newbyteorder(order))
+
+
 class GGUFCheckpoint:
     """A GGUF file, checked: ``fields`` (metadata), ``tensors`` (by name)
     and :meth:`array` (a tensor dequantised, in NumPy's row-major order:
@@ -91,10 +119,8 @@ class GGUFCheckpoint:
                 f"path {str(self.path)!r} is not a GGUF file: it starts "
                 f"with {magic!r}, not {GGUF_MAGIC!r}"
             )
-        from gguf import GGUFReader
-
         try:
-            reader = GGUFReader(self.path)
+            reader = _Reader(self.path)
         except Exception as err:  # a header cut short, a bad count, ...
             raise ValueError(
                 f"path {str(self.path)!r}: its GGUF header cannot be read "

@@ -109,6 +109,16 @@ class ModelCache:
         )
 
 
+def _zero_grads(layer) -> None:
+    """``layer.grads``: zeros of its parameters' shapes and dtypes, from
+    :func:`numpy.zeros`, whose large arrays the operating system hands
+    out as zero pages when first written (the half gibibyte of a model's
+    gradients costs nothing until a backward fills it)."""
+    layer.grads = {
+        k: np.zeros(v.shape, v.dtype) for k, v in layer.params.items()
+    }
+
+
 class CausalLM(Composite):
     """A decoder-only language model with real weights.
 
@@ -200,9 +210,7 @@ class CausalLM(Composite):
         for p, (layer, name) in zip(self.params.values(), m._param_slots()):
             layer.params[name] = p.astype(dtype, order="K")
         for layer in m.children().values():
-            layer.grads = {
-                k: np.zeros_like(v) for k, v in layer.params.items()
-            }
+            _zero_grads(layer)
         for mine, theirs in zip(self.blocks, m.blocks):  # packed alike
             if mine.attn.packed_qkv is not None:
                 theirs.attn.pack_projections()
@@ -434,6 +442,6 @@ class CausalLM(Composite):
                 )
             if a._packed is not None:  # side by side again
                 a.pack_projections()
-            a.grads = {k: np.zeros_like(p) for k, p in a.params.items()}
+            _zero_grads(a)
             a.rope_layout = "half"
         return self
