@@ -5,8 +5,8 @@ float32) and does little arithmetic with each: its time should be those
 bytes at the rate memory streams them. Through the layers, every one of
 the thirty blocks also checks its input and its cache, builds its
 rotation and its core's bookkeeping, and keeps what a backward would
-need; at one token those steps cost about 150 us a block, a sixth of the
-step. :func:`_decode_step` is the same step for one token over plain
+need; at one token those steps take a good part of the step's time.
+:func:`_decode_step` is the same step for one token over plain
 caches (chapter 4's :class:`~attn_np.KVCache`), with the layers'
 equations and weights and none of that:
 
