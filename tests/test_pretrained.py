@@ -206,7 +206,7 @@ def _layered(monkeypatch):
 
 @pytest.fixture(scope="module")
 def model32(ckpt):
-    return load_gguf(ckpt, dtype=np.float32)
+    return load_gguf(ckpt)  # float32 by default
 
 
 @pytest.mark.parametrize(
@@ -330,8 +330,8 @@ def test_backward_fills_every_grad(model64, fx):
 
 # ---------------------------------------------------------------- the model
 @needs_weights
-def test_float32_model_memory_and_tied_head(ckpt, model64):
-    m = load_gguf(ckpt)
+def test_float32_model_memory_and_tied_head(model32, model64):
+    m = model32
     assert m.dtype == np.float32
     assert m.n_params == 134_515_008
     assert m.nbytes <= 0.6 * 2**30
