@@ -157,9 +157,9 @@ def _times(x, W, by_rows):
     other, one read of ``W`` front to back while ``y`` stays in the
     core's first-level cache. BLAS's matrix-vector kernel reads several
     rows at a time, and on rows as short as a block's (576 to 3,072
-    numbers) it streams them more slowly on the machines measured in
-    chapter 14; with more threads, BLAS's product splits the rows
-    between the cores, which one :func:`numpy.einsum` cannot."""
+    numbers) it can stream them more slowly (chapter 14 times both on
+    the reader's machine); with more threads, BLAS's product splits the
+    rows between the cores, which one :func:`numpy.einsum` cannot."""
     if by_rows and W.flags.c_contiguous:
         return np.einsum("i,ij->j", x[0], W)[None]  # [1, m]
     return x @ W
