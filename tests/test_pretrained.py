@@ -299,16 +299,15 @@ def test_rope_layout_on_the_gguf_rows(ckpt, model64, fx):
 def test_backward_through_all_layers_directional(model64, fx):
     f, _ = fx
     ids = f["text.ids"][None][:, :3]
+    # chapter 14 checks embed.W, block0's W_q, block15's W_gate, block29's
+    # W_k, norm_f.g and the input the same way (compared by nbval); these
+    # are the other kinds of parameter, and the embedding and the input
     keys = [
         "embed.W",
-        "block0.attn.W_q",
         "block0.attn.W_v",
         "block7.norm1.g",
-        "block15.ffn.W_gate",
         "block22.attn.W_o",
-        "block29.attn.W_k",
         "block29.ffn.W_down",
-        "norm_f.g",
     ]
     out = directional_check(model64, ids, keys, seed=0)
     assert set(out) == set(keys) | {"x"}

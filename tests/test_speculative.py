@@ -51,7 +51,9 @@ def test_prompt_lookup_tree_merges_continuations_into_a_trie():
     assert prompt_lookup_tree(np.array([1, 2, 3]), 4)[0].size == 0
 
 
-@pytest.mark.parametrize("prompt", PROMPTS)
+# Chapter 16 checks the days and the list prompts (both drafts, 64 tokens,
+# compared by nbval); these are the other three.
+@pytest.mark.parametrize("prompt", [PROMPTS[0], PROMPTS[2], PROMPTS[3]])
 def test_speculative_equals_greedy(model, prompt):
     """A chain draft and a tree of 3 branches, each against greedy's 32
     tokens (computed once for both)."""
