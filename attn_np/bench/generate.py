@@ -52,7 +52,7 @@ from attn_np.instruments.measure import (
 from attn_np.instruments.paired import spread_text
 from attn_np.instruments.plotting import format_bytes
 from attn_np.pretrained import load_gguf, smollm2_path
-from attn_np.pretrained.decode import _by_rows, _times
+from attn_np.pretrained.decode import _by_rows, decode_product
 
 from ._help import description as _description
 from .serve import kernels_text
@@ -92,10 +92,10 @@ def setup(model, prompt_len, seed=0):
 
 def products_only(model, seed=0):
     """The weight products of one decode step alone, as the step makes
-    them (:func:`~attn_np.pretrained.decode._times` for every matrix of
-    every block, one product for matrices packed side by side, and the
-    tied head): the step without its norms, RoPE, cache, checks and
-    Python, to time beside it."""
+    them (:func:`~attn_np.pretrained.decode.decode_product` for every
+    matrix of every block, one product for matrices packed side by side,
+    and the tied head): the step without its norms, RoPE, cache, checks
+    and Python, to time beside it."""
     rng = np.random.default_rng(seed)
     d, f = model.d_model, model.config.d_ff
     x = rng.standard_normal((1, d)).astype(model.dtype)  # [1, d]
@@ -112,12 +112,15 @@ def products_only(model, seed=0):
             if qkv is None:
                 x @ a["W_q"], x @ a["W_k"], x @ a["W_v"]
             else:  # side by side (pack_projections): one product
-                _times(x, qkv, rows)
+                decode_product(x, qkv, rows)
             if gate_up is None:
                 x @ p["W_gate"], x @ p["W_up"]
             else:
-                _times(x, gate_up, rows)
-            _times(o, a["W_o"], rows), _times(h, p["W_down"], rows)
+                decode_product(x, gate_up, rows)
+            (
+                decode_product(o, a["W_o"], rows),
+                decode_product(h, p["W_down"], rows),
+            )
         return x @ E.T  # [1, d] @ [d, V]
 
     return run

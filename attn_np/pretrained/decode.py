@@ -21,7 +21,7 @@ equations and weights and none of that:
     logits = RMSNorm(x) E^T
 
 At batch 1 every product of a block is a vector times a matrix, made
-by :func:`_times` (the rows of the matrix added up one after the
+by :func:`decode_product` (the rows of the matrix added up one after the
 other), and the model keeps those matrices in one allocation
 (:func:`~attn_np.pretrained.load_gguf`).
 
@@ -127,7 +127,8 @@ def _attention(layer, h, cache, tables, by_rows):
         return layer._decode_one(h, cache)
     B = h.shape[0]
     H, n_kv, d = layer.n_heads, layer.n_kv_heads, layer.d_k
-    qkv = _times(h.reshape(B, -1), packed, by_rows)  # [B, (H + 2 n_kv) d]
+    # [B, d_model] @ [d_model, (H + 2 n_kv) d]
+    qkv = decode_product(h.reshape(B, -1), packed, by_rows)
     C, S = turn
     qk = qkv[:, : (H + n_kv) * d].reshape((B,) + C.shape)
     qk_turned = qk * C  # the query heads scaled by 1/sqrt(d) too
@@ -145,12 +146,12 @@ def _attention(layer, h, cache, tables, by_rows):
     o = s @ Vt.swapaxes(-1, -2)  # [B, n_kv, G, n] @ [B, n_kv, n, d_v]
     layer._att = None  # no weights kept: the layer's own forward keeps them
     # [B, 1, h d_v] (heads kv * G + g in order) @ [h d_v, d_model]
-    return _times(o.reshape(B, -1), layer.params["W_o"], by_rows).reshape(
-        B, 1, -1
-    )
+    return decode_product(
+        o.reshape(B, -1), layer.params["W_o"], by_rows
+    ).reshape(B, 1, -1)
 
 
-def _times(x, W, by_rows):
+def decode_product(x, W, by_rows):
     """``x [B, n] @ W [n, m]``. With ``by_rows`` (one row, one BLAS
     thread) over a C-ordered ``W``, made as ``y = sum_i x_i W[i, :]`` with
     :func:`numpy.einsum`: ``W``'s rows added into ``y`` one after the
@@ -167,7 +168,8 @@ def _times(x, W, by_rows):
 
 def _by_rows(x) -> bool:
     """Whether the step of ``x [B, 1, d]`` makes its products with
-    :func:`numpy.einsum` (:func:`_times`): one row, one BLAS thread."""
+    :func:`numpy.einsum` (:func:`decode_product`): one row, one BLAS
+    thread."""
     return x.shape[0] == 1 and _thread_count() == 1
 
 
@@ -178,14 +180,14 @@ def _swiglu(ffn, h, by_rows):
     f, packed = ffn.params, ffn.packed_gate_up
     if packed is None:
         return swiglu_step(h, f["W_gate"], f["W_up"], f["W_down"])
-    ab = _times(
-        h.reshape(h.shape[0], -1), packed, by_rows
-    )  # [B, 2 d_ff]: gate, up
+    # [B, d] @ [d, 2 d_ff]: the gate, then up
+    ab = decode_product(h.reshape(h.shape[0], -1), packed, by_rows)
     n = f["W_gate"].shape[1]
     a, b = ab[..., :n], ab[..., n:]
     b *= a
     b /= 1.0 + np.exp(-a)
-    return _times(b, f["W_down"], by_rows).reshape(h.shape)  # [B, 1, d]
+    # [B, d_ff] @ [d_ff, d] -> [B, 1, d]
+    return decode_product(b, f["W_down"], by_rows).reshape(h.shape)
 
 
 def _decode_step(model, x, kv_cache):
