@@ -573,3 +573,24 @@ def test_the_reader_reads_what_ggufs_reader_reads(tmp_path):
     for a, b in zip(ours.tensors, stock.tensors):
         assert a.data_offset == b.data_offset
         np.testing.assert_array_equal(a.data, b.data)
+
+
+def test_packing_into_a_buffer_of_the_callers():
+    """pack(out=...) fills a view of a larger allocation (as load_gguf
+    does): still packed, the same numbers; a wrong buffer is named."""
+    from attn_np.heads import side_by_side
+
+    ffn = SwiGLU(8, 12, seed=1)
+    x = np.random.default_rng(4).standard_normal((2, 5, 8))
+    y = ffn.forward(x)
+    memory = np.zeros(1000)
+    assert ffn.pack(out=memory[8:200].reshape(8, 24)) is ffn
+    assert ffn.packed_gate_up is not None
+    assert np.shares_memory(ffn.params["W_up"], memory)
+    np.testing.assert_allclose(ffn.forward(x, keep=False), y, rtol=1e-13)
+    a, b = np.ones((3, 2)), np.ones((3, 4))
+    for bad in (np.zeros((3, 5)), np.zeros((3, 6), np.float32), [0] * 18):
+        with pytest.raises(ValueError, match="out must be a C-ordered"):
+            side_by_side(a, b, out=bad)
+    with pytest.raises(ValueError, match="out must be"):
+        side_by_side(a, b, out=np.zeros((6, 3)).T)  # not C-ordered
