@@ -102,14 +102,20 @@ def swiglu_step(x, W_gate, W_up, W_down, W_gate_up=None):
     else:  # [..., d] @ [d, 2 d_ff] -> [..., 2 d_ff], split as views
         ab = x @ W_gate_up
         a, b = ab[..., : W_gate.shape[1]], ab[..., W_gate.shape[1] :]
-    # silu(a) * b = a b / (1 + e^-a), in b's memory, one exponential: an
-    # e^-a that overflows (a below about -88 in float32) gives the limit 0
+    return _gate_into(a, b) @ W_down  # [..., d_ff] -> [..., d]
+
+
+def _gate_into(a, b):
+    """``silu(a) * b = a b / (1 + e^-a)`` written into ``b`` (returned),
+    with one exponential: an ``e^-a`` that overflows (``a`` below about
+    -88 in float32) gives the limit 0. The steps that keep nothing for a
+    backward use it (a prefill, a decode step)."""
     b *= a
     with np.errstate(over="ignore"):
         e = np.exp(np.negative(a))
     e += 1.0
     b /= e
-    return b @ W_down  # [..., d_ff] -> [..., d]
+    return b
 
 
 def swiglu_backward(dy, cache: SwiGLUCache):

@@ -39,7 +39,7 @@ import numpy as np
 
 from .._blas import _thread_count
 from .._checks import all_finite, check_scale
-from ..ffn import swiglu_step
+from ..ffn import _gate_into, swiglu_step
 from ..kv_cache import KVCache
 from ..rope import position_tables as _position_tables
 
@@ -174,20 +174,17 @@ def _by_rows(x) -> bool:
 
 
 def _swiglu(ffn, h, by_rows):
-    """SwiGLU of ``h [B, 1, d]``: ``(silu(h W_gate) * h W_up) W_down``,
-    with ``silu(a) = a / (1 + e^-a)`` (an ``e^-a`` that overflows gives
-    the limit 0; the step runs with overflow warnings off)."""
+    """SwiGLU of ``h [B, 1, d]``: ``(silu(h W_gate) * h W_up) W_down``
+    (SwiGLU's gate, :func:`~attn_np.ffn._gate_into`)."""
     f, packed = ffn.params, ffn.packed_gate_up
     if packed is None:
         return swiglu_step(h, f["W_gate"], f["W_up"], f["W_down"])
     # [B, d] @ [d, 2 d_ff]: the gate, then up
     ab = decode_product(h.reshape(h.shape[0], -1), packed, by_rows)
     n = f["W_gate"].shape[1]
-    a, b = ab[..., :n], ab[..., n:]
-    b *= a
-    b /= 1.0 + np.exp(-a)
+    h_ff = _gate_into(ab[..., :n], ab[..., n:])  # silu(gate) * up
     # [B, d_ff] @ [d_ff, d] -> [B, 1, d]
-    return decode_product(b, f["W_down"], by_rows).reshape(h.shape)
+    return decode_product(h_ff, f["W_down"], by_rows).reshape(h.shape)
 
 
 def _decode_step(model, x, kv_cache):
