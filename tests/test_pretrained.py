@@ -534,6 +534,11 @@ def test_decode_products_row_by_row():
         bound = 1e-12 * (np.abs(x) @ np.abs(W))
         assert np.all(np.abs(decode_product(x, W, True) - x @ W) <= bound)
         assert decode_product(x, W, True).shape == (1, k)
+        # more rows, or W stored column by column: BLAS's product itself
+        x2 = rng.standard_normal((2, n))
+        assert np.array_equal(decode_product(x2, W, True), x2 @ W)
+        WF = np.asfortranarray(W)
+        assert np.array_equal(decode_product(x, WF, True), x @ WF)
     x3 = np.zeros((1, 1, 8))
     if get_blas_threads() is None:  # another BLAS: BLAS's product always
         assert not _by_rows(x3)

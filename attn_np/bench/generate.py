@@ -9,7 +9,8 @@ timed in alternating rounds with the machine's own reference rates:
 * prefill: its FLOPs (the weight products, the attention's scores and
   weighted values, the tied head) over its time, as a fraction of the
   rate of a ``[1024, 1024] @ [1024, 1024]`` float32 product timed in the
-  same rounds;
+  same rounds, and so are its weight products alone (:func:`products_only`,
+  the prefill without the work between them);
 * decode: the step's roofline, the bytes it must read (every weight once,
   the tied embedding once as the head, and the cached keys and values) at
   the streaming-read rate of the same round (the fastest of
@@ -58,16 +59,22 @@ from ._help import description as _description
 from .serve import kernels_text
 
 
-def prefill_flops(config, L) -> float:
-    """FLOPs of a prefill of ``L`` tokens: ``2 L`` per weight of the
-    blocks and of the head, and the causal attention's ``q k^T`` and ``p
-    v`` (``2 L (L + 1) / 2 d_k`` each per query head and layer)."""
+def weight_flops(config, L) -> float:
+    """FLOPs of the weight products of a forward of ``L`` tokens: ``2 L``
+    per weight of the blocks and of the head."""
     c = config
     d, h, n_kv, d_k, f = c.d_model, c.n_heads, c.n_kv_heads, c.d_k, c.d_ff
     per_layer = d * (h + 2 * n_kv) * d_k + h * d_k * d + 3 * d * f
-    weights = c.n_layers * per_layer + c.vocab_size * d
-    attention = c.n_layers * h * 2 * (2 * d_k * L * (L + 1) / 2)
-    return 2.0 * L * weights + attention
+    return 2.0 * L * (c.n_layers * per_layer + c.vocab_size * d)
+
+
+def prefill_flops(config, L) -> float:
+    """FLOPs of a prefill of ``L`` tokens: its weight products
+    (:func:`weight_flops`) and the causal attention's ``q k^T`` and ``p
+    v`` (``2 L (L + 1) / 2 d_k`` each per query head and layer)."""
+    c = config
+    attention = c.n_layers * c.n_heads * 2 * (2 * c.d_k * L * (L + 1) / 2)
+    return weight_flops(config, L) + attention
 
 
 def setup(model, prompt_len, seed=0):
@@ -90,38 +97,40 @@ def setup(model, prompt_len, seed=0):
     return prefill, step, cache
 
 
-def products_only(model, seed=0):
-    """The weight products of one decode step alone, as the step makes
-    them (:func:`~attn_np.pretrained.decode.decode_product` for every
-    matrix of every block, one product for matrices packed side by side,
-    and the tied head): the step without its norms, RoPE, cache, checks
-    and Python, to time beside it."""
+def products_only(model, rows=1, seed=0):
+    """The weight products of a forward of ``rows`` positions alone, as
+    the forward makes them: a decode step's (``rows=1``:
+    :func:`~attn_np.pretrained.decode.decode_product` for every matrix of
+    every block) or a prefill's (``rows`` positions as the rows of one
+    matrix), one product for matrices packed side by side, and the tied
+    head. The forward without its norms, RoPE, attention, SwiGLU's gate,
+    cache, checks and Python, to time beside it."""
     rng = np.random.default_rng(seed)
-    d, f = model.d_model, model.config.d_ff
-    x = rng.standard_normal((1, d)).astype(model.dtype)  # [1, d]
-    h = rng.standard_normal((1, f)).astype(model.dtype)  # [1, d_ff]
-    o = rng.standard_normal((1, model.config.n_heads * model.config.d_k))
-    o = o.astype(model.dtype)
+    c = model.config
+    x, h, o = (
+        rng.standard_normal((rows, n)).astype(model.dtype)
+        for n in (c.d_model, c.d_ff, c.n_heads * c.d_k)
+    )  # [rows, d], [rows, d_ff], [rows, h d_k]
     E = model.head_weight  # [V, d], stored column by column
 
     def run():
-        rows = _by_rows(x[None])  # as the step decides, at each call
+        by_rows = _by_rows(x[:, None])  # [rows, 1, d]: as a step decides
         for blk in model.blocks:
             a, p = blk.attn.params, blk.ffn.params
             qkv, gate_up = blk.attn.packed_qkv, blk.ffn.packed_gate_up
             if qkv is None:
                 x @ a["W_q"], x @ a["W_k"], x @ a["W_v"]
             else:  # side by side (pack_projections): one product
-                decode_product(x, qkv, rows)
+                decode_product(x, qkv, by_rows)
             if gate_up is None:
                 x @ p["W_gate"], x @ p["W_up"]
             else:
-                decode_product(x, gate_up, rows)
+                decode_product(x, gate_up, by_rows)
             (
-                decode_product(o, a["W_o"], rows),
-                decode_product(h, p["W_down"], rows),
+                decode_product(o, a["W_o"], by_rows),
+                decode_product(h, p["W_down"], by_rows),
             )
-        return x @ E.T  # [1, d] @ [d, V]
+        return x @ E.T  # [rows, d] @ [d, V]
 
     return run
 
@@ -231,7 +240,13 @@ def main(argv) -> int:
         "products only": products_only(model),
     }
     fns.update({name: fn for name, (fn, _) in probes.items()})
-    fns.update({"prefill": prefill, "matmul probe": mm})
+    fns.update(
+        {
+            "prefill": prefill,
+            "prefill products": products_only(model, rows=P),
+            "matmul probe": mm,
+        }
+    )
     hf = None if args.skip_hf else hf_contenders(smollm2_path(), P, n)
     if hf is not None:
         fns.update(
@@ -272,6 +287,14 @@ def main(argv) -> int:
         f"  its FLOP rate / the matmul probe's: {spread_text(r)} "
         "(median [quartiles] over the rounds)"
     )
+    w = weight_flops(c, P) / t["prefill products"]
+    print(
+        "  its weight products alone (no norms, RoPE, attention, SwiGLU's "
+        f"gate, checks): {np.median(t['prefill products']) * 1e3:.0f} ms, "
+        f"{spread_text(ratio_spread(w, matmul))} of the matmul rate; the "
+        "rest of the prefill, round by round: "
+        f"{np.median(t['prefill'] - t['prefill products']) * 1e3:.0f} ms"
+    )
     print(
         f"\ndecode step at {P} cached positions: reads "
         f"{format_bytes(step_bytes)} (weights {format_bytes(weight_bytes)}"
@@ -311,9 +334,14 @@ def main(argv) -> int:
             f"(ours {ours:.0f} ms, transformers {theirs:.0f} ms, "
             "prefill included)"
         )
+        ours, theirs = (
+            np.median(t[k]) * 1e3
+            for k in ("prefill", "prefill (transformers)")
+        )
         print(
             f"  prefill of {P} tokens: transformers / ours "
-            f"{spread('prefill (transformers)', 'prefill')}"
+            f"{spread('prefill (transformers)', 'prefill')} "
+            f"(ours {ours:.0f} ms, transformers {theirs:.0f} ms)"
         )
     elif not args.skip_hf:
         print(

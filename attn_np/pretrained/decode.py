@@ -152,8 +152,8 @@ def _attention(layer, h, cache, tables, by_rows):
 
 
 def decode_product(x, W, by_rows):
-    """``x [B, n] @ W [n, m]``. With ``by_rows`` (one row, one BLAS
-    thread) over a C-ordered ``W``, made as ``y = sum_i x_i W[i, :]`` with
+    """``x [B, n] @ W [n, m]``. With ``by_rows`` (one BLAS thread), one
+    row and a C-ordered ``W``, made as ``y = sum_i x_i W[i, :]`` with
     :func:`numpy.einsum`: ``W``'s rows added into ``y`` one after the
     other, one read of ``W`` front to back while ``y`` stays in the
     core's first-level cache. BLAS's matrix-vector kernel reads several
@@ -161,7 +161,7 @@ def decode_product(x, W, by_rows):
     numbers) it can stream them more slowly (chapter 14 times both on
     the reader's machine); with more threads, BLAS's product splits the
     rows between the cores, which one :func:`numpy.einsum` cannot."""
-    if by_rows and W.flags.c_contiguous:
+    if by_rows and x.shape[0] == 1 and W.flags.c_contiguous:
         return np.einsum("i,ij->j", x[0], W)[None]  # [1, m]
     return x @ W
 
