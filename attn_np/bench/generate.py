@@ -20,9 +20,9 @@ Each ratio is taken round by round and printed as its median and
 quartiles, beside the run's noise floor: the same step timed twice in the
 same round (A/A). Where ``torch`` and ``transformers`` import (the fixture
 environment, never the book's), ``transformers``' ``LlamaForCausalLM`` on
-the same GGUF file, float32 on the CPU, runs its prefill and its
-``generate`` in the same rounds, and the ratios of the times are printed
-the same way.
+the same GGUF file, float32 on the CPU with as many threads as BLAS has
+here, runs its prefill and its ``generate`` in the same rounds, and the
+ratios of the times are printed the same way.
 
 The BLAS thread count matters more than anything else here. A decode step
 is some two hundred matrix-vector products; with two OpenBLAS threads on
@@ -135,14 +135,17 @@ def products_only(model, rows=1, seed=0):
     return run
 
 
-def hf_contenders(path, prompt_len, new_tokens, seed=0):
+def hf_contenders(path, prompt_len, new_tokens, seed=0, threads=None):
     """``transformers``' prefill and ``generate`` on the GGUF at ``path``
-    (float32, CPU), or None where torch or transformers do not import."""
+    (float32, CPU), with ``threads`` torch threads (None: torch's own
+    count), or None where torch or transformers do not import."""
     try:
         import torch
         import transformers
     except ImportError:
         return None
+    if threads is not None:
+        torch.set_num_threads(threads)
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     with contextlib.redirect_stderr(io.StringIO()):  # its progress bars
@@ -170,7 +173,7 @@ def hf_contenders(path, prompt_len, new_tokens, seed=0):
 
     return {
         "versions": f"transformers {transformers.__version__}, torch "
-        f"{torch.__version__}, {torch.get_num_threads()} threads",
+        f"{torch.__version__}, {torch.get_num_threads()} thread(s)",
         "prefill": prefill,
         "generate": generate,
     }
@@ -208,7 +211,8 @@ def main(argv) -> int:
         "--threads",
         type=int,
         default=None,
-        help="BLAS threads (default: as set, OPENBLAS_NUM_THREADS)",
+        help="BLAS threads (default: as set, OPENBLAS_NUM_THREADS); "
+        "transformers gets as many torch threads",
     )
     parser.add_argument(
         "--skip-hf",
@@ -247,7 +251,11 @@ def main(argv) -> int:
             "matmul probe": mm,
         }
     )
-    hf = None if args.skip_hf else hf_contenders(smollm2_path(), P, n)
+    hf = (
+        None
+        if args.skip_hf
+        else hf_contenders(smollm2_path(), P, n, threads=get_blas_threads())
+    )
     if hf is not None:
         fns.update(
             {
