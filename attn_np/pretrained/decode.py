@@ -21,9 +21,10 @@ equations and weights and none of that:
     logits = RMSNorm(x) E^T
 
 At batch 1 every product of a block is a vector times a matrix, made
-by :func:`decode_product` (the rows of the matrix added up one after the
-other), and the model keeps those matrices in one allocation
-(:func:`~attn_np.pretrained.load_gguf`).
+by :func:`decode_product`, by BLAS or with the rows of the matrix added
+up one after the other, whichever streams the weights faster on the
+machine (measured once, :func:`_by_rows`), and the model keeps those
+matrices in one allocation (:func:`~attn_np.pretrained.load_gguf`).
 
 The model checks what enters once (the token ids, the cache), and the
 logits once: a score or an output that overflowed shows there as a NaN
@@ -34,6 +35,7 @@ the layers' own step (float64: to 1e-12; float32: to rounding).
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
@@ -152,25 +154,68 @@ def _attention(layer, h, cache, tables, by_rows):
 
 
 def decode_product(x, W, by_rows):
-    """``x [B, n] @ W [n, m]``. With ``by_rows`` (one BLAS thread), one
-    row and a C-ordered ``W``, made as ``y = sum_i x_i W[i, :]`` with
-    :func:`numpy.einsum`: ``W``'s rows added into ``y`` one after the
-    other, one read of ``W`` front to back while ``y`` stays in the
-    core's first-level cache. BLAS's matrix-vector kernel reads several
-    rows at a time, and on rows as short as a block's (576 to 3,072
-    numbers) it can stream them more slowly (chapter 14 times both on
-    the reader's machine); with more threads, BLAS's product splits the
-    rows between the cores, which one :func:`numpy.einsum` cannot."""
+    """``x [B, n] @ W [n, m]``. With ``by_rows``, one row and a C-ordered
+    ``W``, made as ``y = sum_i x_i W[i, :]`` with :func:`numpy.einsum`:
+    ``W``'s rows added into ``y`` one after the other, one read of ``W``
+    front to back while ``y`` stays in the core's first-level cache.
+    Otherwise BLAS's product, whose matrix-vector kernel reads several
+    rows at a time. Which of the two streams a block's matrices faster
+    depends on the machine's memory system (:func:`_by_rows` measures it
+    once); with more threads, BLAS's product splits the rows between the
+    cores, which one :func:`numpy.einsum` cannot."""
     if by_rows and x.shape[0] == 1 and W.flags.c_contiguous:
         return np.einsum("i,ij->j", x[0], W)[None]  # [1, m]
     return x @ W
 
 
-def _by_rows(x) -> bool:
-    """Whether the step of ``x [B, 1, d]`` makes its products with
-    :func:`numpy.einsum` (:func:`decode_product`): one row, one BLAS
-    thread."""
-    return x.shape[0] == 1 and _thread_count() == 1
+def _by_rows(x, model) -> bool:
+    """Whether the step of ``x [B, 1, d]`` makes its products row by row
+    with :func:`numpy.einsum` (:func:`decode_product`): one row, one BLAS
+    thread, and ``model.decode_by_rows``. Where that is None, it is set
+    here, once: True where the row-by-row products of the first blocks'
+    matrices (64 MiB or more, beyond the caches) took less time than
+    BLAS's, in alternating rounds (:func:`_product_times`)."""
+    if x.shape[0] != 1 or _thread_count() != 1:
+        return False
+    if model.decode_by_rows is None:
+        t = _product_times(_first_matrices(model, 64 * 2**20))
+        model.decode_by_rows = bool(t["row by row"] < t["BLAS"])
+    return model.decode_by_rows
+
+
+def _first_matrices(model, nbytes):
+    """The matrices of a decode step's products in the first blocks of
+    ``model``, block by block, until they hold ``nbytes`` or more."""
+    out, held = [], 0
+    for blk in model.blocks:
+        a, f = blk.attn, blk.ffn
+        for W in (a.packed_qkv, a.params["W_o"], f.packed_gate_up):
+            if W is not None:
+                out.append(W)
+        out.append(f.params["W_down"])
+        held = sum(W.nbytes for W in out)
+        if held >= nbytes:
+            break
+    return out
+
+
+def _product_times(matrices, rounds=3):
+    """``{"BLAS": s, "row by row": s}``: the median seconds over
+    ``rounds`` alternating rounds (after one not counted) of ``x @ W``
+    for every ``W`` of ``matrices``, made by :func:`decode_product` each
+    way, ``x`` a row of ones."""
+    xs = {W.shape[0]: np.ones((1, W.shape[0]), W.dtype) for W in matrices}
+    times = {False: [], True: []}
+    for _ in range(rounds + 1):
+        for by_rows, t in times.items():
+            start = time.perf_counter()
+            for W in matrices:
+                decode_product(xs[W.shape[0]], W, by_rows)
+            t.append(time.perf_counter() - start)
+    return {
+        "BLAS": float(np.median(times[False][1:])),
+        "row by row": float(np.median(times[True][1:])),
+    }
 
 
 def _swiglu(ffn, h, by_rows):
@@ -192,7 +237,7 @@ def _decode_step(model, x, kv_cache):
     (its embedding) over ``kv_cache``, each layer's cache one column
     longer (:func:`_fusable` must hold)."""
     tables = {}  # the step's RoPE tables, made once for all the layers
-    rows = _by_rows(x)
+    rows = _by_rows(x, model)
     x = x.copy()  # the residual stream, added to in place
     with np.errstate(over="ignore", invalid="ignore"):  # checked below
         for blk, cache in zip(model.blocks, kv_cache.caches):

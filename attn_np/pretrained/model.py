@@ -125,6 +125,10 @@ class CausalLM(Composite):
     Built by :func:`~attn_np.pretrained.load_gguf`; ``config`` holds the
     sizes, ``tokenizer`` the vocabulary (a :class:`~attn_np.pretrained.
     tokenizer.GGUFTokenizer`), ``blocks`` the layers.
+    ``decode_by_rows``: whether a decode step of one token at one BLAS
+    thread makes its vector-matrix products row by row (True) or with
+    BLAS (False); None until the first such step measures which is
+    faster here (:func:`~attn_np.pretrained.decode._by_rows`).
     """
 
     def __init__(self, config, *, dtype=np.float64, rope_layout="half"):
@@ -157,6 +161,7 @@ class CausalLM(Composite):
         self.head = None  # tied: logits = h E^T
         self.tokenizer = None
         self._saved = None  # what backward needs
+        self.decode_by_rows = None  # measured at the first decode step
 
     def __repr__(self) -> str:
         c = self.config
