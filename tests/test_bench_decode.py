@@ -130,7 +130,7 @@ def test_main_prints_within_77_columns(capsys, monkeypatch):
 
 def test_read_probes_read_what_they_say():
     probes = read_probes(2**20)
-    assert len(probes) == 4
+    assert len(probes) == 5
     for name, (fn, nbytes) in probes.items():
         assert nbytes == 2**20
         out = np.asarray(fn()).astype(np.float64)

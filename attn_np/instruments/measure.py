@@ -223,7 +223,7 @@ def blas_call_times(
 
 
 def read_probes(nbytes: int = 512 * 2**20) -> dict:
-    """Four ways to stream-read ``nbytes`` of float32 once: ``{name: (fn,
+    """Five ways to stream-read ``nbytes`` of float32 once: ``{name: (fn,
     bytes read)}``. The fastest is the machine's streaming-read bandwidth.
 
     * ``np.sum``: one thread, one addition per element; in the spirit of
@@ -240,9 +240,15 @@ def read_probes(nbytes: int = 512 * 2**20) -> dict:
     * ``einsum, row by row``: ``A`` as a ``[n, 1024]`` matrix, ``y = sum_i
       x_i A[i, :]`` with :func:`numpy.einsum`, one thread: each row added
       into a 4 KiB ``y`` that stays in the first-level cache, so the read
-      is one stream front to back. Where it is the fastest of the four,
-      the other three leave bandwidth unused; a decode step at batch 1
-      makes its products this way.
+      is one stream front to back. Where it is the fastest, the others
+      leave bandwidth unused; a decode step at batch 1 and one thread
+      can make its products this way.
+    * ``BLAS x @ A, rows of 1024``: the same ``[n, 1024]`` matrix
+      through BLAS's kernel, several rows at a time into a ``y`` that
+      stays in the first-level cache: a decode step's ``x @ W`` by BLAS
+      (its rows 576 to 3,072 numbers). At one thread it can beat both
+      of BLAS's reads above; with more, BLAS splits this shape between
+      its threads less well than those.
     """
     # written once, so every page is really there
     a = np.ones(nbytes // 4, dtype=np.float32)
@@ -265,6 +271,10 @@ def read_probes(nbytes: int = 512 * 2**20) -> dict:
         ),
         "einsum, row by row (1 thread)": (  # [n] @ [n, 1024] -> [1024]
             lambda: np.einsum("i,ij->j", xr, A, out=zr),
+            a.nbytes,
+        ),
+        "BLAS x @ A, rows of 1024 (all threads)": (
+            lambda: np.matmul(xr, A, out=zr),  # [n] @ [n, 1024] -> [1024]
             a.nbytes,
         ),
     }
