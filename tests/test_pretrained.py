@@ -604,7 +604,8 @@ def test_the_step_measures_once_which_products_are_faster(model32):
 def test_the_reader_reads_what_ggufs_reader_reads(tmp_path):
     """The checkpoint's reader (plain slices of the mapped file) gives the
     stock gguf.GGUFReader's fields and tensors: every part of every field,
-    strings and arrays of strings included, and every tensor's bytes."""
+    strings and arrays of strings and numbers included, and every
+    tensor's bytes."""
     import gguf
 
     p = tmp_path / "strings.gguf"
@@ -612,7 +613,9 @@ def test_the_reader_reads_what_ggufs_reader_reads(tmp_path):
     w.add_block_count(1)
     w.add_token_list(["a", "bé", "<|im_start|>", ""] * 5)
     w.add_token_merges(["a b", "c d"])
+    w.add_token_types([1, 3, 1, 6] * 5)
     w.add_array("test.floats", [0.5, -1.25])
+    w.add_array("test.flags", [True, False, True])
     w.add_tensor("x", np.arange(12, dtype=np.float32).reshape(3, 4))
     w.write_header_to_file()
     w.write_kv_data_to_file()

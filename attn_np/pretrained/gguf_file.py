@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGUFReader
+from gguf import GGUFReader, GGUFValueType
 
 #: The tensor types this module dequantises (anything else is refused).
 BUILT_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
@@ -85,15 +85,50 @@ class _Reader(GGUFReader):
     ``tests/test_pretrained.py`` compares with the stock reader's.
     """
 
-    def _get(self, offset, dtype, count=1, override_order=None):
+    def _bytes(self):
+        """The mapped file as a plain array of bytes (no copy)."""
         plain = self.__dict__.get("_plain")
         if plain is None or plain.base is not self.data:
             plain = self._plain = self.data.view(np.ndarray)
+        return plain
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        plain = self._bytes()
         count = int(count)
         end = offset + np.dtype(dtype).itemsize * count
         arr = plain[offset:end].view(dtype=dtype)[:count]
         order = self.byte_order if override_order is None else override_order
         return arr.view(arr.dtype.newbyteorder(order))
+
+    def _get_field_parts(self, orig_offs, raw_type):
+        """The stock method's parts, with an array of strings or numbers
+        (the tokenizer's vocabulary, merges and token types) read in one
+        loop: the stock method calls itself once per element, and those
+        calls were most of the time left in opening the file."""
+        if raw_type != GGUFValueType.ARRAY:
+            return super()._get_field_parts(orig_offs, raw_type)
+        item = self._get(orig_offs, np.uint32)
+        kind = GGUFValueType(int(item[0]))
+        scalar = self.gguf_scalar_to_np.get(kind)
+        if kind != GGUFValueType.STRING and scalar is None:
+            return super()._get_field_parts(orig_offs, raw_type)
+        count = self._get(orig_offs + 4, np.uint64)
+        n = int(count[0])
+        plain = self._bytes()
+        parts, offs = [item, count], orig_offs + 12
+        types = [GGUFValueType.ARRAY] + [kind] * (n > 0)
+        if scalar is not None:  # numbers: n views of one element each
+            one = np.dtype(scalar).newbyteorder(self.byte_order)
+            end = offs + n * one.itemsize
+            parts += list(plain[offs:end].view(one).reshape(n, 1))
+            return end - orig_offs, parts, list(range(2, n + 2)), types
+        u64 = np.dtype(np.uint64).newbyteorder(self.byte_order)
+        for _ in range(n):
+            lengths = plain[offs : offs + 8].view(u64)  # [1]
+            end = offs + 8 + int(lengths[0])
+            parts += (lengths, plain[offs + 8 : end])
+            offs = end
+        return offs - orig_offs, parts, list(range(3, 2 * n + 2, 2)), types
 
 
 class GGUFCheckpoint:
