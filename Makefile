@@ -73,8 +73,8 @@ test: venv lint
 	@echo "make test: lint, unit tests, nbval on every notebook, the strict book build and the browser test all passed."
 
 unit-and-book-checks: venv
-	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory book-checks
+	$(MAKE) --no-print-directory unit
 
 book-checks: venv
 	$(MAKE) --no-print-directory book-strict

@@ -62,10 +62,15 @@ def directional_check(model, ids, keys, *, seed=0, h=1e-3, inputs=True):
         p = model.params[key]
         u = rng.standard_normal(p.shape)
         u /= np.linalg.norm(u)
-        saved = p.copy()
+        # in p's own layout (the embedding is stored column by column), so
+        # that p = saved + t u is made in place in one pass, with no
+        # temporaries as large as the embedding
+        saved, u_p = p.copy(order="K"), np.empty_like(p)
+        u_p[...] = u
 
-        def at(t, p=p, u=u, saved=saved):
-            p[...] = saved + t * u
+        def at(t, p=p, u=u_p, saved=saved):
+            np.multiply(u, t, out=p)
+            p += saved
             return model.forward(ids)
 
         try:

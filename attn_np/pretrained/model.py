@@ -318,13 +318,16 @@ class CausalLM(Composite):
         dx = self.norm_f.backward(dlogits @ W)  # [B, L, V] @ [V, d]
         for blk in reversed(self.blocks):
             dx = blk.backward(dx)  # [B, L, d]
+        tied = self.head is None  # tied: both uses of E add up
         if self._from_ids:  # the rows of the tokens looked up
-            self.embed.backward(dx)
+            self.embed.backward(dx)  # a fresh [V, d] array, added to
+            if tied:
+                self.embed.grads["W"] += dW_head
+        elif tied:  # no lookup: the head's use alone
+            self.embed.grads["W"] = dW_head
         else:
             self.embed.grads["W"] = np.zeros_like(self.embed.params["W"])
-        if self.head is None:  # tied: both uses of E add up
-            self.embed.grads["W"] = self.embed.grads["W"] + dW_head
-        else:
+        if not tied:
             self.head.grads["W"] = dW_head
         return dx
 
