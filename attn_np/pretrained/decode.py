@@ -173,7 +173,8 @@ def _by_rows(x, model) -> bool:
     with :func:`numpy.einsum` (:func:`decode_product`): one row, one BLAS
     thread, and ``model.decode_by_rows``. Where that is None, it is set
     here, once: True where the row-by-row products of the first blocks'
-    matrices (64 MiB or more, beyond the caches) took less time than
+    matrices (64 MiB or more: more than most CPUs' last-level cache, so
+    that they come from memory, as in a step) took less time than
     BLAS's, in alternating rounds (:func:`_product_times`)."""
     if x.shape[0] != 1 or _thread_count() != 1:
         return False
@@ -192,8 +193,9 @@ def _first_matrices(model, nbytes):
         for W in (a.packed_qkv, a.params["W_o"], f.packed_gate_up):
             if W is not None:
                 out.append(W)
+                held += W.nbytes
         out.append(f.params["W_down"])
-        held = sum(W.nbytes for W in out)
+        held += out[-1].nbytes
         if held >= nbytes:
             break
     return out
